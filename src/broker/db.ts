@@ -1,0 +1,124 @@
+/**
+ * Connection setup: the pool, the Kysely instance over it, and the quoted
+ * schema that every statement of the broker is written against.
+ */
+import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
+import pg from 'pg';
+import { ConfigError } from '../errors.js';
+import { schemaName } from '../validate.js';
+import type { Logger } from '../logger.js';
+
+/** Options every class that talks to the database accepts. */
+export interface ConnectionOptions {
+  /** Falls back to DATABASE_URL. */
+  connectionString?: string;
+  /** A pool of yours: borrowed, never ended by pgasynq. */
+  pool?: pg.Pool;
+  /** @defaultValue 'pgasynq' */
+  schema?: string;
+  /** Any pino-shaped logger; silent by default. */
+  logger?: Logger;
+}
+
+export const DEFAULT_SCHEMA = 'pgasynq';
+
+/** A transaction the caller holds open: Kysely's, or a pg client inside BEGIN. */
+export type Transactional = Transaction<any> | pg.PoolClient | pg.Client;
+
+/** Hides the password of a connection string before it reaches a message or a log. */
+export function redact(connectionString: string): string {
+  return connectionString.replace(/(\/\/[^:/@]*:)[^@]*@/, '$1***@');
+}
+
+function resolveConnectionString(opts: ConnectionOptions): string {
+  const cs = opts.connectionString ?? process.env.DATABASE_URL;
+  if (cs === undefined || cs === '') {
+    throw new ConfigError('connectionString', 'is not set: pass connectionString or pool, or set DATABASE_URL');
+  }
+  if (!/^postgres(ql)?:\/\//.test(cs) && !cs.includes('=')) {
+    throw new ConfigError('connectionString', `must be a postgres:// URL or key=value pairs (got ${redact(cs)})`);
+  }
+  const port = /^postgres(?:ql)?:\/\/(?:[^@/]*@)?[^:/?]*:([^/?]*)/.exec(cs)?.[1];
+  if (port !== undefined && port !== '' && !/^\d{1,5}$/.test(port)) {
+    throw new ConfigError('connectionString', `has an invalid port "${port}" (${redact(cs)})`);
+  }
+  return cs;
+}
+
+/**
+ * One schema on one pool. Statements name their tables through `table()`,
+ * which quotes the validated schema once: queue names, types and ids are
+ * always bind parameters, never SQL text.
+ */
+export class Db {
+  readonly schema: string;
+  readonly pool: pg.Pool;
+  readonly kysely: Kysely<any>;
+  /** Channels of this schema: new pending work, new delayed work, cancellations. */
+  readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string };
+  readonly #ownsPool: boolean;
+  #closed = false;
+
+  constructor(opts: ConnectionOptions, applicationName = 'pgasynq') {
+    this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
+    if (opts.pool) {
+      this.pool = opts.pool;
+      this.#ownsPool = false;
+    } else {
+      this.pool = new pg.Pool({
+        connectionString: resolveConnectionString(opts),
+        application_name: applicationName,
+        max: 10,
+        keepAlive: true,
+      });
+      this.#ownsPool = true;
+    }
+    // An idle client that loses its connection emits 'error' on the pool; without a
+    // listener that would crash the process. The next checkout reconnects.
+    this.pool.on('error', () => {});
+    this.kysely = new Kysely<any>({ dialect: new PostgresDialect({ pool: this.pool }) });
+    this.channels = {
+      tasks: `${this.schema}_tasks`,
+      delayed: `${this.schema}_delayed`,
+      cancel: `${this.schema}_cancel`,
+    };
+  }
+
+  /** The schema-qualified name of one of our tables, quoted. */
+  table(name: string): RawBuilder<unknown> {
+    return sql.id(this.schema, name);
+  }
+
+  /** Runs a statement on the pool, or on the caller's open transaction. */
+  async run<R>(query: RawBuilder<R>, tx?: Transactional): Promise<R[]> {
+    if (tx === undefined) return (await query.execute(this.kysely)).rows;
+    if (isKyselyExecutor(tx)) return (await query.execute(tx)).rows;
+    const compiled = query.compile(this.kysely);
+    const result = await tx.query(compiled.sql, compiled.parameters as unknown[]);
+    return result.rows as R[];
+  }
+
+  /** One round trip to the database; rejects when it cannot be reached. */
+  async ping(): Promise<void> {
+    await this.run(sql`SELECT 1`);
+  }
+
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    if (this.#ownsPool) await this.pool.end();
+  }
+}
+
+function isKyselyExecutor(tx: Transactional): tx is Transaction<any> {
+  return typeof (tx as Transaction<any>).getExecutor === 'function';
+}
+
+/** Kysely's transaction helper on our pool, for statements that must commit together. */
+export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+  return db.kysely.transaction().execute(fn);
+}

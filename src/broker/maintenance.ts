@@ -1,0 +1,145 @@
+/**
+ * Statements of the maintenance components: the forwarder (due scheduled and
+ * retry tasks become pending), the recoverer (expired leases) and the janitor
+ * (retention, unique locks, archive bounds). All of them skip locked rows, so
+ * every server may run them at once and none waits on another.
+ */
+import { sql } from 'kysely';
+import { transaction, type Db } from './db.js';
+
+/**
+ * Makes up to `limit` due scheduled and retry tasks pending (or aggregating,
+ * for a grouped task) and notifies their queues. Returns how many moved.
+ */
+export async function forwardDue(db: Db, limit: number): Promise<number> {
+  const rows = await db.run(sql<{ n: number }>`
+    WITH moved AS (
+      UPDATE ${db.table('tasks')} t
+      SET state = CASE WHEN t.group_key IS NULL THEN 'pending' ELSE 'aggregating' END,
+          run_at = CASE WHEN t.group_key IS NULL THEN now() END, updated_at = now()
+      FROM (
+        SELECT queue, id FROM ${db.table('tasks')}
+        WHERE state IN ('scheduled', 'retry') AND run_at <= now()
+        ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
+      ) d
+      WHERE t.queue = d.queue AND t.id = d.id
+      RETURNING t.queue, t.state
+    ),
+    notified AS (
+      SELECT pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
+    )
+    SELECT count(*)::int AS n FROM moved WHERE (SELECT count(*) FROM notified) >= 0`);
+  return rows[0]?.n ?? 0;
+}
+
+/** Milliseconds until the next scheduled or retry task is due (≤ 0: due now); null when none waits. */
+export async function nextDueIn(db: Db): Promise<number | null> {
+  const rows = await db.run(sql<{ ms: number | null }>`
+    SELECT (extract(epoch FROM min(run_at) - now()) * 1000)::float8 AS ms
+    FROM ${db.table('tasks')} WHERE state IN ('scheduled', 'retry')`);
+  return rows[0]?.ms ?? null;
+}
+
+/** An active task whose lease expired past the cutoff, as the recoverer needs it. */
+export interface ExpiredLease {
+  queue: string;
+  id: string;
+  type: string;
+  payload: unknown;
+  payload_bytes: Buffer | null;
+  headers: Record<string, string>;
+  retried: number;
+  max_retry: number;
+}
+
+/**
+ * Recovers up to `limit` active tasks whose lease expired more than `cutoffMs`
+ * ago (or whose lease is impossibly far in the future: clock abuse or corrupt
+ * data). `decide` says, for each, whether it is archived and else after how
+ * long it is retried. Rows are locked with SKIP LOCKED in one short transaction,
+ * so concurrent recoverers never take the same task.
+ */
+export async function recoverExpired(
+  db: Db,
+  opts: { cutoffMs: number; leaseMs: number; limit: number },
+  decide: (task: ExpiredLease) => { archive: boolean; delayMs: number },
+): Promise<{ retried: number; archived: number }> {
+  return transaction(db, async (trx) => {
+    const expired = await db.run(
+      sql<ExpiredLease>`
+      SELECT queue, id, type, payload, payload_bytes, headers, retried, max_retry FROM ${db.table('tasks')}
+      WHERE state = 'active'
+        AND (lease_expires_at < now() - ${opts.cutoffMs}::float8 * interval '1 millisecond'
+             OR lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')
+      ORDER BY queue, id LIMIT ${opts.limit} FOR UPDATE SKIP LOCKED`,
+      trx,
+    );
+    if (expired.length === 0) return { retried: 0, archived: 0 };
+    const decisions = expired.map(decide);
+    await db.run(
+      sql`
+      UPDATE ${db.table('tasks')} t
+      SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
+          retried = t.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
+          run_at = now() + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
+          error_msg = 'task lease expired', last_failed_at = now(),
+          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+      FROM unnest(${expired.map((e) => e.queue)}::text[], ${expired.map((e) => e.id)}::text[],
+                  ${decisions.map((d) => d.archive)}::bool[], ${decisions.map((d) => d.delayMs)}::float8[])
+        AS h(queue, id, archive, delay_ms)
+      WHERE t.queue = h.queue AND t.id = h.id AND t.state = 'active'`,
+      trx,
+    );
+    const archived = decisions.filter((d) => d.archive).length;
+    return { retried: decisions.length - archived, archived };
+  });
+}
+
+/** Deletes up to `limit` completed tasks whose retention has ended. */
+export async function deleteExpiredCompleted(db: Db, limit: number): Promise<number> {
+  const rows = await db.run(sql<{ n: number }>`
+    WITH d AS (
+      DELETE FROM ${db.table('tasks')} t USING (
+        SELECT queue, id FROM ${db.table('tasks')} WHERE state = 'completed' AND run_at <= now()
+        ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
+      ) x WHERE t.queue = x.queue AND t.id = x.id RETURNING 1
+    ) SELECT count(*)::int AS n FROM d`);
+  return rows[0]?.n ?? 0;
+}
+
+/** Deletes up to `limit` unique locks past their TTL. */
+export async function deleteExpiredLocks(db: Db, limit: number): Promise<number> {
+  const rows = await db.run(sql<{ n: number }>`
+    WITH d AS (
+      DELETE FROM ${db.table('unique_locks')} l USING (
+        SELECT queue, key FROM ${db.table('unique_locks')} WHERE expires_at <= now()
+        LIMIT ${limit} FOR UPDATE SKIP LOCKED
+      ) x WHERE l.queue = x.queue AND l.key = x.key RETURNING 1
+    ) SELECT count(*)::int AS n FROM d`);
+  return rows[0]?.n ?? 0;
+}
+
+/**
+ * Trims each queue's archive as asynq does: archived tasks older than
+ * `maxAgeMs` and all but the newest `maxSize` go, up to `limit` rows per call.
+ */
+export async function trimArchive(db: Db, maxSize: number, maxAgeMs: number, limit: number): Promise<number> {
+  const rows = await db.run(sql<{ n: number }>`
+    WITH doomed AS (
+      SELECT a.queue, a.id FROM ${db.table('queues')} q CROSS JOIN LATERAL (
+        SELECT t.queue, t.id FROM ${db.table('tasks')} t
+        WHERE t.queue = q.name AND t.state = 'archived'
+        ORDER BY t.run_at DESC OFFSET ${maxSize}
+      ) a
+      UNION
+      SELECT queue, id FROM ${db.table('tasks')}
+      WHERE state = 'archived' AND run_at < now() - ${maxAgeMs}::float8 * interval '1 millisecond'
+    ),
+    d AS (
+      DELETE FROM ${db.table('tasks')} t USING (
+        SELECT t.queue, t.id FROM ${db.table('tasks')} t JOIN doomed USING (queue, id)
+        WHERE t.state = 'archived' LIMIT ${limit} FOR UPDATE OF t SKIP LOCKED
+      ) x WHERE t.queue = x.queue AND t.id = x.id RETURNING 1
+    ) SELECT count(*)::int AS n FROM d`);
+  return rows[0]?.n ?? 0;
+}

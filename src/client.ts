@@ -1,0 +1,74 @@
+/**
+ * Client: puts tasks in queues. No background work; one statement per call.
+ */
+import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
+import { insertTasks } from './broker/enqueue.js';
+import { ClientClosedError, InvalidOptionError } from './errors.js';
+import { toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './task.js';
+
+/** Enqueue options, plus the caller's open transaction to enqueue in. */
+export type EnqueueCallOptions = EnqueueOptions & {
+  /**
+   * A transaction you hold open (a Kysely Transaction, or a pg client after BEGIN).
+   * The task is enqueued if the transaction commits, is gone if it rolls back,
+   * and is not visible to workers until the commit.
+   */
+  tx?: Transactional;
+};
+
+function splitTx(opts: EnqueueCallOptions | undefined): [EnqueueOptions, Transactional | undefined] {
+  if (opts === undefined) return [{}, undefined];
+  const { tx, ...rest } = opts;
+  if (tx !== undefined && (typeof tx !== 'object' || tx === null)) {
+    throw new InvalidOptionError('tx', 'must be a Kysely Transaction or a pg client inside BEGIN');
+  }
+  return [validateOptions(rest), tx];
+}
+
+/**
+ * @example
+ * const client = new Client({ connectionString: process.env.DATABASE_URL });
+ * await client.enqueue(new Task('email:welcome', { userId: 42 }), { queue: 'critical' });
+ */
+export class Client {
+  readonly #db: Db;
+
+  constructor(opts: ConnectionOptions = {}) {
+    this.#db = new Db(opts, 'pgasynq:client');
+  }
+
+  /** Enqueues one task. Options given here override those of the Task. */
+  async enqueue(task: Task, opts?: EnqueueCallOptions): Promise<TaskInfo> {
+    const [overrides, tx] = splitTx(opts);
+    const record = toRecord(task, overrides);
+    this.#checkOpen();
+    const [info] = await insertTasks(this.#db, [record], tx);
+    return info as TaskInfo;
+  }
+
+  /**
+   * Enqueues many tasks in one statement: all of them, or none when any is
+   * invalid or conflicts. Results match the tasks index by index.
+   */
+  async enqueueMany(tasks: Task[], opts?: EnqueueCallOptions): Promise<TaskInfo[]> {
+    if (!Array.isArray(tasks)) throw new InvalidOptionError('tasks', 'must be an array of Task');
+    const [overrides, tx] = splitTx(opts);
+    const records = tasks.map((task, i) => toRecord(task, overrides, i));
+    this.#checkOpen();
+    if (records.length === 0) return [];
+    return insertTasks(this.#db, records, tx);
+  }
+
+  #checkOpen(): void {
+    if (this.#db.closed) throw new ClientClosedError();
+  }
+
+  /** Ends the pool if the client created it. */
+  close(): Promise<void> {
+    return this.#db.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

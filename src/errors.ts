@@ -1,0 +1,186 @@
+/**
+ * Every error pgasynq throws. Each class carries a stable `code`, so code that
+ * cannot rely on `instanceof` (two copies of the package in one process) can
+ * use the `is…` helpers at the bottom instead.
+ */
+
+export abstract class PgasynqError extends Error {
+  abstract readonly code: string;
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * A bad argument or option, raised before anything is sent to the database.
+ * `field` names it and `rule` says what it broke; the message is both:
+ * "maxRetry must be an integer in [0, 1000] (got -1)".
+ */
+export class ValidationError extends PgasynqError {
+  readonly code: string = 'ERR_VALIDATION';
+  constructor(
+    readonly field: string,
+    readonly rule: string,
+  ) {
+    super(`${field} ${rule}`);
+  }
+}
+
+/** Subclasses say which kind of input was refused; all are ValidationErrors. */
+export class InvalidQueueNameError extends ValidationError {}
+export class InvalidTaskTypeError extends ValidationError {}
+export class InvalidTaskIdError extends ValidationError {}
+export class InvalidSchemaNameError extends ValidationError {}
+export class InvalidOptionError extends ValidationError {}
+export class PayloadSerializationError extends ValidationError {}
+export class PayloadTooLargeError extends ValidationError {}
+/** A bad Server, Client or Scheduler configuration value. */
+export class ConfigError extends ValidationError {}
+
+/** A call on a Client, Inspector or Scheduler after its close(). */
+export class ClientClosedError extends PgasynqError {
+  readonly code = 'ERR_CLIENT_CLOSED';
+  constructor(what = 'client') {
+    super(`${what} is closed`);
+  }
+}
+
+/** The unique lock of the task is held by another task (asynq's ErrDuplicateTask). */
+export class DuplicateTaskError extends PgasynqError {
+  readonly code = 'ERR_DUPLICATE_TASK';
+  constructor(
+    readonly queue: string,
+    readonly uniqueKey: string,
+  ) {
+    super(`task already exists: a task with the same type and payload holds the unique lock in queue "${queue}"`);
+  }
+}
+
+/** A task with this id already exists in the queue, whatever its state (asynq's ErrTaskIDConflict). */
+export class TaskIdConflictError extends PgasynqError {
+  readonly code = 'ERR_TASK_ID_CONFLICT';
+  constructor(
+    readonly queue: string,
+    readonly taskId: string,
+  ) {
+    super(`task ID conflicts with another task: id=${taskId} in queue "${queue}"`);
+  }
+}
+
+export class QueueNotFoundError extends PgasynqError {
+  readonly code = 'ERR_QUEUE_NOT_FOUND';
+  constructor(readonly queue: string) {
+    super(`queue "${queue}" does not exist`);
+  }
+}
+
+export class TaskNotFoundError extends PgasynqError {
+  readonly code = 'ERR_TASK_NOT_FOUND';
+  constructor(
+    readonly queue: string,
+    readonly taskId: string,
+  ) {
+    super(`cannot find task with id=${taskId} in queue "${queue}"`);
+  }
+}
+
+export class QueueNotEmptyError extends PgasynqError {
+  readonly code = 'ERR_QUEUE_NOT_EMPTY';
+  constructor(readonly queue: string) {
+    super(`queue "${queue}" is not empty`);
+  }
+}
+
+/** The task's state forbids the action (deleting an active task, running a pending one). */
+export class FailedPreconditionError extends PgasynqError {
+  readonly code = 'ERR_FAILED_PRECONDITION';
+}
+
+/** The server is shutting down or closed; also the abort reason handlers see at shutdown. */
+export class ServerClosedError extends PgasynqError {
+  readonly code = 'ERR_SERVER_CLOSED';
+  constructor(message = 'pgasynq: server closed') {
+    super(message);
+  }
+}
+
+/** The worker no longer holds the task's lease: whatever it writes about the task is dropped. */
+export class LeaseExpiredError extends PgasynqError {
+  readonly code = 'ERR_LEASE_EXPIRED';
+  constructor() {
+    super('task lease expired');
+  }
+}
+
+/** The task ran past its timeout or deadline. */
+export class TaskTimeoutError extends PgasynqError {
+  readonly code = 'ERR_TASK_TIMEOUT';
+  constructor(message = 'task deadline exceeded') {
+    super(message);
+  }
+}
+
+/** The task was cancelled through `Inspector.cancelProcessing`. */
+export class TaskCanceledError extends PgasynqError {
+  readonly code = 'ERR_TASK_CANCELED';
+  constructor() {
+    super('task canceled');
+  }
+}
+
+/** No handler matches the task's type (asynq's ErrHandlerNotFound); retried like any failure. */
+export class HandlerNotFoundError extends PgasynqError {
+  readonly code = 'ERR_HANDLER_NOT_FOUND';
+  constructor(readonly type: string) {
+    super(`handler not found for task "${type}"`);
+  }
+}
+
+/** Thrown by a handler: archive the task now, without the remaining retries. */
+export class SkipRetry extends PgasynqError {
+  readonly code = 'ERR_SKIP_RETRY';
+  constructor(message = 'skip retry for the task', options?: { cause?: unknown }) {
+    super(message, options);
+  }
+}
+
+/** Thrown by a handler: drop the task, neither retried nor archived. */
+export class RevokeTask extends PgasynqError {
+  readonly code = 'ERR_REVOKE_TASK';
+  constructor(message = 'revoke task', options?: { cause?: unknown }) {
+    super(message, options);
+  }
+}
+
+function hasCode(err: unknown, code: string): boolean {
+  return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === code;
+}
+
+/** True when `err`, or any error on its `cause` chain, carries `code`. */
+function causeChainHas(err: unknown, code: string): boolean {
+  const seen = new Set<unknown>();
+  for (let e = err; typeof e === 'object' && e !== null && !seen.has(e); e = (e as { cause?: unknown }).cause) {
+    if (hasCode(e, code)) return true;
+    seen.add(e);
+  }
+  return false;
+}
+
+export const isValidationError = (err: unknown): err is ValidationError => hasCode(err, 'ERR_VALIDATION');
+export const isDuplicateTask = (err: unknown): err is DuplicateTaskError => hasCode(err, 'ERR_DUPLICATE_TASK');
+export const isTaskIdConflict = (err: unknown): err is TaskIdConflictError => hasCode(err, 'ERR_TASK_ID_CONFLICT');
+export const isQueueNotFound = (err: unknown): err is QueueNotFoundError => hasCode(err, 'ERR_QUEUE_NOT_FOUND');
+export const isTaskNotFound = (err: unknown): err is TaskNotFoundError => hasCode(err, 'ERR_TASK_NOT_FOUND');
+export const isLeaseExpired = (err: unknown): err is LeaseExpiredError => hasCode(err, 'ERR_LEASE_EXPIRED');
+export const isServerClosed = (err: unknown): err is ServerClosedError => hasCode(err, 'ERR_SERVER_CLOSED');
+/** SkipRetry anywhere on the cause chain. */
+export const isSkipRetry = (err: unknown): boolean => causeChainHas(err, 'ERR_SKIP_RETRY');
+/** RevokeTask anywhere on the cause chain. */
+export const isRevokeTask = (err: unknown): boolean => causeChainHas(err, 'ERR_REVOKE_TASK');
+
+/** Turns anything thrown into an Error, once, at the boundary where user code returns. */
+export function coerceError(thrown: unknown): Error {
+  if (thrown instanceof Error) return thrown;
+  return new Error(typeof thrown === 'string' ? thrown : `non-error thrown: ${String(thrown)}`);
+}

@@ -1,0 +1,46 @@
+/**
+ * pgasynq's public surface. Nothing else is part of the API.
+ */
+export { Client, type EnqueueCallOptions } from './client.js';
+export { Server, type ServerConfig, type ServerStatus } from './server.js';
+export { ServeMux, type Handler, type Middleware, type TaskContext } from './mux.js';
+export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState } from './task.js';
+export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
+export { defaultRetryDelay } from './retry.js';
+export type { ConnectionOptions, Transactional } from './broker/db.js';
+export type { Logger } from './logger.js';
+export {
+  PgasynqError,
+  ValidationError,
+  InvalidQueueNameError,
+  InvalidTaskTypeError,
+  InvalidTaskIdError,
+  InvalidSchemaNameError,
+  InvalidOptionError,
+  PayloadSerializationError,
+  PayloadTooLargeError,
+  ConfigError,
+  ClientClosedError,
+  DuplicateTaskError,
+  TaskIdConflictError,
+  QueueNotFoundError,
+  TaskNotFoundError,
+  QueueNotEmptyError,
+  FailedPreconditionError,
+  ServerClosedError,
+  LeaseExpiredError,
+  TaskTimeoutError,
+  TaskCanceledError,
+  HandlerNotFoundError,
+  SkipRetry,
+  RevokeTask,
+  isValidationError,
+  isDuplicateTask,
+  isTaskIdConflict,
+  isQueueNotFound,
+  isTaskNotFound,
+  isLeaseExpired,
+  isServerClosed,
+  isSkipRetry,
+  isRevokeTask,
+} from './errors.js';

@@ -1,0 +1,56 @@
+/**
+ * migrate() and migrationStatus(): apply the SQL files in migrations/ to a
+ * schema, or list which are applied. Safe to run twice and from two processes.
+ */
+import { Db, type ConnectionOptions } from './broker/db.js';
+import { appliedMigrations, applyMigration, loadMigrations, revertLastMigration } from './broker/migrations.js';
+import { InvalidOptionError } from './errors.js';
+
+export interface MigrationResult {
+  /** Files applied by this call, in order; empty when the schema was up to date. */
+  applied: string[];
+}
+
+export interface MigrationStatus {
+  name: string;
+  applied: boolean;
+  appliedAt: Date | null;
+}
+
+async function withDb<T>(opts: ConnectionOptions, fn: (db: Db) => Promise<T>): Promise<T> {
+  const db = new Db(opts, 'pgasynq:migrate');
+  try {
+    return await fn(db);
+  } finally {
+    await db.close();
+  }
+}
+
+/** Applies pending migrations, up to and including `to` when given. */
+export async function migrate(opts: ConnectionOptions & { to?: string } = {}): Promise<MigrationResult> {
+  const all = await loadMigrations();
+  const upTo = opts.to === undefined ? all.length : all.findIndex((m) => m.name === opts.to) + 1;
+  if (upTo === 0) throw new InvalidOptionError('to', `is not a known migration (expected one of ${all.map((m) => m.name).join(', ')})`);
+  return withDb(opts, async (db) => {
+    const applied: string[] = [];
+    for (const m of all.slice(0, upTo)) {
+      if (await applyMigration(db, m)) applied.push(m.name);
+    }
+    return { applied };
+  });
+}
+
+/** Rolls back the newest applied migration. Resolves to its name, or null when none was applied. */
+export async function migrateDown(opts: ConnectionOptions = {}): Promise<string | null> {
+  const all = await loadMigrations();
+  return withDb(opts, (db) => revertLastMigration(db, all));
+}
+
+/** Every shipped migration and whether it is applied. */
+export async function migrationStatus(opts: ConnectionOptions = {}): Promise<MigrationStatus[]> {
+  const all = await loadMigrations();
+  return withDb(opts, async (db) => {
+    const applied = await appliedMigrations(db);
+    return all.map((m) => ({ name: m.name, applied: applied.has(m.name), appliedAt: applied.get(m.name) ?? null }));
+  });
+}

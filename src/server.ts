@@ -1,0 +1,176 @@
+/**
+ * Server: processes tasks. It owns the configuration and the components, and
+ * starts and stops them in an order that matters:
+ *
+ *   start:    notifier → heartbeater (registers the server) → recoverer →
+ *             forwarder → processor → janitor → healthchecker
+ *   shutdown: forwarder → processor (stops claiming, waits up to
+ *             shutdownTimeout, then aborts and requeues) → recoverer →
+ *             janitor → healthchecker → stats flush → heartbeater (last, so
+ *             leases are extended while handlers finish) → server row → pool
+ *
+ * Modes: new → active (start) → stopped (stop: no new claims) → closed (shutdown).
+ */
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import { Db } from './broker/db.js';
+import { Notifier } from './broker/notifier.js';
+import { deleteServer } from './broker/servers.js';
+import { ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
+import { ServeMux, type Handler } from './mux.js';
+import { Forwarder } from './server/forwarder.js';
+import { Healthchecker } from './server/healthcheck.js';
+import { Heartbeater } from './server/heartbeater.js';
+import { Janitor } from './server/janitor.js';
+import { Processor, type ProcessorCounters } from './server/processor.js';
+import { Recoverer } from './server/recoverer.js';
+import { StatsCollector } from './server/stats.js';
+import { resolveServerConfig, type ResolvedServerConfig, type ServerConfig } from './server/config.js';
+
+export type { ServerConfig } from './server/config.js';
+
+export type ServerStatus = 'new' | 'active' | 'stopped' | 'closed';
+
+/** How often servers flush their processed/failed counts (API.md: at least every 5 s). */
+const STATS_FLUSH_MS = 2000;
+
+/**
+ * @example
+ * const server = new Server({ queues: { critical: 6, default: 3, low: 1 }, concurrency: 20 });
+ * await server.run(new ServeMux().handle('email:', sendEmail));
+ */
+export class Server {
+  readonly id = randomUUID();
+  readonly #cfg: ResolvedServerConfig;
+  readonly #db: Db;
+  #status: ServerStatus = 'new';
+  #parts: ReturnType<Server['wire']> | undefined;
+  #statsTimer: NodeJS.Timeout | undefined;
+  #shutdown: Promise<void> | undefined;
+
+  constructor(config: ServerConfig = {}) {
+    this.#cfg = resolveServerConfig(config);
+    this.#db = new Db(config, `pgasynq:server:${process.pid}`);
+  }
+
+  get status(): ServerStatus {
+    return this.#status;
+  }
+
+  /** Counters of this server since it started: claims, fenced writes, lost leases, recoveries. */
+  metrics(): ProcessorCounters & { recovered: number; archivedByRecoverer: number } {
+    const p = this.#parts;
+    return {
+      ...(p?.processor.counters ?? { claimed: 0, fencedWrites: 0, leasesLost: 0 }),
+      recovered: p?.recoverer.counters.retried ?? 0,
+      archivedByRecoverer: p?.recoverer.counters.archived ?? 0,
+    };
+  }
+
+  private wire(handler: Handler) {
+    const cfg = this.#cfg;
+    const log = cfg.logger;
+    const stats = new StatsCollector(this.#db);
+    const processor = new Processor(this.#db, log.child({ component: 'processor' }), { ...cfg, serverId: this.id }, handler, stats);
+    const notifier = new Notifier(this.#db, log.child({ component: 'notifier' }));
+    const forwarder = new Forwarder(this.#db, log.child({ component: 'forwarder' }), cfg);
+    const heartbeater = new Heartbeater(
+      this.#db,
+      log.child({ component: 'heartbeater' }),
+      processor,
+      () => ({
+        id: this.id,
+        host: hostname(),
+        pid: process.pid,
+        concurrency: cfg.concurrency,
+        queues: { ...cfg.queues },
+        strictPriority: cfg.strictPriority,
+        status: this.#status,
+      }),
+      cfg,
+    );
+    const recoverer = new Recoverer(this.#db, log.child({ component: 'recoverer' }), cfg, stats);
+    const janitor = new Janitor(this.#db, log.child({ component: 'janitor' }), cfg);
+    const healthchecker = cfg.healthCheck && new Healthchecker(this.#db, log.child({ component: 'healthcheck' }), cfg.healthCheck, cfg.healthCheckInterval);
+    notifier.on(this.#db.channels.tasks, (queue) => processor.notify(queue));
+    notifier.on(this.#db.channels.delayed, () => forwarder.wake());
+    notifier.on(this.#db.channels.cancel, (id) => processor.abortTask(id, new TaskCanceledError()));
+    // After every (re)connect, sweep: notifications sent while disconnected are lost.
+    notifier.onConnected(() => {
+      processor.notify();
+      forwarder.wake();
+    });
+    return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, healthchecker };
+  }
+
+  /** Starts processing with `handler` (a ServeMux or a function). */
+  async start(handler: ServeMux | Handler): Promise<void> {
+    if (this.#status === 'closed') throw new ServerClosedError();
+    if (this.#status !== 'new') throw new ValidationError('server', `cannot start: it is ${this.#status}`);
+    const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : handler;
+    if (typeof fn !== 'function') throw new ValidationError('handler', 'must be a ServeMux or a function');
+    this.#status = 'active';
+    const p = (this.#parts = this.wire(fn));
+    await p.notifier.start();
+    p.heartbeater.start();
+    p.recoverer.start();
+    p.forwarder.start();
+    p.processor.start();
+    p.janitor.start();
+    p.healthchecker?.start();
+    this.#statsTimer = setInterval(() => p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'stats flush failed')), STATS_FLUSH_MS);
+  }
+
+  /** Starts, then shuts down gracefully on SIGTERM or SIGINT; resolves after the shutdown. */
+  async run(handler: ServeMux | Handler): Promise<void> {
+    await this.start(handler);
+    await new Promise<void>((resolve) => {
+      const onSignal = () => {
+        process.off('SIGTERM', onSignal);
+        process.off('SIGINT', onSignal);
+        resolve();
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    });
+    await this.shutdown();
+  }
+
+  /** Stops claiming new tasks; running tasks go on. */
+  async stop(): Promise<void> {
+    if (this.#status !== 'active') return;
+    this.#status = 'stopped';
+    await this.#parts?.processor.stopClaiming();
+  }
+
+  /**
+   * Stops claiming, lets running handlers finish for up to shutdownTimeout
+   * (their leases still extended), then aborts the rest with ServerClosedError
+   * and puts their tasks back at the front of their queues with their retry
+   * count unchanged. Resolves within shutdownTimeout plus about a second.
+   */
+  shutdown(): Promise<void> {
+    this.#shutdown ??= this.#doShutdown();
+    return this.#shutdown;
+  }
+
+  async #doShutdown(): Promise<void> {
+    const p = this.#parts;
+    this.#status = 'closed';
+    if (!p) return this.#db.close();
+    clearInterval(this.#statsTimer);
+    await p.forwarder.stop();
+    await p.processor.drain(this.#cfg.shutdownTimeout);
+    await p.processor.flushed();
+    await Promise.all([p.recoverer.stop(), p.janitor.stop(), p.healthchecker?.stop()]);
+    await p.notifier.stop();
+    await p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'final stats flush failed'));
+    await p.heartbeater.stop();
+    await deleteServer(this.#db, this.id).catch((err) => this.#cfg.logger.warn({ err }, 'could not remove the server row'));
+    await this.#db.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.shutdown();
+  }
+}

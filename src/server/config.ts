@@ -1,0 +1,145 @@
+/**
+ * ServerConfig: every option with its default, validated at construction and
+ * then frozen. Each mirrors an asynq option; durations are milliseconds.
+ */
+import { availableParallelism } from 'node:os';
+import type { ConnectionOptions } from '../broker/db.js';
+import { ConfigError } from '../errors.js';
+import { silentLogger, type Logger } from '../logger.js';
+import type { Task } from '../task.js';
+import * as v from '../validate.js';
+
+export interface ServerConfig extends ConnectionOptions {
+  /** Tasks run at once. @defaultValue os.availableParallelism() */
+  concurrency?: number;
+  /** Queues to serve, with priority weights. @defaultValue { default: 1 } */
+  queues?: Record<string, number>;
+  /** Always take higher-priority queues first, rather than weighted-random order. @defaultValue false */
+  strictPriority?: boolean;
+  /** Delay before the next attempt. @defaultValue asynq's n⁴ + 15 + rand(30)·(n + 1) s */
+  retryDelay?: (retried: number, err: Error, task: Task) => number;
+  /** False: the error does not use up a retry (the task is still retried). @defaultValue every error counts */
+  isFailure?: (err: Error) => boolean;
+  /** Called for every failed attempt. */
+  errorHandler?: (err: Error, task: Task) => void;
+  /** Called every healthCheckInterval with the database ping's error, or null. */
+  healthCheck?: (err: Error | null) => void;
+  /** @defaultValue 15 s */
+  healthCheckInterval?: number;
+  /** How long shutdown waits for running handlers before giving their tasks back. @defaultValue 8 s */
+  shutdownTimeout?: number;
+  /** Longest sleep of the forwarder between checks for due tasks. @defaultValue 5 s */
+  delayedTaskCheckInterval?: number;
+  /** @defaultValue 1 min */
+  groupGracePeriod?: number;
+  /** 0: no limit. */
+  groupMaxDelay?: number;
+  /** 0: no limit. */
+  groupMaxSize?: number;
+  groupAggregator?: (group: string, tasks: Task[]) => Task;
+  /** @defaultValue 8 s */
+  janitorInterval?: number;
+  /** @defaultValue 100 */
+  janitorBatchSize?: number;
+  /** Poll for work this often when no notification came. @defaultValue 1 s */
+  taskCheckInterval?: number;
+  /** How long a claim or a heartbeat holds a task. @defaultValue 30 s */
+  leaseDuration?: number;
+  /** Must be below leaseDuration / 2. @defaultValue 5 s */
+  heartbeatInterval?: number;
+  /** @defaultValue 1 min */
+  recoverInterval?: number;
+  /** How long past its expiry a lease must be before it is recovered (skew allowance; 0: none). @defaultValue 30 s */
+  recoverCutoff?: number;
+}
+
+const KEYS = [
+  'connectionString', 'pool', 'schema', 'logger',
+  'concurrency', 'queues', 'strictPriority', 'retryDelay', 'isFailure', 'errorHandler', 'healthCheck',
+  'healthCheckInterval', 'shutdownTimeout', 'delayedTaskCheckInterval', 'groupGracePeriod', 'groupMaxDelay',
+  'groupMaxSize', 'groupAggregator', 'janitorInterval', 'janitorBatchSize', 'taskCheckInterval',
+  'leaseDuration', 'heartbeatInterval', 'recoverInterval', 'recoverCutoff',
+] as const;
+
+export interface ResolvedServerConfig {
+  readonly logger: Logger;
+  readonly concurrency: number;
+  readonly queues: Readonly<Record<string, number>>;
+  readonly strictPriority: boolean;
+  readonly retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
+  readonly isFailure: (err: Error) => boolean;
+  readonly errorHandler: ((err: Error, task: Task) => void) | undefined;
+  readonly healthCheck: ((err: Error | null) => void) | undefined;
+  readonly healthCheckInterval: number;
+  readonly shutdownTimeout: number;
+  readonly delayedTaskCheckInterval: number;
+  readonly groupGracePeriod: number;
+  readonly groupMaxDelay: number;
+  readonly groupMaxSize: number;
+  readonly groupAggregator: ((group: string, tasks: Task[]) => Task) | undefined;
+  readonly janitorInterval: number;
+  readonly janitorBatchSize: number;
+  readonly taskCheckInterval: number;
+  readonly leaseDuration: number;
+  readonly heartbeatInterval: number;
+  /** How long after a successful extension was sent the worker still trusts its lease. */
+  readonly leaseTrust: number;
+  readonly recoverInterval: number;
+  readonly recoverCutoff: number;
+}
+
+function validateQueues(input: unknown): Record<string, number> {
+  const q = v.plainObject(input, 'queues', ConfigError);
+  const names = Object.keys(q);
+  if (names.length === 0) throw new ConfigError('queues', 'must name at least one queue');
+  const out: Record<string, number> = {};
+  for (const name of names) {
+    v.queueName(name, `queues key "${name}"`);
+    out[name] = v.integer(q[name], `queues.${name}`, 1, 1_000_000, ConfigError);
+  }
+  return out;
+}
+
+export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
+  const c = v.plainObject(input, 'config', ConfigError) as ServerConfig;
+  v.knownKeys(c as Record<string, unknown>, KEYS, 'config', ConfigError);
+  const dur = (key: keyof ServerConfig, def: number, min = 0) => (c[key] === undefined ? def : v.duration(c[key], key, min, v.MAX_DURATION_MS, ConfigError));
+  const fn = <F>(key: keyof ServerConfig): F | undefined => (c[key] === undefined ? undefined : v.func<F>(c[key], key, ConfigError));
+
+  const leaseDuration = dur('leaseDuration', 30_000, 100);
+  const heartbeatInterval = dur('heartbeatInterval', Math.min(5_000, leaseDuration / 6), 10);
+  if (heartbeatInterval >= leaseDuration / 2) {
+    throw new ConfigError('heartbeatInterval', `(${heartbeatInterval} ms) must be below leaseDuration / 2 (${leaseDuration / 2} ms)`);
+  }
+  // The worker stops trusting its lease a margin before it expires, so it aborts
+  // before the database could hand the task to anyone else (River's trust window).
+  const margin = Math.min(Math.max(1000, leaseDuration / 6), leaseDuration / 3);
+  const gracePeriod = dur('groupGracePeriod', 60_000);
+  if (c.groupGracePeriod !== undefined && gracePeriod < 100) throw new ConfigError('groupGracePeriod', `must be at least 100 ms (got ${gracePeriod})`);
+
+  return Object.freeze({
+    logger: (c.logger as Logger | undefined) ?? silentLogger,
+    concurrency: c.concurrency === undefined ? availableParallelism() : v.integer(c.concurrency, 'concurrency', 1, 10_000, ConfigError),
+    queues: Object.freeze(c.queues === undefined ? { default: 1 } : validateQueues(c.queues)),
+    strictPriority: c.strictPriority === undefined ? false : v.boolean(c.strictPriority, 'strictPriority', ConfigError),
+    retryDelay: fn<ResolvedServerConfig['retryDelay']>('retryDelay'),
+    isFailure: fn<(err: Error) => boolean>('isFailure') ?? (() => true),
+    errorHandler: fn<ResolvedServerConfig['errorHandler']>('errorHandler'),
+    healthCheck: fn<ResolvedServerConfig['healthCheck']>('healthCheck'),
+    healthCheckInterval: dur('healthCheckInterval', 15_000, 10),
+    shutdownTimeout: dur('shutdownTimeout', 8_000),
+    delayedTaskCheckInterval: dur('delayedTaskCheckInterval', 5_000, 10),
+    groupGracePeriod: gracePeriod,
+    groupMaxDelay: dur('groupMaxDelay', 0),
+    groupMaxSize: c.groupMaxSize === undefined ? 0 : v.integer(c.groupMaxSize, 'groupMaxSize', 0, 1_000_000, ConfigError),
+    groupAggregator: fn<ResolvedServerConfig['groupAggregator']>('groupAggregator'),
+    janitorInterval: dur('janitorInterval', 8_000, 10),
+    janitorBatchSize: c.janitorBatchSize === undefined ? 100 : v.integer(c.janitorBatchSize, 'janitorBatchSize', 1, 10_000, ConfigError),
+    taskCheckInterval: dur('taskCheckInterval', 1_000, 10),
+    leaseDuration,
+    heartbeatInterval,
+    leaseTrust: leaseDuration - margin,
+    recoverInterval: dur('recoverInterval', 60_000, 10),
+    recoverCutoff: dur('recoverCutoff', 30_000),
+  });
+}

@@ -1,0 +1,66 @@
+/**
+ * The heartbeater: every `heartbeatInterval` it extends, in one statement,
+ * the lease of every task this server still runs, and refreshes the server's
+ * row. A lease missing from the answer was lost (recovered, or claimed again
+ * elsewhere): its handler is aborted with LeaseExpiredError. A cancellation
+ * mark seen here aborts the handler too, in case its NOTIFY was lost.
+ */
+import { performance } from 'node:perf_hooks';
+import { extendLeases } from '../broker/leases.js';
+import { upsertServer, type ServerRecord } from '../broker/servers.js';
+import type { Db } from '../broker/db.js';
+import { TaskCanceledError } from '../errors.js';
+import type { Logger } from '../logger.js';
+import type { Processor } from './processor.js';
+import { Ticker } from './ticker.js';
+
+export class Heartbeater {
+  readonly #db: Db;
+  readonly #logger: Logger;
+  readonly #processor: Processor;
+  readonly #server: () => ServerRecord;
+  readonly #leaseDuration: number;
+  readonly #interval: number;
+  readonly #ticker: Ticker;
+
+  constructor(db: Db, logger: Logger, processor: Processor, server: () => ServerRecord, opts: { heartbeatInterval: number; leaseDuration: number }) {
+    this.#db = db;
+    this.#logger = logger;
+    this.#processor = processor;
+    this.#server = server;
+    this.#leaseDuration = opts.leaseDuration;
+    this.#interval = opts.heartbeatInterval;
+    this.#ticker = new Ticker(logger, () => this.runOnce(), { interval: () => this.#interval, immediate: true });
+  }
+
+  start(): void {
+    this.#ticker.start();
+  }
+
+  stop(): Promise<void> {
+    return this.#ticker.stop();
+  }
+
+  /** One beat: extend leases, then refresh the server row. */
+  async runOnce(): Promise<void> {
+    // A lease inside ctx.transaction is locked by that transaction, which no one else can take from it.
+    const held = [...this.#processor.leases.values()].filter((l) => !l.lost && !l.inTransaction);
+    if (held.length > 0) {
+      const sentAt = performance.now();
+      const extended = await extendLeases(this.#db, held, this.#leaseDuration);
+      const byKey = new Map(extended.map((r) => [`${r.queue}\0${r.id}`, r]));
+      for (const lease of held) {
+        const row = byKey.get(lease.key);
+        if (row === undefined) {
+          if (!lease.inTransaction) lease.lose();
+          continue;
+        }
+        lease.extended(sentAt);
+        if (row.cancel_requested) lease.abort(new TaskCanceledError());
+      }
+      const lost = held.length - extended.length;
+      if (lost > 0) this.#logger.warn({ lost }, 'leases lost');
+    }
+    await upsertServer(this.#db, this.#server(), this.#interval * 3);
+  }
+}

@@ -1,0 +1,372 @@
+/**
+ * The processor: claims pending tasks into free worker slots, runs their
+ * handlers, and records each outcome with one fenced write.
+ *
+ * Modes: idle → claiming (start) → draining (stopClaiming) → idle. Only the
+ * claim loop adds to `leases`; only a finished worker removes its own entry;
+ * the heartbeater reads `leases` and marks leases lost.
+ */
+import { setImmediate as nextTurn } from 'node:timers/promises';
+import { performance } from 'node:perf_hooks';
+import type { Transaction } from 'kysely';
+import { transaction, type Db } from '../broker/db.js';
+import { claim, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure } from '../broker/leases.js';
+import {
+  FailedPreconditionError,
+  LeaseExpiredError,
+  ServerClosedError,
+  TaskTimeoutError,
+  coerceError,
+  isRevokeTask,
+  isSkipRetry,
+} from '../errors.js';
+import type { Logger } from '../logger.js';
+import type { Handler, TaskContext } from '../mux.js';
+import { decodePayload, encodePayload } from '../payload.js';
+import { safeRetryDelay } from '../retry.js';
+import { Task } from '../task.js';
+import { MAX_DURATION_MS } from '../validate.js';
+import { Batcher } from './batcher.js';
+import { Lease } from './lease.js';
+import { queueOrder } from './queues.js';
+import type { StatsCollector } from './stats.js';
+
+export interface ProcessorConfig {
+  serverId: string;
+  concurrency: number;
+  queues: Readonly<Record<string, number>>;
+  strictPriority: boolean;
+  taskCheckInterval: number;
+  leaseDuration: number;
+  /** How long after a successful extension was sent the worker still trusts its lease. */
+  leaseTrust: number;
+  retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
+  isFailure: (err: Error) => boolean;
+  errorHandler: ((err: Error, task: Task) => void) | undefined;
+}
+
+/** Counters a test or a metrics endpoint may read. */
+export interface ProcessorCounters {
+  claimed: number;
+  /** Writes about a task that matched no row: the lease was gone (fencing). */
+  fencedWrites: number;
+  leasesLost: number;
+}
+
+type Outcome = { error: Error | null };
+const keyOf = (r: { queue: string; id: string }) => `${r.queue}\0${r.id}`;
+const keySet = (rows: { queue: string; id: string }[]) => new Set(rows.map(keyOf));
+
+export class Processor {
+  /** Leases of the tasks this server runs, by queue and id. */
+  readonly leases = new Map<string, Lease>();
+  readonly counters: ProcessorCounters = { claimed: 0, fencedWrites: 0, leasesLost: 0 };
+  readonly #db: Db;
+  readonly #logger: Logger;
+  readonly #cfg: ProcessorConfig;
+  readonly #handler: Handler;
+  readonly #stats: StatsCollector;
+  readonly #completer: Batcher<Completion, Set<string>>;
+  readonly #failer: Batcher<Failure, Set<string>>;
+  #claiming = false;
+  #loop: Promise<void> | undefined;
+  /** Set by a notification or a freed slot; the loop claims again before sleeping. */
+  #hint = false;
+  #wake: (() => void) | undefined;
+  #idle: (() => void)[] = [];
+  #claimFailures = 0;
+
+  constructor(db: Db, logger: Logger, cfg: ProcessorConfig, handler: Handler, stats: StatsCollector) {
+    this.#db = db;
+    this.#logger = logger;
+    this.#cfg = cfg;
+    this.#handler = handler;
+    this.#stats = stats;
+    this.#completer = new Batcher(async (items) => keySet(await complete(db, items)));
+    this.#failer = new Batcher(async (items) => keySet(await fail(db, items)));
+  }
+
+  get busy(): number {
+    return this.leases.size;
+  }
+
+  start(): void {
+    if (this.#claiming) return;
+    this.#claiming = true;
+    this.#loop = this.#claimLoop();
+  }
+
+  /** New work may be waiting in `queue`. */
+  notify(queue?: string): void {
+    if (queue !== undefined && !(queue in this.#cfg.queues)) return;
+    this.#poke();
+  }
+
+  #poke(): void {
+    this.#hint = true;
+    this.#wake?.();
+  }
+
+  /** Stops claiming; running tasks go on. Resolves once the claim loop has exited. */
+  async stopClaiming(): Promise<void> {
+    this.#claiming = false;
+    this.#poke();
+    await this.#loop;
+  }
+
+  /**
+   * Waits up to `timeoutMs` for running tasks, then aborts the rest with
+   * ServerClosedError and gives their leases back (requeue). Resolves within
+   * `timeoutMs` plus `graceMs` even if a handler ignores its signal.
+   */
+  async drain(timeoutMs: number, graceMs = 1000): Promise<void> {
+    await this.stopClaiming();
+    if (await this.#idleWithin(timeoutMs)) return;
+    for (const lease of this.leases.values()) lease.abort(new ServerClosedError());
+    await this.#idleWithin(graceMs);
+  }
+
+  #idleWithin(ms: number): Promise<boolean> {
+    if (this.leases.size === 0) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(false), ms);
+      this.#idle.push(() => {
+        clearTimeout(timer);
+        resolve(true);
+      });
+    });
+  }
+
+  async #claimLoop(): Promise<void> {
+    while (this.#claiming) {
+      const free = this.#cfg.concurrency - this.leases.size;
+      if (free <= 0) {
+        await this.#sleep(this.#cfg.taskCheckInterval);
+        continue;
+      }
+      this.#hint = false;
+      const sentAt = performance.now();
+      let rows: ClaimedRow[];
+      try {
+        rows = await claim(this.#db, queueOrder(this.#cfg.queues, this.#cfg.strictPriority), free, this.#cfg.serverId, this.#cfg.leaseDuration);
+        this.#claimFailures = 0;
+      } catch (err) {
+        this.#claimFailures++;
+        if (this.#claimFailures === 1 || this.#claimFailures % 20 === 0) this.#logger.error({ err, failures: this.#claimFailures }, 'claim failed');
+        await this.#sleep(Math.min(this.#cfg.taskCheckInterval, 50 * 2 ** Math.min(this.#claimFailures, 8)));
+        continue;
+      }
+      this.counters.claimed += rows.length;
+      for (const row of rows) {
+        const lease = new Lease({ queue: row.queue, id: row.id, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
+        this.leases.set(lease.key, lease);
+        void this.#run(row, lease);
+      }
+      if (rows.length < free) {
+        // asynq sleeps interval/2 + rand[0, interval) when the queues are empty.
+        await this.#sleep(this.#cfg.taskCheckInterval / 2 + Math.random() * this.#cfg.taskCheckInterval);
+      } else {
+        // Let the other workers that finish in this turn free their slots first: fewer, larger claims.
+        await nextTurn();
+      }
+    }
+  }
+
+  /** Sleeps `ms`, less if a notification comes or a slot frees. */
+  #sleep(ms: number): Promise<void> {
+    if (this.#hint || !this.#claiming) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        self.#wake = undefined;
+        resolve();
+      }
+      this.#wake = done;
+    });
+  }
+
+  async #run(row: ClaimedRow, lease: Lease): Promise<void> {
+    const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
+    const timers = this.#armTimeouts(row, lease);
+    const outcome = await this.#invoke(task, this.#context(row, lease), lease.signal);
+    for (const t of timers) clearTimeout(t);
+    try {
+      await this.#finish(row, lease, task, outcome);
+    } catch (err) {
+      this.#logger.error({ err, task: { id: row.id, queue: row.queue } }, 'could not record the outcome; the recoverer will');
+    } finally {
+      lease.release();
+      this.leases.delete(lease.key);
+      if (this.leases.size === 0) for (const fn of this.#idle.splice(0)) fn();
+      this.#poke();
+    }
+  }
+
+  /** Timeout and deadline, on the worker's monotonic timers (the deadline measured on the database clock at claim). */
+  #armTimeouts(row: ClaimedRow, lease: Lease): NodeJS.Timeout[] {
+    const timers: NodeJS.Timeout[] = [];
+    const after = (ms: number, message: string) => {
+      if (ms <= 0) lease.abort(new TaskTimeoutError(message));
+      else timers.push(setTimeout(() => lease.abort(new TaskTimeoutError(message)), Math.min(ms, MAX_DURATION_MS)));
+    };
+    if (row.timeout_ms > 0) after(row.timeout_ms, `task timeout of ${row.timeout_ms} ms exceeded`);
+    if (row.deadline_in_ms !== null) after(row.deadline_in_ms, 'task deadline exceeded');
+    return timers;
+  }
+
+  /** Runs the handler; resolves with its outcome, or as soon as the signal aborts (asynq does not wait either). */
+  #invoke(task: Task, ctx: TaskContext, signal: AbortSignal): Promise<Outcome> {
+    if (signal.aborted) return Promise.resolve({ error: coerceError(signal.reason) });
+    return new Promise<Outcome>((resolve) => {
+      const onAbort = () => resolve({ error: coerceError(signal.reason) });
+      signal.addEventListener('abort', onAbort, { once: true });
+      Promise.resolve()
+        .then(() => this.#handler(task, ctx))
+        .then(
+          () => resolve({ error: null }),
+          (thrown: unknown) => resolve({ error: coerceError(thrown) }),
+        )
+        .finally(() => signal.removeEventListener('abort', onAbort));
+    });
+  }
+
+  #context(row: ClaimedRow, lease: Lease): TaskContext {
+    const logger = this.#logger.child({ task: { id: row.id, type: row.type, queue: row.queue, attempt: row.retried + 1 } });
+    return {
+      taskId: row.id,
+      queue: row.queue,
+      retryCount: row.retried,
+      maxRetry: row.max_retry,
+      signal: lease.signal,
+      logger,
+      writeResult: (data) => this.#writeResult(lease, data),
+      transaction: (fn) => this.#transaction(row, lease, fn),
+    };
+  }
+
+  async #writeResult(lease: Lease, data: unknown): Promise<void> {
+    const encoded = encodePayload(data, 'result');
+    if (lease.signal.aborted) throw coerceError(lease.signal.reason);
+    if (!(await writeResult(this.#db, lease, encoded.json, encoded.bytes))) {
+      this.#fenced(lease, 'result');
+      throw new LeaseExpiredError();
+    }
+  }
+
+  async #transaction<T>(row: ClaimedRow, lease: Lease, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+    if (lease.completedInTransaction) throw new FailedPreconditionError('the task was already completed by ctx.transaction');
+    if (lease.lost) throw new LeaseExpiredError();
+    lease.inTransaction = true;
+    try {
+      const result = await transaction(this.#db, async (trx) => {
+        if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
+        const value = await fn(trx);
+        const done = await complete(this.#db, [{ queue: lease.queue, id: lease.id, token: lease.token, keep: row.retention_ms > 0 }], trx);
+        if (done.length !== 1) throw new LeaseExpiredError();
+        return value;
+      });
+      lease.completedInTransaction = true;
+      return result;
+    } catch (err) {
+      if (err instanceof LeaseExpiredError) {
+        this.#fenced(lease, 'transaction');
+        lease.lose();
+      }
+      throw err;
+    } finally {
+      lease.inTransaction = false;
+    }
+  }
+
+  async #finish(row: ClaimedRow, lease: Lease, task: Task, { error }: Outcome): Promise<void> {
+    const { queue } = row;
+    if (lease.completedInTransaction) {
+      this.#stats.processed(queue);
+      if (error) this.#logger.warn({ err: error, task: { id: row.id, queue } }, 'handler failed after its transaction committed; the task stays completed');
+      return;
+    }
+    const shutdown = error instanceof ServerClosedError && lease.signal.reason === error;
+    if (error && !shutdown && this.#cfg.errorHandler) {
+      try {
+        this.#cfg.errorHandler(error, task);
+      } catch (err) {
+        this.#logger.error({ err }, 'errorHandler threw');
+      }
+    }
+    if (lease.lost) {
+      this.counters.leasesLost++;
+      this.#logger.warn({ task: { id: row.id, queue } }, 'lease lost; the outcome of this attempt is dropped');
+      return;
+    }
+    if (shutdown) {
+      await this.#write(lease, 'requeue', async () => keySet(await requeue(this.#db, [lease])));
+      return;
+    }
+    if (!error || isRevokeTask(error)) {
+      // RevokeTask is asynq's markAsDone: counted as processed, deleted even with retention.
+      if (await this.#write(lease, 'complete', () => this.#completer.add({ ...leaseKey(lease), keep: !error && row.retention_ms > 0 }))) {
+        this.#stats.processed(queue);
+      }
+      return;
+    }
+    const archive = isSkipRetry(error) || row.retried >= row.max_retry;
+    const counts = archive || this.#countsAsFailure(error);
+    const delayMs = archive
+      ? 0
+      : safeRetryDelay(this.#cfg.retryDelay && (() => this.#cfg.retryDelay!(row.retried, error, task)), row.retried, (value) =>
+          this.#logger.warn({ value: String(value), type: row.type }, 'retryDelay returned an invalid delay; using the default'),
+        );
+    const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: error.message || error.name };
+    if ((await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure))) && counts) {
+      this.#stats.processed(queue);
+      this.#stats.failed(queue);
+    }
+  }
+
+  #countsAsFailure(err: Error): boolean {
+    try {
+      return this.#cfg.isFailure(err);
+    } catch (thrown) {
+      this.#logger.error({ err: thrown }, 'isFailure threw; counting the error as a failure');
+      return true;
+    }
+  }
+
+  /**
+   * Runs one fenced write, retrying database errors with backoff while the
+   * lease is still trusted (asynq's syncer). False when the write was fenced
+   * off or could not be made in time: the recoverer then owns the task.
+   */
+  async #write(lease: Lease, what: string, write: () => Promise<Set<string>>): Promise<boolean> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        if ((await write()).has(lease.key)) return true;
+        this.#fenced(lease, what);
+        return false;
+      } catch (err) {
+        if (lease.lost) return false;
+        if (attempt === 0) this.#logger.warn({ err, task: { id: lease.id, queue: lease.queue } }, `${what} failed; retrying while the lease holds`);
+        await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
+      }
+    }
+  }
+
+  #fenced(lease: Lease, what: string): void {
+    this.counters.fencedWrites++;
+    this.#logger.warn({ task: { id: lease.id, queue: lease.queue }, write: what }, 'fenced write rejected: the lease is no longer held');
+  }
+
+  /** Aborts the running tasks with this id (cancellation). */
+  abortTask(id: string, reason: Error): void {
+    for (const lease of this.leases.values()) if (lease.id === id) lease.abort(reason);
+  }
+
+  /** Resolves once every batched write has been flushed. */
+  async flushed(): Promise<void> {
+    await Promise.all([this.#completer.drained(), this.#failer.drained()]);
+  }
+}
+
+const leaseKey = (l: Lease) => ({ queue: l.queue, id: l.id, token: l.token });

@@ -1,0 +1,86 @@
+/**
+ * The recoverer (asynq's recoverer.go, on the database clock): takes active
+ * tasks whose lease expired more than `recoverCutoff` ago and retries them
+ * with "task lease expired", or archives them when their retries are spent.
+ * The cutoff absorbs clock skew and slow heartbeats, as asynq's 30 s does.
+ * Every server runs one; SKIP LOCKED makes sure each task is recovered once.
+ */
+import { recoverExpired } from '../broker/maintenance.js';
+import type { Db } from '../broker/db.js';
+import { LeaseExpiredError } from '../errors.js';
+import type { Logger } from '../logger.js';
+import { decodePayload } from '../payload.js';
+import { safeRetryDelay } from '../retry.js';
+import { Task } from '../task.js';
+import type { StatsCollector } from './stats.js';
+import { Ticker } from './ticker.js';
+
+const BATCH = 100;
+
+export interface RecovererConfig {
+  recoverInterval: number;
+  recoverCutoff: number;
+  leaseDuration: number;
+  retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
+}
+
+export class Recoverer {
+  readonly #db: Db;
+  readonly #logger: Logger;
+  readonly #cfg: RecovererConfig;
+  readonly #stats: StatsCollector;
+  readonly #ticker: Ticker;
+  /** Tasks recovered by this server since it started. */
+  readonly counters = { retried: 0, archived: 0 };
+
+  constructor(db: Db, logger: Logger, cfg: RecovererConfig, stats: StatsCollector) {
+    this.#db = db;
+    this.#logger = logger;
+    this.#cfg = cfg;
+    this.#stats = stats;
+    this.#ticker = new Ticker(logger, async () => void (await this.runOnce()), { interval: () => cfg.recoverInterval, immediate: true });
+  }
+
+  start(): void {
+    this.#ticker.start();
+  }
+
+  stop(): Promise<void> {
+    return this.#ticker.stop();
+  }
+
+  /** Recovers every expired lease, in batches. */
+  async runOnce(): Promise<{ retried: number; archived: number }> {
+    const total = { retried: 0, archived: 0 };
+    const err = new LeaseExpiredError();
+    for (;;) {
+      const counts = { retried: 0, archived: 0 };
+      const queues: string[] = [];
+      const done = await recoverExpired(this.#db, { cutoffMs: this.#cfg.recoverCutoff, leaseMs: this.#cfg.leaseDuration, limit: BATCH }, (t) => {
+        queues.push(t.queue);
+        if (t.retried >= t.max_retry) return { archive: true, delayMs: 0 };
+        const task = Task.restore(t.type, decodePayload(t.payload, t.payload_bytes), t.headers);
+        const retryDelay = this.#cfg.retryDelay;
+        return {
+          archive: false,
+          delayMs: safeRetryDelay(retryDelay && (() => retryDelay(t.retried, err, task)), t.retried, (value) =>
+            this.#logger.warn({ value: String(value), type: t.type }, 'retryDelay returned an invalid delay; using the default'),
+          ),
+        };
+      });
+      counts.retried = done.retried;
+      counts.archived = done.archived;
+      for (const q of queues) {
+        this.#stats.processed(q);
+        this.#stats.failed(q);
+      }
+      total.retried += counts.retried;
+      total.archived += counts.archived;
+      if (counts.retried + counts.archived < BATCH) break;
+    }
+    this.counters.retried += total.retried;
+    this.counters.archived += total.archived;
+    if (total.retried + total.archived > 0) this.#logger.info(total, 'recovered tasks with expired leases');
+    return total;
+  }
+}

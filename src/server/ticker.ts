@@ -1,0 +1,88 @@
+/**
+ * The loop every maintenance component runs on: call `tick`, sleep, repeat,
+ * until stop(). A tick may ask for a shorter sleep (work is due sooner), and
+ * wake() cuts a sleep short. stop() resolves once the running tick is done.
+ *
+ * Modes: idle → running (start) → stopping (stop) → idle. start() while running
+ * and stop() while idle are no-ops; stop() twice returns the same promise.
+ */
+import type { Logger } from '../logger.js';
+
+export interface TickerOptions {
+  /** Sleep between ticks, in ms. */
+  interval: () => number;
+  /** Run the first tick at start rather than after one interval. */
+  immediate?: boolean;
+}
+
+export class Ticker {
+  readonly #tick: () => Promise<number | void>;
+  readonly #opts: TickerOptions;
+  readonly #logger: Logger;
+  #running = false;
+  #loop: Promise<void> | undefined;
+  #wake: (() => void) | undefined;
+  #woken = false;
+  #timer: NodeJS.Timeout | undefined;
+  #failures = 0;
+
+  /** `tick` returns nothing, or the ms to sleep before the next tick when sooner than the interval. */
+  constructor(logger: Logger, tick: () => Promise<number | void>, opts: TickerOptions) {
+    this.#logger = logger;
+    this.#tick = tick;
+    this.#opts = opts;
+  }
+
+  start(): void {
+    if (this.#running) return;
+    this.#running = true;
+    this.#loop = this.#run();
+  }
+
+  /** Ends the current sleep now. */
+  wake(): void {
+    this.#woken = true;
+    this.#wake?.();
+  }
+
+  stop(): Promise<void> {
+    this.#running = false;
+    this.wake();
+    return this.#loop ?? Promise.resolve();
+  }
+
+  async #run(): Promise<void> {
+    let delay = this.#opts.immediate ? 0 : this.#opts.interval();
+    while (this.#running) {
+      await this.#sleep(delay);
+      if (!this.#running) break;
+      try {
+        const requested = await this.#tick();
+        this.#failures = 0;
+        delay = Math.min(this.#opts.interval(), typeof requested === 'number' ? Math.max(0, requested) : Number.POSITIVE_INFINITY);
+      } catch (err) {
+        // A lost database is retried with backoff; the server keeps running and says so.
+        this.#failures++;
+        if (this.#failures === 1 || this.#failures % 10 === 0) this.#logger.error({ err, failures: this.#failures }, 'tick failed');
+        delay = Math.min(this.#opts.interval(), 100 * 2 ** Math.min(this.#failures, 10));
+      }
+    }
+  }
+
+  #sleep(ms: number): Promise<void> {
+    if (this.#woken) {
+      this.#woken = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(this.#timer);
+        this.#wake = undefined;
+        this.#woken = false;
+        resolve();
+      };
+      this.#wake = done;
+      this.#timer = setTimeout(done, ms);
+    });
+  }
+}

@@ -1,0 +1,196 @@
+/**
+ * Task, its enqueue options and their validation, and the TaskInfo that every
+ * read of a task returns.
+ */
+import { createHash, randomUUID } from 'node:crypto';
+import { InvalidOptionError, InvalidTaskTypeError } from './errors.js';
+import { encodePayload, type EncodedPayload } from './payload.js';
+import * as v from './validate.js';
+
+export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating';
+export const TASK_STATES: readonly TaskState[] = ['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'];
+
+/** Per-task options; each mirrors an asynq option. Durations are milliseconds. */
+export interface EnqueueOptions {
+  /** Queue to put the task in. @defaultValue 'default' */
+  queue?: string;
+  /** How many times a failed task is retried before it is archived (so at most maxRetry + 1 runs). @defaultValue 25 */
+  maxRetry?: number;
+  /** Task id, unique per queue. @defaultValue a random UUID */
+  taskId?: string;
+  /** Time limit of one attempt, from its start. 0: not set. With neither timeout nor deadline: 30 min. */
+  timeout?: number;
+  /** Time limit across all attempts. */
+  deadline?: Date;
+  /** Hold a uniqueness lock on (queue, type, payload) for this long; ≥ 1000 ms. */
+  unique?: number;
+  /** Process no earlier than this instant. */
+  processAt?: Date;
+  /** Process no earlier than this long from now (database time). */
+  processIn?: number;
+  /** Keep the task as `completed` this long after success. @defaultValue 0 (deleted at once) */
+  retention?: number;
+  /** Aggregate with the other tasks of this group in the queue. */
+  group?: string;
+  /** Free-form metadata carried with the task; not part of uniqueness. */
+  headers?: Record<string, string>;
+}
+
+const OPTION_KEYS = ['queue', 'maxRetry', 'taskId', 'timeout', 'deadline', 'unique', 'processAt', 'processIn', 'retention', 'group', 'headers'] as const;
+
+export const DEFAULT_QUEUE = 'default';
+export const DEFAULT_MAX_RETRY = 25;
+export const DEFAULT_TIMEOUT_MS = 30 * 60_000;
+const MAX_RETRY_LIMIT = 1000;
+
+/** Everything a reader of the task sees (Inspector, enqueue results). */
+export interface TaskInfo {
+  id: string;
+  queue: string;
+  type: string;
+  payload: unknown;
+  state: TaskState;
+  maxRetry: number;
+  retried: number;
+  lastError: string | null;
+  lastFailedAt: Date | null;
+  /** ms; 0 when only a deadline limits the task. */
+  timeout: number;
+  deadline: Date | null;
+  group: string | null;
+  /** scheduled and retry: when due; pending: now; otherwise null. */
+  nextProcessAt: Date | null;
+  /** An active task whose lease has expired and which no recoverer has taken yet. */
+  isOrphaned: boolean;
+  /** ms */
+  retention: number;
+  completedAt: Date | null;
+  result: unknown;
+  headers: Record<string, string>;
+}
+
+/** Checks an options object: unknown keys, wrong types and out-of-range values are ValidationErrors. */
+export function validateOptions(input: unknown, what = 'options'): EnqueueOptions {
+  if (input === undefined) return {};
+  const o = v.plainObject(input, what);
+  v.knownKeys(o, OPTION_KEYS, what);
+  const out: EnqueueOptions = {};
+  if (o.queue !== undefined) out.queue = v.queueName(o.queue);
+  if (o.maxRetry !== undefined) out.maxRetry = v.integer(o.maxRetry, 'maxRetry', 0, MAX_RETRY_LIMIT);
+  if (o.taskId !== undefined) out.taskId = v.taskId(o.taskId);
+  if (o.timeout !== undefined) out.timeout = v.duration(o.timeout, 'timeout');
+  if (o.deadline !== undefined) out.deadline = v.date(o.deadline, 'deadline');
+  if (o.unique !== undefined) {
+    if (typeof o.unique !== 'number' || !Number.isFinite(o.unique) || o.unique < 1000) {
+      throw new InvalidOptionError('unique', `TTL must be a finite number of ms ≥ 1000 (got ${v.describeValue(o.unique)})`);
+    }
+    out.unique = o.unique;
+  }
+  if (o.processAt !== undefined) out.processAt = v.date(o.processAt, 'processAt');
+  if (o.processIn !== undefined) out.processIn = v.duration(o.processIn, 'processIn');
+  if (o.retention !== undefined) out.retention = v.duration(o.retention, 'retention', 0, Number.MAX_SAFE_INTEGER);
+  if (o.group !== undefined) out.group = v.groupName(o.group);
+  if (o.headers !== undefined) out.headers = validateHeaders(o.headers);
+  return out;
+}
+
+function validateHeaders(input: unknown): Record<string, string> {
+  const h = v.plainObject(input, 'headers');
+  const out: Record<string, string> = Object.create(null);
+  for (const [key, value] of Object.entries(h)) {
+    if (key.length === 0 || key.length > 256) throw new InvalidOptionError('headers', `keys must be 1–256 characters (got ${key.length})`);
+    if (typeof value !== 'string') throw new InvalidOptionError(`headers.${key}`, `must be a string (got ${v.describeValue(value)})`);
+    if (value.includes('\0') || key.includes('\0')) throw new InvalidOptionError(`headers.${key}`, 'may not contain a NUL character');
+    out[key] = value;
+  }
+  return { ...out };
+}
+
+/**
+ * A unit of work: a type that selects the handler, a payload, and default
+ * options that enqueue-time options override.
+ *
+ * @example new Task('email:welcome', { userId: 42 }, { queue: 'critical', maxRetry: 5 })
+ */
+export class Task<P = unknown> {
+  readonly type: string;
+  readonly payload: P;
+  readonly options: Readonly<EnqueueOptions>;
+  readonly headers: Readonly<Record<string, string>>;
+  /** @internal the payload as stored, checked once at construction */
+  readonly encoded: EncodedPayload;
+
+  constructor(type: string, payload?: P, options?: EnqueueOptions) {
+    this.type = v.taskType(type);
+    this.encoded = encodePayload(payload);
+    this.payload = payload as P;
+    this.options = Object.freeze(validateOptions(options));
+    this.headers = Object.freeze({ ...this.options.headers });
+  }
+
+  /** @internal A task read back from a row: it was validated when it was enqueued. */
+  static restore(type: string, payload: unknown, headers: Record<string, string>, options: EnqueueOptions = {}): Task {
+    const task = Object.create(Task.prototype) as Task;
+    const encoded: EncodedPayload = payload instanceof Uint8Array ? { json: null, bytes: Buffer.from(payload) } : { json: payload == null ? null : JSON.stringify(payload), bytes: null };
+    Object.assign(task, { type, payload, options: Object.freeze(options), headers: Object.freeze({ ...headers }), encoded });
+    return task;
+  }
+}
+
+/** @internal What the broker inserts for one task: options merged, defaults applied, payload encoded. */
+export interface TaskRecord {
+  id: string;
+  queue: string;
+  type: string;
+  payload: EncodedPayload;
+  headers: Record<string, string>;
+  maxRetry: number;
+  timeoutMs: number;
+  deadline: Date | null;
+  /** asynq's unique key: type and a digest of the payload bytes; null when not unique. */
+  uniqueKey: string | null;
+  uniqueTtlMs: number;
+  group: string | null;
+  retentionMs: number;
+  processAt: Date | null;
+  processInMs: number | null;
+}
+
+/** @internal Merges a task's options with enqueue-time ones (which win) and applies asynq's defaults. */
+export function toRecord(task: unknown, overrides: EnqueueOptions, index?: number): TaskRecord {
+  if (!(task instanceof Task)) {
+    throw new InvalidTaskTypeError(index === undefined ? 'task' : `tasks[${index}]`, 'must be a Task (new Task(type, payload, options))');
+  }
+  const o: EnqueueOptions = { ...task.options, ...overrides };
+  if (o.processAt !== undefined && o.processIn !== undefined) {
+    throw new InvalidOptionError('processAt', 'and processIn cannot both be set (pick one)');
+  }
+  // Validation, not scheduling: the host clock is good enough to refuse a deadline already gone.
+  if (o.deadline !== undefined && o.deadline.getTime() <= Date.now()) {
+    throw new InvalidOptionError('deadline', `is in the past (${o.deadline.toISOString()})`);
+  }
+  const timeoutMs = o.timeout ?? 0;
+  const queue = o.queue ?? DEFAULT_QUEUE;
+  return {
+    id: o.taskId ?? randomUUID(),
+    queue,
+    type: task.type,
+    payload: task.encoded,
+    headers: { ...task.headers, ...o.headers },
+    maxRetry: o.maxRetry ?? DEFAULT_MAX_RETRY,
+    timeoutMs: timeoutMs === 0 && o.deadline === undefined ? DEFAULT_TIMEOUT_MS : timeoutMs,
+    deadline: o.deadline ?? null,
+    uniqueKey: o.unique === undefined ? null : uniqueKey(task),
+    uniqueTtlMs: o.unique ?? 0,
+    group: o.group ?? null,
+    retentionMs: o.retention ?? 0,
+    processAt: o.processAt ?? null,
+    processInMs: o.processIn ?? null,
+  };
+}
+
+/** asynq's key: the type and the md5 of the payload bytes (headers and options are not part of it). */
+function uniqueKey(task: Task): string {
+  const bytes = task.encoded.bytes ?? Buffer.from(task.encoded.json ?? '');
+  return `${task.type}:${createHash('md5').update(bytes).digest('hex')}`;
+}

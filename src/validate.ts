@@ -1,0 +1,137 @@
+/**
+ * The single place where names and numbers from users are checked. Queue
+ * names, task types and ids are always bind parameters in SQL; the charsets
+ * here keep them safe to print in a terminal, a log line or a web page.
+ */
+import {
+  InvalidOptionError,
+  InvalidQueueNameError,
+  InvalidSchemaNameError,
+  InvalidTaskIdError,
+  InvalidTaskTypeError,
+  type ValidationError,
+} from './errors.js';
+
+type ErrorClass = new (field: string, rule: string) => ValidationError;
+
+const NAME_CHARS = /^[A-Za-z0-9_.:-]*$/;
+const ID_CHARS = /^[A-Za-z0-9_.:-]*$/;
+const SCHEMA = /^[a-z_][a-z0-9_]*$/;
+
+function describe(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
+  if (typeof value === 'bigint') return `${value}n`;
+  if (value instanceof Date) return Number.isNaN(value.getTime()) ? 'Invalid Date' : value.toISOString();
+  return typeof value === 'object' && value !== null ? typeof value : String(value);
+}
+
+/** Index and character of the first character outside `allowed`, for the error message. */
+function firstBadChar(value: string, allowed: RegExp): string {
+  for (let i = 0; i < value.length; i++) {
+    const ch = value[i] as string;
+    if (!allowed.test(ch)) return ch === '\0' ? `NUL character at index ${i}` : `found ${JSON.stringify(ch)} at index ${i}`;
+  }
+  return '';
+}
+
+function checkName(value: unknown, field: string, Err: ErrorClass, max: number, allowed: RegExp, charsText: string, first = /./): string {
+  if (typeof value !== 'string') throw new Err(field, `must be a string (got ${describe(value)})`);
+  if (value.length < 1 || value.length > max) throw new Err(field, `must be 1–${max} characters (got ${value.length})`);
+  if (!allowed.test(value)) throw new Err(field, `may contain only ${charsText} (${firstBadChar(value, /[A-Za-z0-9_.:-]/)})`);
+  if (!first.test(value[0] as string)) throw new Err(field, `must start with a letter, a digit or _ (found ${JSON.stringify(value[0])} at index 0)`);
+  return value;
+}
+
+/** Queue names: 1–100 of A–Z a–z 0–9 _ . : - */
+export function queueName(value: unknown, field = 'queue'): string {
+  return checkName(value, field, InvalidQueueNameError, 100, NAME_CHARS, 'A–Z a–z 0–9 _ . : -');
+}
+
+/** Group names follow the queue-name rule. */
+export function groupName(value: unknown, field = 'group'): string {
+  return checkName(value, field, InvalidOptionError, 100, NAME_CHARS, 'A–Z a–z 0–9 _ . : -');
+}
+
+/** Task ids: 1–128 of A–Z a–z 0–9 _ . : -, not starting with . : or - (no "../x"). */
+export function taskId(value: unknown, field = 'taskId'): string {
+  return checkName(value, field, InvalidTaskIdError, 128, ID_CHARS, 'A–Z a–z 0–9 _ . : -', /[A-Za-z0-9_]/);
+}
+
+/** Task types: 1–100 characters of valid Unicode, no control characters, not blank. */
+export function taskType(value: unknown, field = 'type'): string {
+  if (typeof value !== 'string') throw new InvalidTaskTypeError(field, `must be a string (got ${describe(value)})`);
+  if (value.trim().length === 0 || value.length > 100) {
+    throw new InvalidTaskTypeError(field, `must be 1–100 characters, not blank (got ${value.length})`);
+  }
+  for (let i = 0; i < value.length; i++) {
+    const c = value.charCodeAt(i);
+    if (c < 0x20 || c === 0x7f) throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
+  }
+  if (!value.isWellFormed()) throw new InvalidTaskTypeError(field, 'is not valid Unicode (lone surrogate)');
+  return value;
+}
+
+/**
+ * Schema names are the one identifier we put into SQL text, so the rule is
+ * strict: ^[a-z_][a-z0-9_]{0,62}$, and not pg_… (reserved by PostgreSQL).
+ */
+export function schemaName(value: unknown, field = 'schema'): string {
+  if (typeof value !== 'string') throw new InvalidSchemaNameError(field, `must be a string (got ${describe(value)})`);
+  if (value.length < 1 || value.length > 63) throw new InvalidSchemaNameError(field, `must be 1–63 characters (got ${value.length})`);
+  if (!SCHEMA.test(value)) {
+    throw new InvalidSchemaNameError(field, `must match ^[a-z_][a-z0-9_]{0,62}$ (${firstBadChar(value, value[0] && /[a-z_]/.test(value[0]) ? /[a-z0-9_]/ : /[a-z_]/)})`);
+  }
+  if (value.startsWith('pg_')) throw new InvalidSchemaNameError(field, 'may not start with "pg_" (reserved by PostgreSQL)');
+  return value;
+}
+
+/** An integer in [min, max]. */
+export function integer(value: unknown, field: string, min: number, max: number, Err: ErrorClass = InvalidOptionError): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new Err(field, `must be an integer in [${min}, ${max}] (got ${describe(value)})`);
+  }
+  return value;
+}
+
+/** The longest duration a Node.js timer can wait (about 24.8 days). */
+export const MAX_DURATION_MS = 2_147_483_647;
+
+/** A duration in ms: a finite number in [min, max]. */
+export function duration(value: unknown, field: string, min = 0, max = MAX_DURATION_MS, Err: ErrorClass = InvalidOptionError): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
+    throw new Err(field, `must be a finite duration in ms in [${min}, ${max}] (got ${describe(value)})`);
+  }
+  return value;
+}
+
+export function date(value: unknown, field: string): Date {
+  if (!(value instanceof Date)) throw new InvalidOptionError(field, `must be a Date (got ${describe(value)})`);
+  if (Number.isNaN(value.getTime())) throw new InvalidOptionError(field, 'is an Invalid Date');
+  return value;
+}
+
+export function boolean(value: unknown, field: string, Err: ErrorClass = InvalidOptionError): boolean {
+  if (typeof value !== 'boolean') throw new Err(field, `must be a boolean (got ${describe(value)})`);
+  return value;
+}
+
+export function func<F>(value: unknown, field: string, Err: ErrorClass = InvalidOptionError): F {
+  if (typeof value !== 'function') throw new Err(field, `must be a function (got ${describe(value)})`);
+  return value as F;
+}
+
+export function plainObject(value: unknown, field: string, Err: ErrorClass = InvalidOptionError): Record<string, unknown> {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new Err(field, `must be an object (got ${Array.isArray(value) ? 'array' : describe(value)})`);
+  }
+  return value as Record<string, unknown>;
+}
+
+/** Refuses keys outside `known`: a misspelt option is an error, never ignored. */
+export function knownKeys(obj: Record<string, unknown>, known: readonly string[], what: string, Err: ErrorClass = InvalidOptionError): void {
+  for (const key of Object.keys(obj)) {
+    if (!known.includes(key)) throw new Err(`${what}.${key}`, `is not a known option (expected one of ${known.join(', ')})`);
+  }
+}
+
+export { describe as describeValue };
