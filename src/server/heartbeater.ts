@@ -59,7 +59,11 @@ export class Heartbeater {
         if (row.cancel_requested) lease.abort(new TaskCanceledError());
       }
       const lost = held.length - extended.length;
-      if (lost > 0) this.#logger.warn({ lost }, 'leases lost');
+      if (lost > 0) {
+        // Each missing row is a fenced heartbeat write: counted like any other.
+        this.#processor.counters.fencedWrites += lost;
+        this.#logger.warn({ lost }, 'fenced heartbeat: leases lost');
+      }
     }
     await upsertServer(this.#db, this.#server(), this.#interval * 3);
   }

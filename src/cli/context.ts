@@ -1,0 +1,67 @@
+/**
+ * What every CLI command shares: where output goes, the global options, and
+ * the one place that turns them into the ConnectionOptions the library takes.
+ * Commands print through `emit()` so `--json` behaves the same everywhere.
+ */
+import type { ConnectionOptions } from '../broker/db.js';
+
+/** Anything output can be written to: process.stdout, or a buffer in tests. */
+export interface Output {
+  write(chunk: string): unknown;
+}
+
+export interface CliIO {
+  out: Output;
+  err: Output;
+  env: Record<string, string | undefined>;
+}
+
+/** The options that come before the command. */
+export interface GlobalOptions {
+  databaseUrl?: string | undefined;
+  schema: string;
+  json?: boolean | undefined;
+  debug?: boolean | undefined;
+}
+
+/** Bad usage found after commander has parsed the line (exit code 2). */
+export class UsageError extends Error {
+  override readonly name = 'UsageError';
+}
+
+export class CliContext {
+  constructor(
+    readonly io: CliIO,
+    private readonly readGlobals: () => GlobalOptions,
+  ) {}
+
+  get globals(): GlobalOptions {
+    return this.readGlobals();
+  }
+
+  /** The connection string in use (flag, then DATABASE_URL), or undefined. */
+  get databaseUrl(): string | undefined {
+    const url = this.globals.databaseUrl ?? this.io.env.DATABASE_URL;
+    return url === undefined || url === '' ? undefined : url;
+  }
+
+  /** Options for a library call; a missing database URL is bad usage. */
+  connection(): ConnectionOptions & { connectionString: string; schema: string } {
+    const connectionString = this.databaseUrl;
+    if (connectionString === undefined) {
+      throw new UsageError('no database: pass --database-url URL or set DATABASE_URL');
+    }
+    return { connectionString, schema: this.globals.schema };
+  }
+
+  /** With --json, prints `value` as one line of JSON; otherwise the human-readable lines. */
+  emit(value: unknown, human: () => string | string[]): void {
+    if (this.globals.json) {
+      this.io.out.write(`${JSON.stringify(value)}\n`);
+      return;
+    }
+    const text = human();
+    const lines = Array.isArray(text) ? text : [text];
+    for (const line of lines) this.io.out.write(`${line}\n`);
+  }
+}

@@ -1,0 +1,150 @@
+/**
+ * The `pgasynq` program: global options, commander configured for our exit
+ * codes, the command list, and `run()`, which turns anything thrown into one
+ * line on stderr and an exit code:
+ *
+ *   0  done
+ *   1  runtime failure ("error: <message>"; the stack only with --debug)
+ *   2  bad usage: unknown command or option, bad argument, no database URL,
+ *      or a ValidationError from the library (a bad --schema)
+ *
+ * To add a command: write src/cli/<name>.ts exporting a `register…(program, ctx)`
+ * that calls only the library, and list it in COMMANDS below.
+ */
+import { readFileSync } from 'node:fs';
+import { Command, CommanderError } from '@commander-js/extra-typings';
+import { redact } from '../broker/db.js';
+import { DEFAULT_SCHEMA } from '../broker/db.js';
+import { isValidationError } from '../errors.js';
+import { CliContext, UsageError, type CliIO } from './context.js';
+import { registerMigrate } from './migrate.js';
+
+export const EXIT_OK = 0;
+export const EXIT_FAILURE = 1;
+export const EXIT_USAGE = 2;
+
+function rootCommand() {
+  return new Command('pgasynq')
+    .description("asynq's task-queue model on PostgreSQL: migrations, inspection, workers")
+    .option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)')
+    .option('--schema <name>', 'schema holding the pgasynq tables', DEFAULT_SCHEMA)
+    .option('--json', 'machine-readable output: what the library call returns, as JSON')
+    .option('--debug', 'print stack traces of errors');
+}
+
+/** The root command with the global options; commands hang off it. */
+export type CliProgram = ReturnType<typeof rootCommand>;
+
+export type RegisterCommand = (program: CliProgram, ctx: CliContext) => void;
+
+/** Every command, in the order `--help` lists them. */
+const COMMANDS: RegisterCommand[] = [registerMigrate];
+
+function version(): string {
+  try {
+    // src/cli/ and dist/cli/ are both two levels below the package root.
+    const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: string };
+    return pkg.version ?? 'unknown';
+  } catch {
+    return 'unknown';
+  }
+}
+
+/** Builds the program. Settings are made before the commands, which inherit them. */
+export function createProgram(io: CliIO): { program: CliProgram; ctx: CliContext } {
+  const program = rootCommand();
+  program
+    .version(version(), '-V, --version')
+    .exitOverride()
+    .configureOutput({
+      writeOut: (s) => io.out.write(s),
+      writeErr: (s) => io.err.write(s),
+    })
+    .showHelpAfterError('(run pgasynq --help for usage)');
+  const ctx = new CliContext(io, () => program.opts());
+  for (const register of COMMANDS) register(program, ctx);
+  return { program, ctx };
+}
+
+const UNREACHABLE = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNRESET']);
+
+function codeOf(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (typeof code === 'string') return code;
+  // Node reports a host with several addresses as an AggregateError of per-address errors.
+  if (err instanceof AggregateError) return codeOf(err.errors[0]);
+  return undefined;
+}
+
+function messageOf(err: unknown): string {
+  if (err instanceof AggregateError && err.message === '') {
+    return [...new Set(err.errors.map(messageOf))].join('; ');
+  }
+  if (err instanceof Error) return err.message || err.name;
+  return String(err);
+}
+
+/** The password of a connection string, raw and URL-decoded, so it can be masked in any text. */
+function secretsOf(url: string | undefined): string[] {
+  if (url === undefined) return [];
+  const raw = /^[a-z]+:\/\/[^:/@]*:([^@]*)@/i.exec(url)?.[1];
+  const kv = /(?:^|\s)password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))/.exec(url);
+  const found = [raw, kv?.[1], kv?.[2]].filter((s): s is string => s !== undefined && s !== '');
+  const decoded = found.map((s) => {
+    try {
+      return decodeURIComponent(s);
+    } catch {
+      return s;
+    }
+  });
+  return [...new Set([...found, ...decoded])].sort((a, b) => b.length - a.length);
+}
+
+/** Never lets a password reach the terminal: URLs are redacted, the password itself is masked. */
+export function sanitize(text: string, databaseUrl: string | undefined): string {
+  let out = text.replace(/postgres(?:ql)?:\/\/\S+/g, (url) => redact(url));
+  for (const secret of secretsOf(databaseUrl)) out = out.split(secret).join('***');
+  return out;
+}
+
+function oneLine(text: string): string {
+  return text.replace(/\s*\n\s*/g, ' ').trim();
+}
+
+/**
+ * Runs the CLI on `argv` (the arguments after the script name) and resolves
+ * to the exit code; it never throws and never calls process.exit.
+ */
+export async function run(argv: readonly string[], io: Partial<CliIO> = {}): Promise<number> {
+  const full: CliIO = { out: io.out ?? process.stdout, err: io.err ?? process.stderr, env: io.env ?? process.env };
+  const { program, ctx } = createProgram(full);
+  try {
+    await program.parseAsync([...argv], { from: 'user' });
+    return EXIT_OK;
+  } catch (err) {
+    return report(err, ctx);
+  }
+}
+
+function report(err: unknown, ctx: CliContext): number {
+  // Commander has already printed its own message (help, version, usage errors).
+  if (err instanceof CommanderError) return err.exitCode === 0 ? EXIT_OK : err.exitCode === 1 ? EXIT_USAGE : err.exitCode;
+
+  let debug = false;
+  let url: string | undefined;
+  try {
+    debug = ctx.globals.debug === true;
+    url = ctx.databaseUrl;
+  } catch {
+    // globals unavailable: report without them
+  }
+  const usage = err instanceof UsageError || isValidationError(err);
+  let message = messageOf(err);
+  if (!usage && UNREACHABLE.has(codeOf(err) ?? '')) {
+    message = `cannot reach the database${url === undefined ? '' : ` at ${redact(url)}`}: ${message}`;
+  }
+  ctx.io.err.write(`error: ${oneLine(sanitize(message, url))}\n`);
+  if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');
+  if (debug && err instanceof Error && err.stack) ctx.io.err.write(`${sanitize(err.stack, url)}\n`);
+  return usage ? EXIT_USAGE : EXIT_FAILURE;
+}

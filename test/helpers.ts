@@ -1,0 +1,62 @@
+/**
+ * Test support: every test file gets its own schema on the one test database,
+ * so files run in parallel and the `schema` option is exercised everywhere.
+ */
+import pg from 'pg';
+import { migrate } from '../src/index.js';
+
+export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+export interface TestDb {
+  connectionString: string;
+  schema: string;
+  /** A pool for the test's own SQL (assertions and setup). */
+  pool: pg.Pool;
+  /** Runs SQL with `{{schema}}` replaced by the test schema. */
+  query<R extends pg.QueryResultRow = any>(text: string, values?: unknown[]): Promise<R[]>;
+  close(): Promise<void>;
+}
+
+/** Drops and re-creates `schema`, migrated to the latest version. */
+export async function testDb(schema: string): Promise<TestDb> {
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
+  await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  await migrate({ connectionString: DATABASE_URL, schema });
+  return {
+    connectionString: DATABASE_URL,
+    schema,
+    pool,
+    async query(text, values) {
+      return (await pool.query(text.replaceAll('{{schema}}', `"${schema}"`), values)).rows;
+    },
+    close: () => pool.end(),
+  };
+}
+
+/** Polls `check` until it returns a truthy value (returned), or fails after `timeoutMs`. */
+export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 10_000, what = 'condition'): Promise<NonNullable<T>> {
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value as NonNullable<T>;
+    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** A promise with its resolve function, for handlers a test releases. */
+export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: unknown) => void } {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
+
+/** Rows of the tasks table by state, for assertions. */
+export async function countByState(db: TestDb): Promise<Record<string, number>> {
+  const rows = await db.query<{ state: string; n: number }>('SELECT state, count(*)::int AS n FROM {{schema}}.tasks GROUP BY state');
+  return Object.fromEntries(rows.map((r) => [r.state, r.n]));
+}
