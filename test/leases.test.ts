@@ -1,0 +1,428 @@
+/**
+ * Leases, heartbeats, the recoverer and fencing (issue "core engine, part 2").
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { after, before, describe, test } from 'node:test';
+import { Client, LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Db } from '../src/broker/db.js';
+import { selectTask } from '../src/broker/enqueue.js';
+import { claim, complete, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
+import { Recoverer } from '../src/server/recoverer.js';
+import { StatsCollector } from '../src/server/stats.js';
+import { silentLogger } from '../src/logger.js';
+import { deferred, testDb, waitFor, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let client: Client;
+let broker: Db;
+
+before(async () => {
+  db = await testDb('t_leases');
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+  broker = new Db({ connectionString: db.connectionString, schema: db.schema });
+  await db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)');
+});
+after(async () => {
+  await client.close();
+  await broker.close();
+  await db.close();
+});
+
+async function reset(): Promise<void> {
+  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.side_effects');
+}
+
+const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
+
+const fast: ServerConfig = {
+  concurrency: 4,
+  taskCheckInterval: 50,
+  delayedTaskCheckInterval: 50,
+  leaseDuration: 1000,
+  heartbeatInterval: 150,
+  recoverInterval: 200,
+  recoverCutoff: 300,
+  retryDelay: () => 0,
+  shutdownTimeout: 200,
+};
+
+async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}): Promise<Server> {
+  const server = new Server({ connectionString: db.connectionString, schema: db.schema, ...fast, ...config });
+  await server.start(handler);
+  return server;
+}
+
+/** Puts a task straight into the active state with a lease that expired `agoMs` ago. */
+async function activeTask(retried: number, maxRetry: number, leaseExpiresSql: string): Promise<string> {
+  const info = await client.enqueue(new Task('orphan'), { maxRetry, processIn: 3_600_000 });
+  await db.query(
+    `UPDATE {{schema}}.tasks SET state = 'active', retried = $2, run_at = NULL, lease_owner = 'gone',
+       lease_token = gen_random_uuid(), lease_expires_at = ${leaseExpiresSql} WHERE id = $1`,
+    [info.id, retried],
+  );
+  return info.id;
+}
+
+function recoverer(cutoffMs: number): Recoverer {
+  return new Recoverer(broker, silentLogger, { recoverInterval: 60_000, recoverCutoff: cutoffMs, leaseDuration: 30_000, retryDelay: () => 5000 }, new StatsCollector(broker));
+}
+
+describe('lease at claim', () => {
+  test('a claim sets active, a lease on the database clock, the owner and a new token each time', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('c'));
+    const [row] = await claim(broker, ['default'], 10, 'server-a', 30_000);
+    assert.equal(row?.id, info.id);
+    const r1 = await taskRow(info.id);
+    assert.equal(r1.state, 'active');
+    assert.equal(r1.lease_owner, 'server-a');
+    const [{ secs }] = await db.query('SELECT round(extract(epoch FROM lease_expires_at - now()))::int AS secs FROM {{schema}}.tasks WHERE id = $1', [info.id]);
+    assert.equal(secs, 30);
+    await requeue(broker, [{ queue: 'default', id: info.id, token: r1.lease_token }]);
+    const [again] = await claim(broker, ['default'], 10, 'server-b', 30_000);
+    assert.notEqual(again?.lease_token, r1.lease_token, 'a new token on every claim');
+  });
+
+  test('an active row without a lease is impossible (CHECK constraint)', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('c'));
+    await assert.rejects(db.query("UPDATE {{schema}}.tasks SET state = 'active' WHERE id = $1", [info.id]), /tasks_active_has_lease/);
+  });
+
+  test('TaskInfo.isOrphaned: active with an expired lease, not yet recovered', async () => {
+    await reset();
+    const fresh = await activeTask(0, 5, "now() + interval '10 seconds'");
+    const orphan = await activeTask(0, 5, "now() - interval '1 second'");
+    assert.equal((await selectTask(broker, 'default', fresh))?.isOrphaned, false);
+    assert.equal((await selectTask(broker, 'default', orphan))?.isOrphaned, true);
+  });
+});
+
+describe('fencing', () => {
+  test('every write about a claimed task carries the token: a stale token changes nothing', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('f'), { retention: 60_000 });
+    const [row] = await claim(broker, ['default'], 1, 'a', 30_000);
+    assert.ok(row);
+    // Someone else claims it: the lease moves on to a new token.
+    await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'b' WHERE id = $1", [info.id]);
+    const before = await taskRow(info.id);
+    const stale = { queue: 'default', id: info.id, token: row.lease_token };
+    assert.deepEqual(await complete(broker, [{ ...stale, keep: false }]), []);
+    assert.deepEqual(await complete(broker, [{ ...stale, keep: true }]), []);
+    assert.deepEqual(await fail(broker, [{ ...stale, archive: false, counts: true, delayMs: 0, error: 'x' }]), []);
+    assert.deepEqual(await fail(broker, [{ ...stale, archive: true, counts: true, delayMs: 0, error: 'x' }]), []);
+    assert.deepEqual(await requeue(broker, [stale]), []);
+    assert.deepEqual(await extendLeases(broker, [stale], 30_000), []);
+    assert.equal(await writeResult(broker, stale, '{"r":1}', null), false);
+    assert.deepEqual(await taskRow(info.id), before, 'the row is exactly as it was');
+  });
+});
+
+describe('recoverer', () => {
+  test('boundaries: just past the cutoff is recovered, just short of it is not', async () => {
+    await reset();
+    const past = await activeTask(0, 5, "now() - interval '30 seconds' - interval '1 second'");
+    const short = await activeTask(0, 5, "now() - interval '30 seconds' + interval '2 seconds'");
+    const live = await activeTask(0, 5, "now() + interval '10 seconds'");
+    const result = await recoverer(30_000).runOnce();
+    assert.deepEqual(result, { retried: 1, archived: 0 });
+    const p = await taskRow(past);
+    assert.equal(p.state, 'retry');
+    assert.equal(p.retried, 1);
+    assert.equal(p.error_msg, 'task lease expired');
+    assert.equal(p.lease_token, null);
+    const [{ secs }] = await db.query('SELECT round(extract(epoch FROM run_at - now()))::int AS secs FROM {{schema}}.tasks WHERE id = $1', [past]);
+    assert.equal(secs, 5, 'next run by the retry delay');
+    assert.equal((await taskRow(short)).state, 'active');
+    assert.equal((await taskRow(live)).state, 'active');
+  });
+
+  test('retried = maxRetry − 1 is retried; retried = maxRetry is archived', async () => {
+    await reset();
+    const oneLeft = await activeTask(2, 3, "now() - interval '1 minute'");
+    const spent = await activeTask(3, 3, "now() - interval '1 minute'");
+    assert.deepEqual(await recoverer(30_000).runOnce(), { retried: 1, archived: 1 });
+    assert.equal((await taskRow(oneLeft)).state, 'retry');
+    assert.equal((await taskRow(oneLeft)).retried, 3);
+    const s = await taskRow(spent);
+    assert.equal(s.state, 'archived');
+    assert.equal(s.retried, 3, 'the recoverer never resets or bumps retried on archive');
+  });
+
+  test('rows in other states are untouched; recoverCutoff 0 means no cutoff', async () => {
+    await reset();
+    await client.enqueue(new Task('pending'));
+    await client.enqueue(new Task('scheduled'), { processIn: 60_000 });
+    const justExpired = await activeTask(0, 5, "now() - interval '10 milliseconds'");
+    const before = await db.query("SELECT * FROM {{schema}}.tasks WHERE state <> 'active' ORDER BY id");
+    assert.deepEqual(await recoverer(0).runOnce(), { retried: 1, archived: 0 });
+    assert.equal((await taskRow(justExpired)).state, 'retry');
+    assert.deepEqual(await db.query("SELECT * FROM {{schema}}.tasks WHERE state <> 'active' AND id <> $1 ORDER BY id", [justExpired]), before);
+  });
+
+  test('a lease impossibly far in the future is treated as expired', async () => {
+    await reset();
+    const corrupt = await activeTask(0, 5, "now() + interval '1 day'");
+    assert.deepEqual(await recoverer(30_000).runOnce(), { retried: 1, archived: 0 });
+    assert.equal((await taskRow(corrupt)).state, 'retry');
+  });
+
+  test('several recoverers at once recover each task exactly once', async () => {
+    await reset();
+    const ids: string[] = [];
+    for (let i = 0; i < 250; i++) ids.push(await activeTask(0, 5, "now() - interval '1 minute'"));
+    const recoverers = Array.from({ length: 4 }, () => recoverer(30_000));
+    const results = await Promise.all(recoverers.map((r) => r.runOnce()));
+    assert.equal(results.reduce((n, r) => n + r.retried, 0), 250);
+    const rows = await db.query("SELECT retried, count(*)::int AS n FROM {{schema}}.tasks GROUP BY retried");
+    assert.deepEqual(rows, [{ retried: 1, n: 250 }], 'no task recovered twice');
+  });
+});
+
+describe('heartbeats', () => {
+  test('heartbeats keep a long task alive across many lease durations', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('long'));
+    let aborted = false;
+    const server = await startServer(async (_t, ctx) => {
+      ctx.signal.addEventListener('abort', () => (aborted = true));
+      await new Promise((r) => setTimeout(r, 3500));
+    });
+    await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'task completes');
+    assert.equal(aborted, false);
+    assert.equal(server.metrics().leasesLost, 0);
+    assert.equal(server.metrics().fencedWrites, 0);
+    await server.shutdown();
+  });
+
+  test('a lease taken away from outside aborts the handler with LeaseExpiredError; its writes are fenced', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('revoked'));
+    const reason = deferred<unknown>();
+    const release = deferred();
+    let resultError: unknown;
+    const server = await startServer(async (_t, ctx) => {
+      ctx.signal.addEventListener('abort', () => reason.resolve(ctx.signal.reason));
+      await release.promise;
+      await ctx.writeResult('too late').catch((err) => (resultError = err));
+    });
+    const row = await waitFor(async () => {
+      const r = await taskRow(info.id);
+      return r?.state === 'active' ? r : undefined;
+    });
+    await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'thief' WHERE id = $1", [info.id]);
+    const r = await reason.promise;
+    assert.ok(r instanceof LeaseExpiredError);
+    assert.equal((r as Error).message, 'task lease expired');
+    release.resolve();
+    await waitFor(() => resultError !== undefined);
+    assert.ok(resultError instanceof LeaseExpiredError);
+    const now = await taskRow(info.id);
+    assert.equal(now.state, 'active');
+    assert.equal(now.lease_owner, 'thief');
+    assert.equal(now.result, null);
+    assert.notEqual(now.lease_token, row.lease_token);
+    assert.ok(server.metrics().leasesLost >= 1);
+    await server.shutdown();
+  });
+});
+
+describe('ctx.transaction', () => {
+  test("the handler's writes and the completion commit together", async () => {
+    await reset();
+    const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
+    const server = await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+      });
+    });
+    await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
+    assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
+    await server.shutdown();
+  });
+
+  test('a lost lease rolls the transaction back: nothing of it commits', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('charge'));
+    const go = deferred();
+    const outcome = deferred<unknown>();
+    const server = await startServer(async (_t, ctx) => {
+      await go.promise;
+      await ctx
+        .transaction(async (trx) => {
+          await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+        })
+        .then(() => outcome.resolve('committed'), (err) => outcome.resolve(err));
+    }, { heartbeatInterval: 5000, leaseDuration: 30_000 });
+    await waitFor(async () => (await taskRow(info.id))?.state === 'active');
+    await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid() WHERE id = $1", [info.id]);
+    go.resolve();
+    assert.ok((await outcome.promise) instanceof LeaseExpiredError);
+    assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
+    assert.equal((await taskRow(info.id)).state, 'active');
+    await server.shutdown();
+  });
+
+  test("a user error inside the transaction rolls it back and fails the task", async () => {
+    await reset();
+    const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });
+    const server = await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+        throw new Error('card declined');
+      });
+    });
+    await waitFor(async () => (await taskRow(info.id))?.state === 'archived');
+    assert.equal((await taskRow(info.id)).error_msg, 'card declined');
+    assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
+    await server.shutdown();
+  });
+});
+
+describe('graceful shutdown', () => {
+  test('an unfinished task goes back to the front of pending with its retry count unchanged', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('stuck'), { maxRetry: 5 });
+    await db.query('UPDATE {{schema}}.tasks SET retried = 2 WHERE id = $1', [info.id]);
+    let reason: unknown;
+    const server = await startServer(
+      (_t, ctx) => {
+        ctx.signal.addEventListener('abort', () => (reason = ctx.signal.reason));
+        return new Promise(() => {}); // ignores its signal
+      },
+      { concurrency: 1, shutdownTimeout: 300 },
+    );
+    await waitFor(async () => (await taskRow(info.id))?.state === 'active');
+    const other = await client.enqueue(new Task('later'));
+    const t0 = performance.now();
+    await server.shutdown();
+    const took = performance.now() - t0;
+    assert.ok(took < 300 + 1000 + 500, `shutdown took ${took} ms`);
+    assert.equal((reason as Error).name, 'ServerClosedError');
+    const row = await taskRow(info.id);
+    assert.equal(row.state, 'pending');
+    assert.equal(row.retried, 2);
+    assert.equal(row.lease_token, null);
+    const order = await db.query("SELECT id FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY run_at, seq");
+    assert.deepEqual(order.map((r) => r.id), [info.id, other.id], 'requeued to the front');
+  });
+
+  test('a handler that finishes within shutdownTimeout completes normally', async () => {
+    await reset();
+    const info = await client.enqueue(new Task('quick'));
+    const started = deferred();
+    const server = await startServer(async () => {
+      started.resolve();
+      await new Promise((r) => setTimeout(r, 150));
+    }, { shutdownTimeout: 2000 });
+    await started.promise;
+    await server.shutdown();
+    assert.equal(await taskRow(info.id), undefined);
+  });
+});
+
+// ---- processes that die, freeze or starve ---------------------------------------------------
+
+interface Worker {
+  child: ChildProcess;
+  events: Record<string, unknown>[];
+  next(event: string): Promise<Record<string, unknown>>;
+}
+
+function spawnWorker(mode: string, env: Record<string, string> = {}): Worker {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/worker.ts'], {
+    env: { ...process.env, DATABASE_URL: db.connectionString, SCHEMA: db.schema, MODE: mode, ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const events: Record<string, unknown>[] = [];
+  const waiters: [string, (e: Record<string, unknown>) => void][] = [];
+  createInterface({ input: child.stdout! }).on('line', (line) => {
+    const e = JSON.parse(line) as Record<string, unknown>;
+    events.push(e);
+    for (const [i, [name, fn]] of [...waiters.entries()].reverse()) if (name === e.event) (waiters.splice(i, 1), fn(e));
+  });
+  return {
+    child,
+    events,
+    next: (event) => {
+      const seen = events.find((e) => e.event === event && !(e as { consumed?: boolean }).consumed);
+      if (seen) return Promise.resolve(Object.assign(seen, { consumed: true }));
+      return new Promise((resolve) => waiters.push([event, resolve]));
+    },
+  };
+}
+
+const exited = (child: ChildProcess) => new Promise<void>((r) => (child.exitCode !== null || child.signalCode !== null ? r() : child.once('exit', () => r())));
+
+describe('processes', () => {
+  test('kill -9 mid-task: another server recovers and completes it within lease + cutoff + interval', async () => {
+    await reset();
+    const worker = spawnWorker('hang', { LEASE: '1000', HEARTBEAT: '150' });
+    await worker.next('ready');
+    const info = await client.enqueue(new Task('victim'));
+    await worker.next('started');
+    worker.child.kill('SIGKILL');
+    const killedAt = performance.now();
+    await exited(worker.child);
+    const done = deferred<number>();
+    const rescuer = await startServer(() => done.resolve(performance.now()));
+    const recoveredAt = await done.promise;
+    const seconds = (recoveredAt - killedAt) / 1000;
+    const bound = (1000 + 300 + 200) / 1000 + 1; // lease + cutoff + interval + forwarding and scheduling slack
+    console.log(`# kill -9 recovery: ${seconds.toFixed(2)} s (lease 1 s, cutoff 0.3 s, interval 0.2 s; bound ${bound} s)`);
+    assert.ok(seconds < bound, `recovered after ${seconds} s`);
+    await waitFor(async () => (await taskRow(info.id)) === undefined);
+    await rescuer.shutdown();
+  });
+
+  test('zombie: a worker frozen past its lease wakes to find its writes fenced off', async () => {
+    await reset();
+    const worker = spawnWorker('zombie', { LEASE: '1000', HEARTBEAT: '150', SLEEP: '300' });
+    await worker.next('ready');
+    const info = await client.enqueue(new Task('charge'));
+    await worker.next('started');
+    worker.child.kill('SIGSTOP');
+    const rescuer = await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'rescuer' }).execute();
+      });
+    });
+    await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
+    worker.child.kill('SIGCONT');
+    await new Promise((r) => setTimeout(r, 700));
+    worker.child.kill('SIGTERM');
+    const metrics = await worker.next('metrics');
+    await exited(worker.child);
+    await rescuer.shutdown();
+    console.log(`# zombie: fenced writes rejected = ${metrics.fencedWrites}, leases lost = ${metrics.leasesLost}`);
+    const effects = await db.query('SELECT task_id, worker FROM {{schema}}.side_effects');
+    assert.deepEqual(effects, [{ task_id: info.id, worker: 'rescuer' }], 'exactly one side effect, the rescuer’s');
+    assert.ok((metrics.fencedWrites as number) >= 1, 'the zombie’s writes were rejected by the token');
+    assert.equal(metrics.leasesLost, 1);
+  });
+
+  test('a CPU-bound handler that blocks the event loop past its lease loses it; its late transaction is fenced', async () => {
+    await reset();
+    const worker = spawnWorker('block', { LEASE: '1000', HEARTBEAT: '150', SLEEP: '2500' });
+    await worker.next('ready');
+    const info = await client.enqueue(new Task('cpu'));
+    await worker.next('started');
+    const rescuer = await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'rescuer' }).execute();
+      });
+    });
+    await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
+    await new Promise((r) => setTimeout(r, 1500));
+    worker.child.kill('SIGTERM');
+    const metrics = await worker.next('metrics');
+    await exited(worker.child);
+    await rescuer.shutdown();
+    const effects = await db.query('SELECT worker FROM {{schema}}.side_effects');
+    assert.deepEqual(effects, [{ worker: 'rescuer' }]);
+    assert.ok((metrics.fencedWrites as number) >= 1);
+  });
+});
