@@ -68,6 +68,8 @@ export class Processor {
   readonly #stats: StatsCollector;
   readonly #completer: Batcher<Completion, Set<string>>;
   readonly #failer: Batcher<Failure, Set<string>>;
+  /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
+  #running = 0;
   #claiming = false;
   #loop: Promise<void> | undefined;
   /** Set by a notification or a freed slot; the loop claims again before sleeping. */
@@ -87,7 +89,7 @@ export class Processor {
   }
 
   get busy(): number {
-    return this.leases.size;
+    return this.#running;
   }
 
   start(): void {
@@ -139,7 +141,7 @@ export class Processor {
 
   async #claimLoop(): Promise<void> {
     while (this.#claiming) {
-      const free = this.#cfg.concurrency - this.leases.size;
+      const free = this.#cfg.concurrency - this.#running;
       if (free <= 0) {
         await this.#sleep(this.#cfg.taskCheckInterval);
         continue;
@@ -160,6 +162,7 @@ export class Processor {
       for (const row of rows) {
         const lease = new Lease({ queue: row.queue, id: row.id, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
         this.leases.set(lease.key, lease);
+        this.#running++;
         void this.#run(row, lease);
       }
       if (rows.length < free) {
@@ -192,6 +195,10 @@ export class Processor {
     const timers = this.#armTimeouts(row, lease);
     const outcome = await this.#invoke(task, this.#context(row, lease), lease.signal);
     for (const t of timers) clearTimeout(t);
+    // The slot is free once the handler settled: the next claim overlaps this outcome's
+    // write, which still holds (and heartbeats) the lease until it lands.
+    this.#running--;
+    this.#poke();
     try {
       await this.#finish(row, lease, task, outcome);
     } catch (err) {
