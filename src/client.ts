@@ -18,6 +18,8 @@ export type EnqueueCallOptions = EnqueueOptions & {
 
 function splitTx(opts: EnqueueCallOptions | undefined): [EnqueueOptions, Transactional | undefined] {
   if (opts === undefined) return [{}, undefined];
+  // null, a string or an array is refused as "options must be an object", not destructured.
+  if (typeof opts !== 'object' || opts === null || Array.isArray(opts)) return [validateOptions(opts), undefined];
   const { tx, ...rest } = opts;
   if (tx !== undefined && (typeof tx !== 'object' || tx === null)) {
     throw new InvalidOptionError('tx', 'must be a Kysely Transaction or a pg client inside BEGIN');

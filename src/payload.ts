@@ -70,7 +70,8 @@ export function encodePayload(value: unknown, field = 'payload', maxBytes = MAX_
   if (value === undefined || value === null) return { json: null, bytes: null };
   if (value instanceof Uint8Array) {
     if (value.byteLength > maxBytes) throw new PayloadTooLargeError(field, `is ${value.byteLength} bytes; the limit is ${maxBytes}`);
-    return { json: null, bytes: Buffer.from(value.buffer, value.byteOffset, value.byteLength) };
+    // A copy, as JSON payloads are encoded at once: later writes to the caller's bytes are not enqueued.
+    return { json: null, bytes: Buffer.from(value) };
   }
   check(value, '$', 0, [], field);
   const json = JSON.stringify(value);

@@ -57,7 +57,7 @@ export function taskId(value: unknown, field = 'taskId'): string {
   return checkName(value, field, InvalidTaskIdError, 128, ID_CHARS, 'A–Z a–z 0–9 _ . : -', /[A-Za-z0-9_]/);
 }
 
-/** Task types: 1–100 characters of valid Unicode, no control characters, not blank. */
+/** Task types: 1–100 characters of valid Unicode, no control characters (C0, DEL, C1), not blank. */
 export function taskType(value: unknown, field = 'type'): string {
   if (typeof value !== 'string') throw new InvalidTaskTypeError(field, `must be a string (got ${describe(value)})`);
   if (value.trim().length === 0 || value.length > 100) {
@@ -65,7 +65,7 @@ export function taskType(value: unknown, field = 'type'): string {
   }
   for (let i = 0; i < value.length; i++) {
     const c = value.charCodeAt(i);
-    if (c < 0x20 || c === 0x7f) throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
+    if (c < 0x20 || (c >= 0x7f && c <= 0x9f)) throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
   }
   if (!value.isWellFormed()) throw new InvalidTaskTypeError(field, 'is not valid Unicode (lone surrogate)');
   return value;
