@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { after, before, describe, test } from 'node:test';
-import { Client, LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { selectTask } from '../src/broker/enqueue.js';
 import { claim, complete, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
@@ -50,7 +50,7 @@ const fast: ServerConfig = {
 
 async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}): Promise<Server> {
   const server = new Server({ connectionString: db.connectionString, schema: db.schema, ...fast, ...config });
-  await server.start(handler);
+  await server.start(handler as Handler);
   return server;
 }
 
