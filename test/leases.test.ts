@@ -358,6 +358,24 @@ function spawnWorker(mode: string, env: Record<string, string> = {}): Worker {
 const exited = (child: ChildProcess) => new Promise<void>((r) => (child.exitCode !== null || child.signalCode !== null ? r() : child.once('exit', () => r())));
 
 describe('processes', () => {
+  for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+    test(`server.run() shuts down gracefully on ${signal}: the running task goes back to pending`, async () => {
+      await reset();
+      const worker = spawnWorker('hang', { RUN: '1' });
+      await worker.next('ready');
+      const info = await client.enqueue(new Task('interrupted'));
+      await worker.next('started');
+      worker.child.kill(signal);
+      await worker.next('metrics');
+      await exited(worker.child);
+      assert.equal(worker.child.exitCode, 0);
+      const row = await taskRow(info.id);
+      assert.equal(row.state, 'pending');
+      assert.equal(row.retried, 0);
+      assert.equal((await db.query('SELECT * FROM {{schema}}.servers')).length, 0, 'the server row is gone');
+    });
+  }
+
   test('kill -9 mid-task: another server recovers and completes it within lease + cutoff + interval', async () => {
     await reset();
     const worker = spawnWorker('hang', { LEASE: '1000', HEARTBEAT: '150' });
