@@ -70,6 +70,8 @@ export class Db {
         application_name: applicationName,
         max: 10,
         keepAlive: true,
+        // A host that drops packets would otherwise hang a connect until the OS gives up.
+        connectionTimeoutMillis: 10_000,
       });
       this.#ownsPool = true;
     }

@@ -13,8 +13,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from '@commander-js/extra-typings';
-import { redact } from '../broker/db.js';
-import { DEFAULT_SCHEMA } from '../broker/db.js';
+import { DEFAULT_SCHEMA, redact } from '../broker/db.js';
 import { isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { registerMigrate } from './migrate.js';

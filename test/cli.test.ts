@@ -1,0 +1,219 @@
+/**
+ * The `pgasynq` CLI, run as a child process exactly as users run it:
+ * output, --json, exit codes, and what it does to the database.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, test } from 'node:test';
+import pg from 'pg';
+import { DATABASE_URL } from './helpers.js';
+
+const REPO = fileURLToPath(new URL('..', import.meta.url));
+const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
+const SCHEMA = 't_cli';
+const ENV_SCHEMA = 't_cli_env';
+const RACE_SCHEMA = 't_cli_race';
+const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the CLI; DATABASE_URL is unset in the child unless `env` sets it. */
+function cli(args: string[], env: Record<string, string> = {}): Promise<Run> {
+  const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
+  if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { cwd: REPO, env: childEnv });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
+    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+/** `pgasynq --database-url <test db> --schema <schema> ...args` */
+const inSchema = (schema: string, ...args: string[]) => cli(['--database-url', DATABASE_URL, '--schema', schema, ...args]);
+
+function json<T = unknown>(r: Run): T {
+  assert.equal(r.code, 0, `exit ${r.code}; stderr: ${r.stderr}`);
+  return JSON.parse(r.stdout) as T;
+}
+
+function ok(r: Run): string {
+  assert.equal(r.code, 0, `exit ${r.code}; stderr: ${r.stderr}`);
+  assert.equal(r.stderr, '');
+  return r.stdout;
+}
+
+/** A usage error: exit 2, a message on stderr, nothing on stdout. */
+function usage(r: Run, message: RegExp): void {
+  assert.equal(r.code, 2, `exit ${r.code}; stderr: ${r.stderr}`);
+  assert.equal(r.stdout, '');
+  assert.match(r.stderr, /^error: /);
+  assert.match(r.stderr, message);
+}
+
+let pool: pg.Pool;
+
+async function recorded(schema: string): Promise<string[]> {
+  const rows = (await pool.query<{ name: string }>(`SELECT name FROM "${schema}".migrations ORDER BY name`)).rows;
+  return rows.map((r) => r.name);
+}
+
+async function schemaExists(name: string): Promise<boolean> {
+  return (await pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [name])).rowCount === 1;
+}
+
+before(async () => {
+  pool = new pg.Pool({ connectionString: DATABASE_URL, max: 2 });
+  for (const s of [SCHEMA, ENV_SCHEMA, RACE_SCHEMA]) await pool.query(`DROP SCHEMA IF EXISTS "${s}" CASCADE`);
+});
+
+after(async () => {
+  await pool.end();
+});
+
+describe('pgasynq migrate', () => {
+  test('status before any migration: every migration pending', async () => {
+    const status = json<{ name: string; applied: boolean; appliedAt: string | null }[]>(await inSchema(SCHEMA, '--json', 'migrate', 'status'));
+    assert.deepEqual(status, [{ name: '0001_initial', applied: false, appliedAt: null }]);
+    const text = ok(await inSchema(SCHEMA, 'migrate', 'status'));
+    assert.match(text, /^name\s+applied\s+applied at$/m);
+    assert.match(text, /^0001_initial\s+no\s+-$/m);
+    assert.equal(await schemaExists(SCHEMA), false, 'status must not create the schema');
+  });
+
+  test('up applies 0001_initial, then is a no-op', async () => {
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), 'applied 0001_initial\n');
+    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), 'up to date\n');
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate')), 'up to date\n', 'up is the default action');
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate')), { applied: [] });
+    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+  });
+
+  test('status after up', async () => {
+    const started = Date.now();
+    const status = json<{ name: string; applied: boolean; appliedAt: string | null }[]>(await inSchema(SCHEMA, '--json', 'migrate', 'status'));
+    assert.equal(status.length, 1);
+    assert.equal(status[0]?.name, '0001_initial');
+    assert.equal(status[0]?.applied, true);
+    const at = Date.parse(status[0]?.appliedAt ?? '');
+    assert.ok(Number.isFinite(at) && at <= started && at > started - 10 * 60_000, `appliedAt ${status[0]?.appliedAt}`);
+    const text = ok(await inSchema(SCHEMA, 'migrate', 'status'));
+    assert.match(text, /^0001_initial\s+yes\s+\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/m);
+  });
+
+  test('down rolls back one, then nothing; up applies it again', async () => {
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'down')), 'reverted 0001_initial\n');
+    assert.deepEqual(await recorded(SCHEMA), []);
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'status')), [{ name: '0001_initial', applied: false, appliedAt: null }]);
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'down')), 'nothing to roll back\n');
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'down')), { reverted: null });
+
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'up')), { applied: ['0001_initial'] });
+    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'down')), { reverted: '0001_initial' });
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), 'applied 0001_initial\n');
+    const tasks = await pool.query(`SELECT to_regclass('"${SCHEMA}".tasks')::text AS t`);
+    assert.notEqual(tasks.rows[0].t, null, 'the tables are back after up');
+  });
+
+  test('DATABASE_URL from the environment when no --database-url', async () => {
+    const r = await cli(['--schema', ENV_SCHEMA, '--json', 'migrate'], { DATABASE_URL });
+    assert.deepEqual(json(r), { applied: ['0001_initial'] });
+    assert.deepEqual(await recorded(ENV_SCHEMA), ['0001_initial']);
+  });
+
+  test('--database-url wins over DATABASE_URL', async () => {
+    const r = await cli(['--database-url', DATABASE_URL, '--schema', ENV_SCHEMA, 'migrate', 'status'], { DATABASE_URL: UNREACHABLE });
+    assert.match(ok(r), /^0001_initial\s+yes\s/m);
+  });
+
+  test('two migrate up processes at once on a fresh schema: both exit 0, applied once', async () => {
+    const [a, b] = await Promise.all([inSchema(RACE_SCHEMA, '--json', 'migrate', 'up'), inSchema(RACE_SCHEMA, '--json', 'migrate', 'up')]);
+    const applied = [...json<{ applied: string[] }>(a).applied, ...json<{ applied: string[] }>(b).applied];
+    assert.deepEqual(applied, ['0001_initial'], 'exactly one of the two applied it');
+    assert.deepEqual(await recorded(RACE_SCHEMA), ['0001_initial']);
+  });
+});
+
+// Independent of each other and of the schemas above: run concurrently.
+describe('exit codes', { concurrency: true }, () => {
+  test('--help exits 0 and lists migrate', async () => {
+    const out = ok(await cli(['--help']));
+    assert.match(out, /Usage: pgasynq/);
+    assert.match(out, /--database-url/);
+    assert.match(out, /migrate/);
+    assert.match(ok(await cli(['migrate', '--help'])), /up.*down.*status/s);
+  });
+
+  test('unknown command: 2', async () => {
+    usage(await cli(['bogus'], { DATABASE_URL }), /unknown command 'bogus'/);
+  });
+
+  test('unknown option: 2', async () => {
+    usage(await cli(['--bogus', 'migrate'], { DATABASE_URL }), /unknown option '--bogus'/);
+    usage(await cli(['migrate', '--bogus'], { DATABASE_URL }), /unknown option '--bogus'/);
+  });
+
+  test('bad argument (migrate sideways): 2', async () => {
+    usage(await cli(['migrate', 'sideways'], { DATABASE_URL }), /'sideways'.*up, down, status/);
+    usage(await cli(['migrate', 'up', 'extra'], { DATABASE_URL }), /too many arguments/);
+  });
+
+  test('no command: 2', async () => {
+    const r = await cli([], { DATABASE_URL });
+    assert.equal(r.code, 2);
+    assert.equal(r.stdout, '');
+    assert.match(r.stderr, /Usage: pgasynq/);
+  });
+
+  test('no database URL: 2 with a clear message', async () => {
+    usage(await cli(['migrate']), /--database-url.*DATABASE_URL/);
+  });
+
+  test('bad --schema: 2, and no schema is created', async () => {
+    const cases = [
+      ['a;b', 'up'],
+      ['a;b', 'down'],
+      ['a;b', 'status'],
+      ['x"; DROP SCHEMA t_cli CASCADE; --', 'up'],
+    ] as const;
+    const runs = await Promise.all(cases.map(([bad, action]) => inSchema(bad, 'migrate', action)));
+    for (const r of runs) usage(r, /schema must/);
+    for (const [bad] of cases) assert.equal(await schemaExists(bad), false, `schema ${JSON.stringify(bad)} must not exist`);
+    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+  });
+
+  test('unreachable database: 1, one line on stderr, no password', async () => {
+    const argvs = [['migrate'], ['migrate', 'status'], ['migrate', 'down'], ['--json', 'migrate']];
+    const runs = await Promise.all(argvs.map((args) => cli(['--database-url', UNREACHABLE, ...args])));
+    for (const [i, r] of runs.entries()) {
+      const args = argvs[i] ?? [];
+      assert.equal(r.code, 1, `${args.join(' ')}: exit ${r.code}; stderr: ${r.stderr}`);
+      assert.equal(r.stdout, '');
+      assert.match(r.stderr, /^error: [^\n]+\n$/, `one line: ${JSON.stringify(r.stderr)}`);
+      assert.match(r.stderr, /ECONNREFUSED/);
+      assert.doesNotMatch(r.stderr, /secret/);
+      assert.doesNotMatch(r.stderr, /\bat .*\.ts:\d+/, 'no stack without --debug');
+    }
+    const env = await cli(['migrate'], { DATABASE_URL: UNREACHABLE });
+    assert.equal(env.code, 1);
+    assert.doesNotMatch(env.stderr, /secret/);
+  });
+
+  test('--debug prints the stack, still without the password', async () => {
+    const r = await cli(['--debug', '--database-url', UNREACHABLE, 'migrate']);
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /^error: /);
+    assert.match(r.stderr, /\n\s+at /, 'a stack trace');
+    assert.doesNotMatch(r.stderr, /secret/);
+  });
+});
