@@ -159,15 +159,26 @@ export class Server {
     this.#status = 'closed';
     if (!p) return this.#db.close();
     clearInterval(this.#statsTimer);
+    const dbg = (phase: string) => this.#cfg.logger.debug({ phase }, 'shutdown');
+    dbg('forwarder');
     await p.forwarder.stop();
+    dbg('drain');
     await p.processor.drain(this.#cfg.shutdownTimeout);
+    dbg('flushed');
     await p.processor.flushed();
+    dbg('maint');
     await Promise.all([p.recoverer.stop(), p.janitor.stop(), p.healthchecker?.stop()]);
+    dbg('notifier');
     await p.notifier.stop();
+    dbg('stats');
     await p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'final stats flush failed'));
+    dbg('heartbeater');
     await p.heartbeater.stop();
+    dbg('delete');
     await deleteServer(this.#db, this.id).catch((err) => this.#cfg.logger.warn({ err }, 'could not remove the server row'));
+    dbg('close');
     await this.#db.close();
+    dbg('done');
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -18,7 +18,9 @@ export interface TestDb {
 }
 
 /** Drops and re-creates `schema`, migrated to the latest version. */
-export async function testDb(schema: string): Promise<TestDb> {
+export async function testDb(name: string): Promise<TestDb> {
+  // TEST_SCHEMA_SUFFIX lets several copies of one file run at once (stress runs).
+  const schema = `${name}${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
   const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
   await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
   await migrate({ connectionString: DATABASE_URL, schema });

@@ -70,7 +70,7 @@ function recoverer(cutoffMs: number): Recoverer {
 }
 
 describe('lease at claim', () => {
-  test('a claim sets active, a lease on the database clock, the owner and a new token each time', async () => {
+  test('a claim sets active, a lease on the database clock, the owner and a new token each time', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('c'));
     const [row] = await claim(broker, ['default'], 10, 'server-a', 30_000);
@@ -85,13 +85,13 @@ describe('lease at claim', () => {
     assert.notEqual(again?.lease_token, r1.lease_token, 'a new token on every claim');
   });
 
-  test('an active row without a lease is impossible (CHECK constraint)', async () => {
+  test('an active row without a lease is impossible (CHECK constraint)', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('c'));
     await assert.rejects(db.query("UPDATE {{schema}}.tasks SET state = 'active' WHERE id = $1", [info.id]), /tasks_active_has_lease/);
   });
 
-  test('TaskInfo.isOrphaned: active with an expired lease, not yet recovered', async () => {
+  test('TaskInfo.isOrphaned: active with an expired lease, not yet recovered', { timeout: 30_000 }, async () => {
     await reset();
     const fresh = await activeTask(0, 5, "now() + interval '10 seconds'");
     const orphan = await activeTask(0, 5, "now() - interval '1 second'");
@@ -101,7 +101,7 @@ describe('lease at claim', () => {
 });
 
 describe('fencing', () => {
-  test('every write about a claimed task carries the token: a stale token changes nothing', async () => {
+  test('every write about a claimed task carries the token: a stale token changes nothing', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('f'), { retention: 60_000 });
     const [row] = await claim(broker, ['default'], 1, 'a', 30_000);
@@ -122,7 +122,7 @@ describe('fencing', () => {
 });
 
 describe('recoverer', () => {
-  test('boundaries: just past the cutoff is recovered, just short of it is not', async () => {
+  test('boundaries: just past the cutoff is recovered, just short of it is not', { timeout: 30_000 }, async () => {
     await reset();
     const past = await activeTask(0, 5, "now() - interval '30 seconds' - interval '1 second'");
     const short = await activeTask(0, 5, "now() - interval '30 seconds' + interval '2 seconds'");
@@ -140,7 +140,7 @@ describe('recoverer', () => {
     assert.equal((await taskRow(live)).state, 'active');
   });
 
-  test('retried = maxRetry − 1 is retried; retried = maxRetry is archived', async () => {
+  test('retried = maxRetry − 1 is retried; retried = maxRetry is archived', { timeout: 30_000 }, async () => {
     await reset();
     const oneLeft = await activeTask(2, 3, "now() - interval '1 minute'");
     const spent = await activeTask(3, 3, "now() - interval '1 minute'");
@@ -152,7 +152,7 @@ describe('recoverer', () => {
     assert.equal(s.retried, 3, 'the recoverer never resets or bumps retried on archive');
   });
 
-  test('rows in other states are untouched; recoverCutoff 0 means no cutoff', async () => {
+  test('rows in other states are untouched; recoverCutoff 0 means no cutoff', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueue(new Task('pending'));
     await client.enqueue(new Task('scheduled'), { processIn: 60_000 });
@@ -163,14 +163,14 @@ describe('recoverer', () => {
     assert.deepEqual(await db.query("SELECT * FROM {{schema}}.tasks WHERE state <> 'active' AND id <> $1 ORDER BY id", [justExpired]), before);
   });
 
-  test('a lease impossibly far in the future is treated as expired', async () => {
+  test('a lease impossibly far in the future is treated as expired', { timeout: 30_000 }, async () => {
     await reset();
     const corrupt = await activeTask(0, 5, "now() + interval '1 day'");
     assert.deepEqual(await recoverer(30_000).runOnce(), { retried: 1, archived: 0 });
     assert.equal((await taskRow(corrupt)).state, 'retry');
   });
 
-  test('several recoverers at once recover each task exactly once', async () => {
+  test('several recoverers at once recover each task exactly once', { timeout: 30_000 }, async () => {
     await reset();
     const ids: string[] = [];
     for (let i = 0; i < 250; i++) ids.push(await activeTask(0, 5, "now() - interval '1 minute'"));
@@ -183,7 +183,7 @@ describe('recoverer', () => {
 });
 
 describe('heartbeats', () => {
-  test('heartbeats keep a long task alive across many lease durations', async () => {
+  test('heartbeats keep a long task alive across many lease durations', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('long'));
     let aborted = false;
@@ -198,7 +198,7 @@ describe('heartbeats', () => {
     await server.shutdown();
   });
 
-  test('a lease taken away from outside aborts the handler with LeaseExpiredError; its writes are fenced', async () => {
+  test('a lease taken away from outside aborts the handler with LeaseExpiredError; its writes are fenced', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('revoked'));
     const reason = deferred<unknown>();
@@ -231,7 +231,7 @@ describe('heartbeats', () => {
 });
 
 describe('ctx.transaction', () => {
-  test("the handler's writes and the completion commit together", async () => {
+  test("the handler's writes and the completion commit together", { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
     const server = await startServer(async (_t, ctx) => {
@@ -244,7 +244,7 @@ describe('ctx.transaction', () => {
     await server.shutdown();
   });
 
-  test('a lost lease rolls the transaction back: nothing of it commits', async () => {
+  test('a lost lease rolls the transaction back: nothing of it commits', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'));
     const go = deferred();
@@ -266,7 +266,7 @@ describe('ctx.transaction', () => {
     await server.shutdown();
   });
 
-  test("a user error inside the transaction rolls it back and fails the task", async () => {
+  test("a user error inside the transaction rolls it back and fails the task", { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });
     const server = await startServer(async (_t, ctx) => {
@@ -283,7 +283,7 @@ describe('ctx.transaction', () => {
 });
 
 describe('graceful shutdown', () => {
-  test('an unfinished task goes back to the front of pending with its retry count unchanged', async () => {
+  test('an unfinished task goes back to the front of pending with its retry count unchanged', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('stuck'), { maxRetry: 5 });
     await db.query('UPDATE {{schema}}.tasks SET retried = 2 WHERE id = $1', [info.id]);
@@ -310,7 +310,7 @@ describe('graceful shutdown', () => {
     assert.deepEqual(order.map((r) => r.id), [info.id, other.id], 'requeued to the front');
   });
 
-  test('a handler that finishes within shutdownTimeout completes normally', async () => {
+  test('a handler that finishes within shutdownTimeout completes normally', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('quick'));
     const started = deferred();
@@ -350,7 +350,10 @@ function spawnWorker(mode: string, env: Record<string, string> = {}): Worker {
     next: (event) => {
       const seen = events.find((e) => e.event === event && !(e as { consumed?: boolean }).consumed);
       if (seen) return Promise.resolve(Object.assign(seen, { consumed: true }));
-      return new Promise((resolve) => waiters.push([event, resolve]));
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`worker printed no "${event}" event in 20 s`)), 20_000);
+        waiters.push([event, (e) => (clearTimeout(timer), resolve(Object.assign(e, { consumed: true })))]);
+      });
     },
   };
 }
@@ -359,7 +362,7 @@ const exited = (child: ChildProcess) => new Promise<void>((r) => (child.exitCode
 
 describe('processes', () => {
   for (const signal of ['SIGTERM', 'SIGINT'] as const) {
-    test(`server.run() shuts down gracefully on ${signal}: the running task goes back to pending`, async () => {
+    test(`server.run() shuts down gracefully on ${signal}: the running task goes back to pending`, { timeout: 30_000 }, async () => {
       await reset();
       const worker = spawnWorker('hang', { RUN: '1' });
       await worker.next('ready');
@@ -376,7 +379,7 @@ describe('processes', () => {
     });
   }
 
-  test('kill -9 mid-task: another server recovers and completes it within lease + cutoff + interval', async () => {
+  test('kill -9 mid-task: another server recovers and completes it within lease + cutoff + interval', { timeout: 30_000 }, async () => {
     await reset();
     const worker = spawnWorker('hang', { LEASE: '1000', HEARTBEAT: '150' });
     await worker.next('ready');
@@ -396,7 +399,7 @@ describe('processes', () => {
     await rescuer.shutdown();
   });
 
-  test('zombie: a worker frozen past its lease wakes to find its writes fenced off', async () => {
+  test('zombie: a worker frozen past its lease wakes to find its writes fenced off', { timeout: 30_000 }, async () => {
     await reset();
     const worker = spawnWorker('zombie', { LEASE: '1000', HEARTBEAT: '150', SLEEP: '300' });
     await worker.next('ready');
@@ -422,7 +425,7 @@ describe('processes', () => {
     assert.equal(metrics.leasesLost, 1);
   });
 
-  test('a CPU-bound handler that blocks the event loop past its lease loses it; its late transaction is fenced', async () => {
+  test('a CPU-bound handler that blocks the event loop past its lease loses it; its late transaction is fenced', { timeout: 30_000 }, async () => {
     await reset();
     const worker = spawnWorker('block', { LEASE: '1000', HEARTBEAT: '150', SLEEP: '2500' });
     await worker.next('ready');

@@ -53,7 +53,7 @@ async function reset(): Promise<void> {
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
 
 describe('outcomes', () => {
-  test('success deletes the row and releases the unique lock', async () => {
+  test('success deletes the row and releases the unique lock', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('ok', { a: 1 }), { unique: 60_000 });
     const seen = deferred<unknown>();
@@ -64,7 +64,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('success with retention keeps the task completed, with its result', async () => {
+  test('success with retention keeps the task completed, with its result', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('keep'), { retention: 60_000 });
     const server = await startServer(async (_t, ctx) => ctx.writeResult({ answer: 42 }));
@@ -80,7 +80,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('failure retries with retried + 1, the error and the retry delay', async () => {
+  test('failure retries with retried + 1, the error and the retry delay', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('boom'), { maxRetry: 3 });
     const seen: number[] = [];
@@ -104,7 +104,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('retries run again once due, and the task is archived when retried reaches maxRetry', async () => {
+  test('retries run again once due, and the task is archived when retried reaches maxRetry', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('always-fails'), { maxRetry: 2 });
     const attempts: number[] = [];
@@ -127,7 +127,7 @@ describe('outcomes', () => {
     assert.deepEqual(stats, { processed: 3, failed: 3 });
   });
 
-  test('maxRetry 0 runs once, then archives', async () => {
+  test('maxRetry 0 runs once, then archives', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('once'), { maxRetry: 0 });
     let runs = 0;
@@ -140,7 +140,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('SkipRetry archives at once, also when found on the cause chain', async () => {
+  test('SkipRetry archives at once, also when found on the cause chain', { timeout: 30_000 }, async () => {
     await reset();
     const a = await client.enqueue(new Task('skip'));
     const b = await client.enqueue(new Task('skip-wrapped'));
@@ -154,7 +154,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('RevokeTask deletes the task, even with retention', async () => {
+  test('RevokeTask deletes the task, even with retention', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('revoke'), { retention: 60_000 });
     const ran = deferred();
@@ -167,7 +167,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('an error isFailure rejects retries without using a retry', async () => {
+  test('an error isFailure rejects retries without using a retry', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('transient'), { maxRetry: 1 });
     const server = await startServer(
@@ -185,7 +185,7 @@ describe('outcomes', () => {
     assert.equal((await db.query('SELECT * FROM {{schema}}.daily_stats')).length, 0, 'not counted as processed or failed');
   });
 
-  test('errorHandler sees every failed attempt', async () => {
+  test('errorHandler sees every failed attempt', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueue(new Task('err'), { maxRetry: 0 });
     const seen = deferred<[string, string]>();
@@ -199,7 +199,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('a task with no handler fails like asynq NotFound and is retried', async () => {
+  test('a task with no handler fails like asynq NotFound and is retried', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('nobody:handles'));
     const server = await startServer(new ServeMux().handle('email:', () => {}), { retryDelay: () => 3_600_000 });
@@ -212,7 +212,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('a non-Error thrown is retried with its text', async () => {
+  test('a non-Error thrown is retried with its text', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('throws-string'));
     const server = await startServer(
@@ -229,7 +229,7 @@ describe('outcomes', () => {
     await server.shutdown();
   });
 
-  test('a retryDelay returning NaN falls back to the default delay', async () => {
+  test('a retryDelay returning NaN falls back to the default delay', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('nan-delay'));
     const server = await startServer(
@@ -249,7 +249,7 @@ describe('outcomes', () => {
 });
 
 describe('timeouts and deadlines', () => {
-  test('a timeout aborts ctx.signal with TaskTimeoutError and retries the task', async () => {
+  test('a timeout aborts ctx.signal with TaskTimeoutError and retries the task', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('slow'), { timeout: 100 });
     const reason = deferred<unknown>();
@@ -270,7 +270,7 @@ describe('timeouts and deadlines', () => {
     await server.shutdown();
   });
 
-  test('a deadline aborts the handler when it passes', async () => {
+  test('a deadline aborts the handler when it passes', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('deadline'), { deadline: new Date(Date.now() + 300) });
     const reason = deferred<unknown>();
@@ -288,7 +288,7 @@ describe('timeouts and deadlines', () => {
     await server.shutdown();
   });
 
-  test('a task whose deadline passed before it was claimed fails without running', async () => {
+  test('a task whose deadline passed before it was claimed fails without running', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('late'), { deadline: new Date(Date.now() + 60_000), maxRetry: 0 });
     await db.query("UPDATE {{schema}}.tasks SET deadline = now() - interval '1 second' WHERE id = $1", [info.id]);
@@ -307,7 +307,7 @@ describe('timeouts and deadlines', () => {
 });
 
 describe('scheduling', () => {
-  test('a scheduled task runs once due; the forwarder is woken by the enqueue', async () => {
+  test('a scheduled task runs once due; the forwarder is woken by the enqueue', { timeout: 30_000 }, async () => {
     await reset();
     const started = deferred<number>();
     const s2 = await startServer(() => started.resolve(Date.now()), { delayedTaskCheckInterval: 60_000 });
@@ -320,7 +320,7 @@ describe('scheduling', () => {
     await s2.shutdown();
   });
 
-  test('a completed task is deleted by the janitor once its retention ends', async () => {
+  test('a completed task is deleted by the janitor once its retention ends', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('short-retention'), { retention: 1000 });
     const server = await startServer(() => {}, { janitorInterval: 100 });
@@ -329,7 +329,7 @@ describe('scheduling', () => {
     await server.shutdown();
   });
 
-  test('the janitor deletes expired unique locks', async () => {
+  test('the janitor deletes expired unique locks', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueue(new Task('u', 1), { unique: 60_000, processIn: 60_000 });
     await db.query("UPDATE {{schema}}.unique_locks SET expires_at = now() - interval '1 second'");
@@ -340,7 +340,7 @@ describe('scheduling', () => {
 });
 
 describe('queues', () => {
-  test('strict priority: every task of a higher queue before any of a lower one', async () => {
+  test('strict priority: every task of a higher queue before any of a lower one', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueueMany(Array.from({ length: 20 }, (_, i) => new Task('p', i, { queue: 'low' })));
     await client.enqueueMany(Array.from({ length: 20 }, (_, i) => new Task('p', i, { queue: 'high' })));
@@ -351,7 +351,7 @@ describe('queues', () => {
     await server.shutdown();
   });
 
-  test('weighted priority: the share of each queue follows its weight', async () => {
+  test('weighted priority: the share of each queue follows its weight', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueueMany(Array.from({ length: 300 }, (_, i) => new Task('w', i, { queue: 'heavy' })));
     await client.enqueueMany(Array.from({ length: 300 }, (_, i) => new Task('w', i, { queue: 'light' })));
@@ -363,7 +363,7 @@ describe('queues', () => {
     assert.ok(heavy > 0.6 && heavy < 0.9, `heavy share ${heavy} should be near 0.75`);
   });
 
-  test('queueOrder: weighted order starts with each queue in proportion to its weight', () => {
+  test('queueOrder: weighted order starts with each queue in proportion to its weight', { timeout: 30_000 }, () => {
     const first = new Map<string, number>();
     let seed = 1;
     const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
@@ -376,7 +376,7 @@ describe('queues', () => {
     assert.deepEqual(queueOrder({ low: 1, critical: 6, default: 3 }, true), ['critical', 'default', 'low']);
   });
 
-  test('a paused queue is skipped while others are served', async () => {
+  test('a paused queue is skipped while others are served', { timeout: 30_000 }, async () => {
     await reset();
     const paused = await client.enqueue(new Task('x'), { queue: 'paused_q' });
     const open = await client.enqueue(new Task('x'), { queue: 'open_q' });
@@ -392,7 +392,7 @@ describe('queues', () => {
     await server.shutdown();
   });
 
-  test('pending tasks run in FIFO order', async () => {
+  test('pending tasks run in FIFO order', { timeout: 30_000 }, async () => {
     await reset();
     const infos = await client.enqueueMany(Array.from({ length: 30 }, (_, i) => new Task('fifo', i)));
     for (let i = 0; i < 5; i++) await client.enqueue(new Task('fifo', 30 + i));
@@ -406,7 +406,7 @@ describe('queues', () => {
 });
 
 describe('server bookkeeping', () => {
-  test('the server registers itself while running and is gone after shutdown', async () => {
+  test('the server registers itself while running and is gone after shutdown', { timeout: 30_000 }, async () => {
     await reset();
     const server = await startServer(() => {}, { queues: { a: 2, b: 1 }, concurrency: 3 });
     const [row] = await waitFor(async () => {
@@ -422,7 +422,7 @@ describe('server bookkeeping', () => {
     assert.equal(server.status, 'closed');
   });
 
-  test('processed and failed counts reach daily_stats in one row per queue and day', async () => {
+  test('processed and failed counts reach daily_stats in one row per queue and day', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueueMany(Array.from({ length: 50 }, (_, i) => new Task(i % 5 === 0 ? 'fail' : 'ok', i, { maxRetry: 0 })));
     const server = await startServer((t) => {
@@ -438,7 +438,7 @@ describe('server bookkeeping', () => {
     assert.deepEqual(q, { processed_total: 50, failed_total: 10 });
   });
 
-  test('start twice is refused; shutdown is idempotent', async () => {
+  test('start twice is refused; shutdown is idempotent', { timeout: 30_000 }, async () => {
     const server = await startServer(() => {});
     await assert.rejects(server.start(() => {}), ValidationError);
     await Promise.all([server.shutdown(), server.shutdown()]);
@@ -447,7 +447,7 @@ describe('server bookkeeping', () => {
 });
 
 describe('ServeMux', () => {
-  test('longest prefix wins; middleware runs first-added outermost', async () => {
+  test('longest prefix wins; middleware runs first-added outermost', { timeout: 30_000 }, async () => {
     const calls: string[] = [];
     const mux = new ServeMux()
       .handle('email:', () => void calls.push('email:'))
@@ -471,7 +471,7 @@ describe('ServeMux', () => {
 });
 
 describe('retry delay', () => {
-  test("asynq's formula n^4 + 15 + rand(30)·(n + 1) seconds", () => {
+  test("asynq's formula n^4 + 15 + rand(30)·(n + 1) seconds", { timeout: 30_000 }, () => {
     assert.equal(defaultRetryDelay(0, () => 0), 15_000);
     assert.equal(defaultRetryDelay(0, () => 0.999), 44_000);
     assert.equal(defaultRetryDelay(1, () => 0.5), (1 + 15 + 15 * 2) * 1000);
@@ -496,7 +496,7 @@ describe('configuration', () => {
     ['bad schema', { schema: 'a;b' }, 'schema'],
   ];
   for (const [name, config, field] of bad) {
-    test(`refused: ${name}`, () => {
+    test(`refused: ${name}`, { timeout: 30_000 }, () => {
       assert.throws(
         () => new Server({ connectionString: db.connectionString, ...config }),
         (err: unknown) => err instanceof ValidationError && err.field === field,
@@ -504,7 +504,7 @@ describe('configuration', () => {
     });
   }
 
-  test('ConfigError is a ValidationError', () => {
+  test('ConfigError is a ValidationError', { timeout: 30_000 }, () => {
     assert.ok(new ConfigError('x', 'y') instanceof ValidationError);
   });
 });
