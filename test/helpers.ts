@@ -36,7 +36,7 @@ export async function testDb(name: string): Promise<TestDb> {
 }
 
 /** Polls `check` until it returns a truthy value (returned), or fails after `timeoutMs`. */
-export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 10_000, what = 'condition'): Promise<NonNullable<T>> {
+export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000, what = 'condition'): Promise<NonNullable<T>> {
   const deadline = performance.now() + timeoutMs;
   for (;;) {
     const value = await check();

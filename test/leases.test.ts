@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { after, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe, test } from 'node:test';
 import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { selectTask } from '../src/broker/enqueue.js';
@@ -24,6 +24,12 @@ before(async () => {
   broker = new Db({ connectionString: db.connectionString, schema: db.schema });
   await db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)');
 });
+/** Servers a test started: shut down after each test, even one that failed half-way. */
+const running: Server[] = [];
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((s) => s.shutdown()));
+});
+
 after(async () => {
   await client.close();
   await broker.close();
@@ -50,6 +56,7 @@ const fast: ServerConfig = {
 
 async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}): Promise<Server> {
   const server = new Server({ connectionString: db.connectionString, schema: db.schema, ...fast, ...config });
+  running.push(server);
   await server.start(handler as Handler);
   return server;
 }
@@ -187,10 +194,11 @@ describe('heartbeats', () => {
     await reset();
     const info = await client.enqueue(new Task('long'));
     let aborted = false;
+    // Leases of 2 s, extended every 200 ms: the task outlives three of them.
     const server = await startServer(async (_t, ctx) => {
       ctx.signal.addEventListener('abort', () => (aborted = true));
-      await new Promise((r) => setTimeout(r, 3500));
-    });
+      await new Promise((r) => setTimeout(r, 6500));
+    }, { leaseDuration: 2000, heartbeatInterval: 200 });
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'task completes');
     assert.equal(aborted, false);
     assert.equal(server.metrics().leasesLost, 0);
@@ -392,7 +400,8 @@ describe('processes', () => {
     const rescuer = await startServer(() => done.resolve(performance.now()));
     const recoveredAt = await done.promise;
     const seconds = (recoveredAt - killedAt) / 1000;
-    const bound = (1000 + 300 + 200) / 1000 + 1; // lease + cutoff + interval + forwarding and scheduling slack
+    // lease + cutoff + interval, plus slack for forwarding and a loaded machine
+    const bound = (1000 + 300 + 200) / 1000 + 3;
     console.log(`# kill -9 recovery: ${seconds.toFixed(2)} s (lease 1 s, cutoff 0.3 s, interval 0.2 s; bound ${bound} s)`);
     assert.ok(seconds < bound, `recovered after ${seconds} s`);
     await waitFor(async () => (await taskRow(info.id)) === undefined);

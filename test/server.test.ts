@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe, test } from 'node:test';
 import {
   Client,
   ConfigError,
@@ -25,6 +25,12 @@ before(async () => {
   db = await testDb('t_server');
   client = new Client({ connectionString: db.connectionString, schema: db.schema });
 });
+/** Servers a test started: shut down after each test, even one that failed half-way. */
+const running: Server[] = [];
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((s) => s.shutdown()));
+});
+
 after(async () => {
   await client.close();
   await db.close();
@@ -42,6 +48,7 @@ async function startServer(handler: ServeMux | ((t: Task, c: TaskContext) => unk
     heartbeatInterval: 200,
     ...config,
   });
+  running.push(server);
   await server.start(handler as ServeMux);
   return server;
 }
