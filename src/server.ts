@@ -14,7 +14,7 @@
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
 import { Db } from './broker/db.js';
-import { Notifier } from './broker/notifier.js';
+import { createNotifier } from './broker/notifier.js';
 import { deleteServer } from './broker/servers.js';
 import { ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
 import { ServeMux, type Handler } from './mux.js';
@@ -72,7 +72,7 @@ export class Server {
     const log = cfg.logger;
     const stats = new StatsCollector(this.#db);
     const processor = new Processor(this.#db, log.child({ component: 'processor' }), { ...cfg, serverId: this.id }, handler, stats);
-    const notifier = new Notifier(this.#db, log.child({ component: 'notifier' }));
+    const notifier = createNotifier(this.#db, log.child({ component: 'notifier' }));
     const forwarder = new Forwarder(this.#db, log.child({ component: 'forwarder' }), cfg);
     const heartbeater = new Heartbeater(
       this.#db,

@@ -7,6 +7,7 @@ import pg from 'pg';
 import { ConfigError } from '../errors.js';
 import { schemaName } from '../validate.js';
 import type { Logger } from '../logger.js';
+import { EmbeddedDatabase } from './embedded.js';
 
 /** Options every class that talks to the database accepts. */
 export interface ConnectionOptions {
@@ -18,6 +19,8 @@ export interface ConnectionOptions {
   schema?: string;
   /** Any pino-shaped logger; silent by default. */
   logger?: Logger;
+  /** An in-process database from createEmbeddedDatabase(), instead of a server. */
+  embedded?: EmbeddedDatabase;
 }
 
 export const DEFAULT_SCHEMA = 'pgasynq';
@@ -54,6 +57,8 @@ export class Db {
   readonly schema: string;
   readonly pool: pg.Pool;
   readonly kysely: Kysely<any>;
+  /** Set when the database is the in-process one. */
+  readonly embedded: EmbeddedDatabase | undefined;
   /** Channels of this schema: new pending work, new delayed work, cancellations. */
   readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string };
   readonly #ownsPool: boolean;
@@ -61,7 +66,12 @@ export class Db {
 
   constructor(opts: ConnectionOptions, applicationName = 'pgasynq') {
     this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
-    if (opts.pool) {
+    if (opts.embedded !== undefined) {
+      if (!(opts.embedded instanceof EmbeddedDatabase)) throw new ConfigError('embedded', 'must come from createEmbeddedDatabase()');
+      this.embedded = opts.embedded;
+      this.pool = opts.embedded.pool as unknown as pg.Pool;
+      this.#ownsPool = false;
+    } else if (opts.pool) {
       this.pool = opts.pool;
       this.#ownsPool = false;
     } else {

@@ -18,7 +18,73 @@ const listenModule = pgListen as unknown as { default: CreateSubscriber | { defa
 const createSubscriber: CreateSubscriber =
   typeof listenModule.default === 'function' ? listenModule.default : listenModule.default.default;
 
-export class Notifier {
+/** Wake-ups for the server: one implementation per backend. */
+export interface Notifier {
+  /** Calls `fn` with the payload of every notification on `channel`; before start(). */
+  on(channel: string, fn: Listener): void;
+  /** Calls `fn` after every (re)connect, once LISTEN is in place. */
+  onConnected(fn: () => void): void;
+  start(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/** The notifier for the database behind `db`. */
+export function createNotifier(db: Db, logger: Logger): Notifier {
+  return db.embedded ? new EmbeddedNotifier(db, logger) : new PgNotifier(db, logger);
+}
+
+/** LISTEN inside the embedded database: in-process, so nothing to reconnect. */
+class EmbeddedNotifier implements Notifier {
+  readonly #db: Db;
+  readonly #logger: Logger;
+  readonly #listeners = new Map<string, Listener[]>();
+  readonly #onConnected: (() => void)[] = [];
+  #unlisten: (() => Promise<void>)[] = [];
+
+  constructor(db: Db, logger: Logger) {
+    this.#db = db;
+    this.#logger = logger;
+  }
+
+  on(channel: string, fn: Listener): void {
+    this.#listeners.set(channel, [...(this.#listeners.get(channel) ?? []), fn]);
+  }
+
+  onConnected(fn: () => void): void {
+    this.#onConnected.push(fn);
+  }
+
+  async start(): Promise<void> {
+    const pool = this.#db.embedded!.pool;
+    // LISTEN takes the session like any statement, so it never lands inside someone's transaction.
+    const client = await pool.connect();
+    try {
+      for (const [channel, fns] of this.#listeners) {
+        this.#unlisten.push(await pool.session.listen(channel, (payload) => fns.forEach((fn) => fn(payload))));
+      }
+    } catch (err) {
+      this.#logger.warn({ err }, 'could not LISTEN on the embedded database; polling only');
+    } finally {
+      client.release();
+    }
+    for (const fn of this.#onConnected) fn();
+  }
+
+  async stop(): Promise<void> {
+    const unlisten = this.#unlisten.splice(0);
+    if (unlisten.length === 0) return;
+    const client = await this.#db.embedded!.pool.connect().catch(() => undefined);
+    if (!client) return;
+    try {
+      for (const fn of unlisten) await fn().catch(() => {});
+    } finally {
+      client.release();
+    }
+  }
+}
+
+/** LISTEN on a dedicated connection of the PostgreSQL server, through pg-listen. */
+class PgNotifier implements Notifier {
   readonly #db: Db;
   readonly #logger: Logger;
   readonly #listeners = new Map<string, Listener[]>();

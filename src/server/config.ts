@@ -54,7 +54,7 @@ export interface ServerConfig extends ConnectionOptions {
 }
 
 const KEYS = [
-  'connectionString', 'pool', 'schema', 'logger',
+  'connectionString', 'pool', 'schema', 'logger', 'embedded',
   'concurrency', 'queues', 'strictPriority', 'retryDelay', 'isFailure', 'errorHandler', 'healthCheck',
   'healthCheckInterval', 'shutdownTimeout', 'delayedTaskCheckInterval', 'groupGracePeriod', 'groupMaxDelay',
   'groupMaxSize', 'groupAggregator', 'janitorInterval', 'janitorBatchSize', 'taskCheckInterval',
