@@ -7,7 +7,7 @@ import pg from 'pg';
 import { ConfigError } from '../errors.js';
 import { schemaName } from '../validate.js';
 import type { Logger } from '../logger.js';
-import { EmbeddedDatabase } from './embedded.js';
+import { EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 
 /** Options every class that talks to the database accepts. */
 export interface ConnectionOptions {
@@ -25,8 +25,8 @@ export interface ConnectionOptions {
 
 export const DEFAULT_SCHEMA = 'pgasynq';
 
-/** A transaction the caller holds open: Kysely's, or a pg client inside BEGIN. */
-export type Transactional = Transaction<any> | pg.PoolClient | pg.Client;
+/** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */
+export type Transactional = Transaction<any> | pg.PoolClient | pg.Client | EmbeddedClient;
 
 /** Hides the password of a connection string before it reaches a message or a log. */
 export function redact(connectionString: string): string {

@@ -20,7 +20,7 @@ interface PGliteLike {
   readonly closed: boolean;
 }
 
-interface QueryResult {
+export interface QueryResult {
   rows: unknown[];
   rowCount: number;
   command: string;
@@ -75,8 +75,12 @@ class Session {
   }
 }
 
-/** What pg.Pool's users here call: connect() → client with query() and release(). */
-class EmbeddedClient {
+/**
+ * The embedded database's one session, lent to you until release(): run your
+ * own statements, or BEGIN … COMMIT around them and pass it as `tx` to enqueue.
+ * Everything else waits while you hold it, so release it promptly.
+ */
+export class EmbeddedClient {
   readonly #session: Session;
   readonly #release: () => void;
   #released = false;
@@ -87,6 +91,7 @@ class EmbeddedClient {
   }
 
   query(text: string | { text: string; values?: unknown[] }, values?: unknown[]): Promise<QueryResult> {
+    if (this.#released) return Promise.reject(new Error('this embedded client was released'));
     if (typeof text === 'object') return this.#session.run(text.text, text.values);
     return this.#session.run(text, values);
   }
@@ -159,6 +164,16 @@ export class EmbeddedDatabase {
   constructor(db: PGliteLike, dataDir: string | undefined) {
     this.pool = new EmbeddedPool(db);
     this.dataDir = dataDir;
+  }
+
+  /** Borrows the session for your own statements or transaction; release() it when done. */
+  connect(): Promise<EmbeddedClient> {
+    return this.pool.connect();
+  }
+
+  /** Runs one statement of yours. */
+  async query<R = Record<string, unknown>>(text: string, values?: unknown[]): Promise<{ rows: R[]; rowCount: number }> {
+    return (await this.pool.query(text, values)) as { rows: R[]; rowCount: number };
   }
 
   /** Closes the database; every Client and Server on it must be closed first. */
