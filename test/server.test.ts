@@ -515,3 +515,27 @@ describe('configuration', () => {
     assert.ok(new ConfigError('x', 'y') instanceof ValidationError);
   });
 });
+
+describe('claim loop', () => {
+  test('with every slot busy, a notification does not spin the loop: timers of running handlers still fire', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueue(new Task('busy'));
+    const started = deferred();
+    const timerFired = deferred();
+    const server = await startServer(
+      async (t) => {
+        if (t.type !== 'busy') return;
+        started.resolve();
+        await new Promise((r) => setTimeout(r, 300));
+        timerFired.resolve();
+      },
+      { concurrency: 1, taskCheckInterval: 10_000 },
+    );
+    await started.promise;
+    // A notification arrives while the only slot is busy.
+    await client.enqueue(new Task('second'));
+    await timerFired.promise;
+    await waitFor(async () => (await countByState(db)).pending === undefined && (await countByState(db)).active === undefined);
+    await server.shutdown();
+  });
+});

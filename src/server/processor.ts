@@ -143,7 +143,9 @@ export class Processor {
     while (this.#claiming) {
       const free = this.#cfg.concurrency - this.#running;
       if (free <= 0) {
-        await this.#sleep(this.#cfg.taskCheckInterval);
+        // Every slot is busy: wait for one to free. A pending hint must not end this
+        // wait at once, or the loop would spin and starve the event loop.
+        await this.#sleep(this.#cfg.taskCheckInterval, true);
         continue;
       }
       this.#hint = false;
@@ -175,9 +177,9 @@ export class Processor {
     }
   }
 
-  /** Sleeps `ms`, less if a notification comes or a slot frees. */
-  #sleep(ms: number): Promise<void> {
-    if (this.#hint || !this.#claiming) return Promise.resolve();
+  /** Sleeps `ms`, less if a notification comes or a slot frees (unless `ignorePendingHint`, a hint already pending ends it at once). */
+  #sleep(ms: number, ignorePendingHint = false): Promise<void> {
+    if (!this.#claiming || (this.#hint && !ignorePendingHint)) return Promise.resolve();
     return new Promise((resolve) => {
       const timer = setTimeout(done, ms);
       const self = this;
