@@ -1,0 +1,38 @@
+/**
+ * Smoke test of examples/: each runs with one command on the embedded
+ * database (DATABASE_URL unset) and exits 0 having done its work.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, test } from 'node:test';
+
+const REPO = fileURLToPath(new URL('..', import.meta.url));
+
+function runExample(file: string, args: string[] = []): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const env = { ...process.env };
+  delete env.DATABASE_URL;
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', `examples/${file}`, ...args], { cwd: REPO, env });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
+    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+describe('examples on the embedded database', () => {
+  test('worker.ts processes its 20 tasks and exits', { timeout: 90_000 }, async () => {
+    const r = await runExample('worker.ts');
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /done: 20 tasks/);
+  });
+
+  test('http-app.ts --smoke places 5 orders through HTTP and confirms them', { timeout: 90_000 }, async () => {
+    const r = await runExample('http-app.ts', ['--smoke']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /smoke: 5 orders placed and confirmed/);
+  });
+});
