@@ -3,10 +3,10 @@
  * starts and stops them in an order that matters:
  *
  *   start:    notifier → heartbeater (registers the server) → recoverer →
- *             forwarder → processor → janitor → healthchecker
+ *             forwarder → processor → janitor → aggregator → healthchecker
  *   shutdown: forwarder → processor (stops claiming, waits up to
  *             shutdownTimeout, then aborts and requeues) → recoverer →
- *             janitor → healthchecker → stats flush → heartbeater (last, so
+ *             janitor, aggregator → healthchecker → stats flush → heartbeater (last, so
  *             leases are extended while handlers finish) → server row → pool
  *
  * Modes: new → active (start) → stopped (stop: no new claims) → closed (shutdown).
@@ -22,6 +22,7 @@ import { Forwarder } from './server/forwarder.js';
 import { Healthchecker } from './server/healthcheck.js';
 import { Heartbeater } from './server/heartbeater.js';
 import { Janitor } from './server/janitor.js';
+import { Aggregator } from './server/aggregator.js';
 import { Processor, type ProcessorCounters } from './server/processor.js';
 import { Recoverer } from './server/recoverer.js';
 import { StatsCollector } from './server/stats.js';
@@ -50,7 +51,7 @@ export class Server {
 
   constructor(config: ServerConfig = {}) {
     this.#cfg = resolveServerConfig(config);
-    this.#db = new Db(config, `pgasynq:server:${process.pid}`);
+    this.#db = new Db(config, `pgasynq:server:${process.pid}`, { asyncCommit: true });
   }
 
   get status(): ServerStatus {
@@ -91,6 +92,8 @@ export class Server {
     );
     const recoverer = new Recoverer(this.#db, log.child({ component: 'recoverer' }), cfg, stats);
     const janitor = new Janitor(this.#db, log.child({ component: 'janitor' }), cfg);
+    // Groups: only with an aggregator, and only the server's own queues.
+    const aggregator = cfg.groupAggregator && new Aggregator(this.#db, log.child({ component: 'aggregator' }), { ...cfg, groupAggregator: cfg.groupAggregator, queues: Object.keys(cfg.queues) });
     const healthchecker = cfg.healthCheck && new Healthchecker(this.#db, log.child({ component: 'healthcheck' }), cfg.healthCheck, cfg.healthCheckInterval);
     notifier.on(this.#db.channels.tasks, (queue) => processor.notify(queue));
     notifier.on(this.#db.channels.delayed, () => forwarder.wake());
@@ -100,7 +103,7 @@ export class Server {
       processor.notify();
       forwarder.wake();
     });
-    return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, healthchecker };
+    return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker };
   }
 
   /** Starts processing with `handler` (a ServeMux or a function). */
@@ -117,6 +120,7 @@ export class Server {
     p.forwarder.start();
     p.processor.start();
     p.janitor.start();
+    p.aggregator?.start();
     p.healthchecker?.start();
     this.#statsTimer = setInterval(() => p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'stats flush failed')), STATS_FLUSH_MS);
   }
@@ -167,7 +171,7 @@ export class Server {
     dbg('flushed');
     await p.processor.flushed();
     dbg('maint');
-    await Promise.all([p.recoverer.stop(), p.janitor.stop(), p.healthchecker?.stop()]);
+    await Promise.all([p.recoverer.stop(), p.janitor.stop(), p.aggregator?.stop(), p.healthchecker?.stop()]);
     dbg('notifier');
     await p.notifier.stop();
     dbg('stats');

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { after, afterEach, before, describe, test } from 'node:test';
+import { sql } from 'kysely';
 import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { selectTask } from '../src/broker/enqueue.js';
@@ -250,6 +251,23 @@ describe('ctx.transaction', () => {
     await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
     await server.shutdown();
+  });
+
+  test("the server's own statements commit asynchronously; ctx.transaction waits for the WAL flush", { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueue(new Task('durable'));
+    const seen = deferred<string>();
+    await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        const { rows } = await sql<{ synchronous_commit: string }>`SHOW synchronous_commit`.execute(trx);
+        seen.resolve(rows[0]!.synchronous_commit);
+      });
+    });
+    assert.equal(await seen.promise, 'on');
+    const serverSession = new Db({ connectionString: db.connectionString, schema: db.schema }, 'pgasynq:server:test', { asyncCommit: true });
+    const [row] = await serverSession.run(sql<{ synchronous_commit: string }>`SHOW synchronous_commit`);
+    await serverSession.close();
+    assert.equal(row?.synchronous_commit, 'off');
   });
 
   test('a lost lease rolls the transaction back: nothing of it commits', { timeout: 30_000 }, async () => {

@@ -64,7 +64,14 @@ export class Db {
   readonly #ownsPool: boolean;
   #closed = false;
 
-  constructor(opts: ConnectionOptions, applicationName = 'pgasynq') {
+  /**
+   * `asyncCommit`: the pool's sessions commit without waiting for the WAL flush
+   * (synchronous_commit = off). Only for a pool we create, and only for the
+   * server, whose claims, completions and heartbeats may be lost in a PostgreSQL
+   * crash without breaking at-least-once: a lost claim or completion re-runs the
+   * task. Enqueues (Client) and durableTransaction() always wait for the flush.
+   */
+  constructor(opts: ConnectionOptions, applicationName = 'pgasynq', session: { asyncCommit?: boolean } = {}) {
     this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
     if (opts.embedded !== undefined) {
       if (!(opts.embedded instanceof EmbeddedDatabase)) throw new ConfigError('embedded', 'must come from createEmbeddedDatabase()');
@@ -82,6 +89,7 @@ export class Db {
         keepAlive: true,
         // A host that drops packets would otherwise hang a connect until the OS gives up.
         connectionTimeoutMillis: 10_000,
+        ...(session.asyncCommit ? { options: '-c synchronous_commit=off' } : {}),
       });
       this.#ownsPool = true;
     }
@@ -133,4 +141,12 @@ function isKyselyExecutor(tx: Transactional): tx is Transaction<any> {
 /** Kysely's transaction helper on our pool, for statements that must commit together. */
 export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
   return db.kysely.transaction().execute(fn);
+}
+
+/** A transaction whose commit waits for the WAL flush whatever the session says: for users' writes. */
+export function durableTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+  return db.kysely.transaction().execute(async (trx) => {
+    if (!db.embedded) await sql`SET LOCAL synchronous_commit = on`.execute(trx);
+    return fn(trx);
+  });
 }

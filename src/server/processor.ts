@@ -9,7 +9,7 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import type { Transaction } from 'kysely';
-import { transaction, type Db } from '../broker/db.js';
+import { durableTransaction, type Db } from '../broker/db.js';
 import { claim, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure } from '../broker/leases.js';
 import {
   FailedPreconditionError,
@@ -269,7 +269,7 @@ export class Processor {
     if (lease.lost) throw new LeaseExpiredError();
     lease.inTransaction = true;
     try {
-      const result = await transaction(this.#db, async (trx) => {
+      const result = await durableTransaction(this.#db, async (trx) => {
         if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
         const value = await fn(trx);
         const done = await complete(this.#db, [{ queue: lease.queue, id: lease.id, token: lease.token, keep: row.retention_ms > 0 }], trx);
