@@ -8,6 +8,7 @@ export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState }
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
 export { defaultRetryDelay } from './retry.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
+export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './broker/embedded.js';
 export type { Logger } from './logger.js';
 export {
   PgasynqError,
@@ -44,3 +45,14 @@ export {
   isSkipRetry,
   isRevokeTask,
 } from './errors.js';
+export {
+  Inspector,
+  type QueueInfo,
+  type DailyStats,
+  type ListOptions,
+  type GroupInfo,
+  type ServerInfo,
+  type WorkerInfo,
+  type SchedulerEntry,
+  type SchedulerEnqueueEvent,
+} from './inspector.js';

@@ -15,6 +15,9 @@ const SCHEMA = 't_cli';
 const ENV_SCHEMA = 't_cli_env';
 const RACE_SCHEMA = 't_cli_race';
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
+/** Every shipped migration, in order. */
+const ALL = ['0001_initial', '0002_views'];
+const pendingStatus = ALL.map((name) => ({ name, applied: false, appliedAt: null }));
 
 interface Run {
   code: number | null;
@@ -82,28 +85,26 @@ after(async () => {
 describe('pgasynq migrate', () => {
   test('status before any migration: every migration pending', async () => {
     const status = json<{ name: string; applied: boolean; appliedAt: string | null }[]>(await inSchema(SCHEMA, '--json', 'migrate', 'status'));
-    assert.deepEqual(status, [{ name: '0001_initial', applied: false, appliedAt: null }]);
+    assert.deepEqual(status, pendingStatus);
     const text = ok(await inSchema(SCHEMA, 'migrate', 'status'));
     assert.match(text, /^name\s+applied\s+applied at$/m);
     assert.match(text, /^0001_initial\s+no\s+-$/m);
     assert.equal(await schemaExists(SCHEMA), false, 'status must not create the schema');
   });
 
-  test('up applies 0001_initial, then is a no-op', async () => {
-    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), 'applied 0001_initial\n');
-    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+  test('up applies every migration, then is a no-op', async () => {
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), ALL.map((n) => `applied ${n}\n`).join(''));
+    assert.deepEqual(await recorded(SCHEMA), ALL);
     assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), 'up to date\n');
     assert.equal(ok(await inSchema(SCHEMA, 'migrate')), 'up to date\n', 'up is the default action');
     assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate')), { applied: [] });
-    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+    assert.deepEqual(await recorded(SCHEMA), ALL);
   });
 
   test('status after up', async () => {
     const started = Date.now();
     const status = json<{ name: string; applied: boolean; appliedAt: string | null }[]>(await inSchema(SCHEMA, '--json', 'migrate', 'status'));
-    assert.equal(status.length, 1);
-    assert.equal(status[0]?.name, '0001_initial');
-    assert.equal(status[0]?.applied, true);
+    assert.deepEqual(status.map((m) => [m.name, m.applied]), ALL.map((n) => [n, true]));
     const at = Date.parse(status[0]?.appliedAt ?? '');
     assert.ok(Number.isFinite(at) && at <= started && at > started - 10 * 60_000, `appliedAt ${status[0]?.appliedAt}`);
     const text = ok(await inSchema(SCHEMA, 'migrate', 'status'));
@@ -111,24 +112,24 @@ describe('pgasynq migrate', () => {
   });
 
   test('down rolls back one, then nothing; up applies it again', async () => {
-    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'down')), 'reverted 0001_initial\n');
+    for (const name of [...ALL].reverse()) assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'down')), `reverted ${name}\n`);
     assert.deepEqual(await recorded(SCHEMA), []);
-    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'status')), [{ name: '0001_initial', applied: false, appliedAt: null }]);
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'status')), pendingStatus);
     assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'down')), 'nothing to roll back\n');
     assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'down')), { reverted: null });
 
-    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'up')), { applied: ['0001_initial'] });
-    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
-    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'down')), { reverted: '0001_initial' });
-    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), 'applied 0001_initial\n');
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'up')), { applied: ALL });
+    assert.deepEqual(await recorded(SCHEMA), ALL);
+    assert.deepEqual(json(await inSchema(SCHEMA, '--json', 'migrate', 'down')), { reverted: ALL.at(-1) });
+    assert.equal(ok(await inSchema(SCHEMA, 'migrate', 'up')), `applied ${ALL.at(-1)}\n`);
     const tasks = await pool.query(`SELECT to_regclass('"${SCHEMA}".tasks')::text AS t`);
     assert.notEqual(tasks.rows[0].t, null, 'the tables are back after up');
   });
 
   test('DATABASE_URL from the environment when no --database-url', async () => {
     const r = await cli(['--schema', ENV_SCHEMA, '--json', 'migrate'], { DATABASE_URL });
-    assert.deepEqual(json(r), { applied: ['0001_initial'] });
-    assert.deepEqual(await recorded(ENV_SCHEMA), ['0001_initial']);
+    assert.deepEqual(json(r), { applied: ALL });
+    assert.deepEqual(await recorded(ENV_SCHEMA), ALL);
   });
 
   test('--database-url wins over DATABASE_URL', async () => {
@@ -139,8 +140,8 @@ describe('pgasynq migrate', () => {
   test('two migrate up processes at once on a fresh schema: both exit 0, applied once', async () => {
     const [a, b] = await Promise.all([inSchema(RACE_SCHEMA, '--json', 'migrate', 'up'), inSchema(RACE_SCHEMA, '--json', 'migrate', 'up')]);
     const applied = [...json<{ applied: string[] }>(a).applied, ...json<{ applied: string[] }>(b).applied];
-    assert.deepEqual(applied, ['0001_initial'], 'exactly one of the two applied it');
-    assert.deepEqual(await recorded(RACE_SCHEMA), ['0001_initial']);
+    assert.deepEqual(applied.sort(), ALL, 'each migration applied by exactly one of the two');
+    assert.deepEqual(await recorded(RACE_SCHEMA), ALL);
   });
 });
 
@@ -189,7 +190,7 @@ describe('exit codes', { concurrency: true }, () => {
     const runs = await Promise.all(cases.map(([bad, action]) => inSchema(bad, 'migrate', action)));
     for (const r of runs) usage(r, /schema must/);
     for (const [bad] of cases) assert.equal(await schemaExists(bad), false, `schema ${JSON.stringify(bad)} must not exist`);
-    assert.deepEqual(await recorded(SCHEMA), ['0001_initial']);
+    assert.deepEqual(await recorded(SCHEMA), ALL);
   });
 
   test('unreachable database: 1, one line on stderr, no password', async () => {

@@ -1,0 +1,224 @@
+/**
+ * The Inspector's reads. Every statement that takes a queue also says whether
+ * the queue exists, in the same round trip, so "no such queue" and "nothing
+ * there" are told apart without a second query (or a race between two).
+ * Counts are float8 (exact up to 2^53) so they arrive as numbers, not strings.
+ */
+import { sql, type RawBuilder } from 'kysely';
+import { decodePayload } from '../payload.js';
+import type { TaskInfo, TaskState } from '../task.js';
+import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../inspector-types.js';
+import type { Db } from './db.js';
+import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
+
+/** A result about one queue: `queueFound` is false when the queue does not exist. */
+export interface InQueue<T> {
+  queueFound: boolean;
+  value: T;
+}
+
+/** Every queue's name, in name order (asynq's Queues, sorted). */
+export async function listQueues(db: Db): Promise<string[]> {
+  const rows = await db.run(sql<{ name: string }>`SELECT name FROM ${db.table('queues')} ORDER BY name`);
+  return rows.map((r) => r.name);
+}
+
+/**
+ * One queue's row of the queue_stats view (migration 0002): counts per state,
+ * latency, today's and all-time processed/failed. Undefined when the queue
+ * does not exist.
+ */
+export async function queueStats(db: Db, queue: string): Promise<QueueInfo | undefined> {
+  const rows = await db.run(sql<QueueInfo>`
+    SELECT queue, size::float8 AS size, groups::float8 AS groups, latency_ms AS latency,
+           pending::float8 AS pending, active::float8 AS active, scheduled::float8 AS scheduled,
+           retry::float8 AS retry, archived::float8 AS archived, completed::float8 AS completed,
+           aggregating::float8 AS aggregating, processed::float8 AS processed, failed::float8 AS failed,
+           processed_total::float8 AS "processedTotal", failed_total::float8 AS "failedTotal",
+           paused, timestamp
+    FROM ${db.table('queue_stats')} WHERE queue = ${queue}`);
+  return rows[0];
+}
+
+/**
+ * The last `days` UTC days of a queue's processed/failed counts, today first,
+ * zeros for days without a row. `date` is the day's UTC midnight. No rows:
+ * the queue does not exist.
+ */
+export async function dailyStats(db: Db, queue: string, days: number): Promise<DailyStats[]> {
+  return db.run(sql<DailyStats>`
+    SELECT q.name AS queue, ((today.d - g.i)::timestamp AT TIME ZONE 'UTC') AS date,
+           coalesce(s.processed, 0)::float8 AS processed, coalesce(s.failed, 0)::float8 AS failed
+    FROM ${db.table('queues')} q
+    CROSS JOIN (SELECT (now() AT TIME ZONE 'UTC')::date AS d) today
+    CROSS JOIN generate_series(0, ${days}::int - 1) AS g(i)
+    LEFT JOIN ${db.table('daily_stats')} s ON s.queue = q.name AND s.day = today.d - g.i
+    WHERE q.name = ${queue}
+    ORDER BY g.i`);
+}
+
+/** One task as TaskInfo (undefined: no such task), and whether its queue exists. */
+export async function taskInfo(db: Db, queue: string, id: string): Promise<InQueue<TaskInfo | undefined>> {
+  const rows = await db.run(sql<{ queue_found: boolean } & TaskRow>`
+    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found, ${taskColumns}
+    FROM (SELECT 1) one
+    LEFT JOIN ${db.table('tasks')} t ON t.queue = ${queue} AND t.id = ${id}`);
+  const row = rows[0];
+  return { queueFound: row?.queue_found ?? false, value: row?.id == null ? undefined : toTaskInfo(row) };
+}
+
+/**
+ * The order each list is paged in, as the index of that state serves it:
+ * pending in run order, scheduled and retry by due time, archived by archive
+ * time, completed by the end of retention (asynq's scores), active by start,
+ * aggregating by enqueue time. `seq` breaks ties, so pages never overlap.
+ */
+const LIST_ORDER: Record<TaskState, RawBuilder<unknown>> = {
+  pending: sql`t.run_at, t.seq`,
+  active: sql`t.started_at, t.seq`,
+  scheduled: sql`t.run_at, t.seq`,
+  retry: sql`t.run_at, t.seq`,
+  archived: sql`t.run_at, t.seq`,
+  completed: sql`t.run_at, t.seq`,
+  aggregating: sql`t.enqueued_at, t.seq`,
+};
+
+/**
+ * A page of a queue's tasks in `state` (and `group`, for aggregating tasks):
+ * rows `offset` to `offset + limit - 1` in LIST_ORDER. One statement: the
+ * queue row is the outer side of a lateral join, so an empty page of an
+ * existing queue still returns one (all-NULL) row.
+ */
+export async function listTasks(
+  db: Db,
+  queue: string,
+  state: TaskState,
+  page: { limit: number; offset: number; group?: string | undefined },
+): Promise<InQueue<TaskInfo[]>> {
+  const order = LIST_ORDER[state];
+  const rows = await db.run(sql<TaskRow>`
+    SELECT ${taskColumns}
+    FROM ${db.table('queues')} q
+    LEFT JOIN LATERAL (
+      SELECT t.* FROM ${db.table('tasks')} t
+      WHERE t.queue = q.name AND t.state = ${state} AND (${page.group ?? null}::text IS NULL OR t.group_key = ${page.group ?? null})
+      ORDER BY ${order} LIMIT ${page.limit} OFFSET ${page.offset}
+    ) t ON true
+    WHERE q.name = ${queue}
+    ORDER BY ${order}`);
+  return { queueFound: rows.length > 0, value: rows.filter((r) => r.id != null).map(toTaskInfo) };
+}
+
+/** The groups of a queue's aggregating tasks with their sizes, by group name. */
+export async function listGroups(db: Db, queue: string): Promise<InQueue<GroupInfo[]>> {
+  const rows = await db.run(sql<{ group: string | null; size: number }>`
+    SELECT g.group_key AS "group", g.size
+    FROM ${db.table('queues')} q
+    LEFT JOIN LATERAL (
+      SELECT t.group_key, count(*)::float8 AS size FROM ${db.table('tasks')} t
+      WHERE t.queue = q.name AND t.state = 'aggregating'
+      GROUP BY t.group_key
+    ) g ON true
+    WHERE q.name = ${queue}
+    ORDER BY g.group_key`);
+  return { queueFound: rows.length > 0, value: rows.filter((r) => r.group !== null) as GroupInfo[] };
+}
+
+interface ServerTaskRow {
+  id: string;
+  host: string;
+  pid: number;
+  concurrency: number;
+  queues: Record<string, number>;
+  strict_priority: boolean;
+  status: string;
+  started_at: Date;
+  task_id: string | null;
+  task_queue: string;
+  task_type: string;
+  payload: unknown;
+  payload_bytes: Buffer | null;
+  task_started_at: Date;
+  lease_expires_at: Date;
+  deadline: Date | null;
+}
+
+/**
+ * Live servers (row not expired), oldest first, each with the tasks it holds
+ * leases on: one row per (server, active task), or one row with NULL task
+ * columns for an idle server. A worker's deadline is the earlier of its
+ * attempt's timeout and the task's deadline, as asynq's WorkerInfo.Deadline.
+ */
+export async function listServers(db: Db): Promise<ServerInfo[]> {
+  const rows = await db.run(sql<ServerTaskRow>`
+    SELECT s.id, s.host, s.pid, s.concurrency, s.queues, s.strict_priority, s.status, s.started_at,
+           t.id AS task_id, t.queue AS task_queue, t.type AS task_type, t.payload, t.payload_bytes,
+           t.started_at AS task_started_at, t.lease_expires_at,
+           least(CASE WHEN t.timeout > interval '0' THEN t.started_at + t.timeout END, t.deadline) AS deadline
+    FROM ${db.table('servers')} s
+    LEFT JOIN ${db.table('tasks')} t ON t.lease_owner = s.id AND t.state = 'active'
+    WHERE s.expires_at > now()
+    ORDER BY s.started_at, s.id, t.started_at, t.queue, t.id`);
+  const servers = new Map<string, ServerInfo>();
+  for (const r of rows) {
+    let s = servers.get(r.id);
+    if (!s) {
+      s = {
+        id: r.id,
+        host: r.host,
+        pid: r.pid,
+        concurrency: r.concurrency,
+        queues: r.queues,
+        strictPriority: r.strict_priority,
+        status: r.status,
+        startedAt: r.started_at,
+        activeWorkers: [],
+      };
+      servers.set(r.id, s);
+    }
+    if (r.task_id === null) continue;
+    const worker: WorkerInfo = {
+      taskId: r.task_id,
+      queue: r.task_queue,
+      type: r.task_type,
+      payload: decodePayload(r.payload, r.payload_bytes),
+      startedAt: r.task_started_at,
+      leaseExpiresAt: r.lease_expires_at,
+      deadline: r.deadline,
+    };
+    s.activeWorkers.push(worker);
+  }
+  return [...servers.values()];
+}
+
+/** Cron entries of live schedulers (row not expired), by id. */
+export async function listSchedulerEntries(db: Db): Promise<SchedulerEntry[]> {
+  const rows = await db.run(sql<{
+    id: string;
+    spec: string;
+    task_type: string;
+    payload: unknown;
+    payload_bytes: Buffer | null;
+    options: Record<string, unknown>;
+    next_run_at: Date | null;
+    prev_run_at: Date | null;
+  }>`
+    SELECT id, spec, task_type, payload, payload_bytes, options, next_run_at, prev_run_at
+    FROM ${db.table('scheduler_entries')} WHERE expires_at > now() ORDER BY id`);
+  return rows.map((r) => ({
+    id: r.id,
+    spec: r.spec,
+    task: { type: r.task_type, payload: decodePayload(r.payload, r.payload_bytes) },
+    options: r.options,
+    next: r.next_run_at,
+    prev: r.prev_run_at,
+  }));
+}
+
+/** A page of an entry's enqueue history, newest tick first (the primary key's order). */
+export async function listSchedulerEvents(db: Db, entryId: string, limit: number, offset: number): Promise<SchedulerEnqueueEvent[]> {
+  return db.run(sql<SchedulerEnqueueEvent>`
+    SELECT task_id AS "taskId", enqueued_at AS "enqueuedAt", tick_at AS "tickAt"
+    FROM ${db.table('scheduler_events')} WHERE entry_id = ${entryId}
+    ORDER BY tick_at DESC LIMIT ${limit} OFFSET ${offset}`);
+}

@@ -1,0 +1,364 @@
+/**
+ * Inspector: the admin API (asynq's Inspector). It reads and moves tasks and
+ * queues and lists servers and cron entries; the CLI and the dashboard are
+ * thin shells over it. Every method validates its arguments before it sends
+ * anything, and every method that takes a queue rejects with
+ * QueueNotFoundError when the queue does not exist. The statements live in
+ * src/broker/inspector-read.ts and inspector-write.ts.
+ */
+import { Db, type ConnectionOptions } from './broker/db.js';
+import * as read from './broker/inspector-read.js';
+import * as write from './broker/inspector-write.js';
+import { ClientClosedError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './errors.js';
+import { encodePayload } from './payload.js';
+import type { TaskInfo, TaskState } from './task.js';
+import * as v from './validate.js';
+import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './inspector-types.js';
+
+export type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from './inspector-types.js';
+
+const DEFAULT_PAGE_SIZE = 30;
+const MAX_PAGE_SIZE = 1000;
+const MAX_PAGE = 1_000_000_000;
+const MAX_HISTORY_DAYS = 3650;
+
+/** States a task may be in for each single-task action (asynq's inspect.go). */
+const DELETABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'];
+const RUNNABLE: readonly TaskState[] = ['scheduled', 'retry', 'archived', 'completed', 'aggregating'];
+const ARCHIVABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'completed', 'aggregating'];
+
+function pageOf(opts: unknown): { limit: number; offset: number } {
+  if (opts === undefined) return { limit: DEFAULT_PAGE_SIZE, offset: 0 };
+  const o = v.plainObject(opts, 'options');
+  v.knownKeys(o, ['page', 'pageSize'], 'options');
+  const page = o.page === undefined ? 1 : v.integer(o.page, 'page', 1, MAX_PAGE);
+  const size = o.pageSize === undefined ? DEFAULT_PAGE_SIZE : v.integer(o.pageSize, 'pageSize', 1, MAX_PAGE_SIZE);
+  return { limit: size, offset: (page - 1) * size };
+}
+
+/**
+ * The admin API. Methods that take a queue reject with QueueNotFoundError
+ * when it does not exist; single-task methods with TaskNotFoundError when the
+ * task does not; an action the task's state forbids (deleting, running or
+ * archiving an active task, running a pending one, archiving an archived one,
+ * editing the payload of a task that is not scheduled) with
+ * FailedPreconditionError; a bad argument with a ValidationError naming it,
+ * before anything is sent; any call after close() with ClientClosedError.
+ * Moves made here (run, archive) neither count as processed nor failed.
+ *
+ * @example
+ * await using inspector = new Inspector({ connectionString: process.env.DATABASE_URL });
+ * const info = await inspector.getQueueInfo('default');
+ * for (const t of await inspector.listRetryTasks('default', { page: 1, pageSize: 50 })) console.log(t.id, t.lastError);
+ * await inspector.runAllArchivedTasks('default');
+ */
+export class Inspector {
+  readonly #db: Db;
+
+  constructor(opts: ConnectionOptions = {}) {
+    this.#db = new Db(opts, 'pgasynq:inspector');
+  }
+
+  #open(): Db {
+    if (this.#db.closed) throw new ClientClosedError('inspector');
+    return this.#db;
+  }
+
+  /** Every queue's name, sorted. A queue exists once a task was enqueued to it. */
+  async queues(): Promise<string[]> {
+    return read.listQueues(this.#open());
+  }
+
+  /** Counts per state, latency, and today's and all-time processed/failed of one queue. */
+  async getQueueInfo(queue: string): Promise<QueueInfo> {
+    const q = v.queueName(queue);
+    const info = await read.queueStats(this.#open(), q);
+    if (!info) throw new QueueNotFoundError(q);
+    return info;
+  }
+
+  /** The last `days` UTC days of processed/failed counts, today first; zeros for quiet days. */
+  async history(queue: string, days: number): Promise<DailyStats[]> {
+    const q = v.queueName(queue);
+    const n = v.integer(days, 'days', 1, MAX_HISTORY_DAYS);
+    const rows = await read.dailyStats(this.#open(), q, n);
+    if (rows.length === 0) throw new QueueNotFoundError(q);
+    return rows;
+  }
+
+  /** One task, in whatever state. Rejects with TaskNotFoundError when there is none with this id. */
+  async getTaskInfo(queue: string, id: string): Promise<TaskInfo> {
+    const q = v.queueName(queue);
+    const taskId = v.taskId(id);
+    const r = await read.taskInfo(this.#open(), q, taskId);
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    if (!r.value) throw new TaskNotFoundError(q, taskId);
+    return r.value;
+  }
+
+  async #list(queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]> {
+    const q = v.queueName(queue);
+    const g = state === 'aggregating' ? v.groupName(group) : undefined;
+    const page = pageOf(opts);
+    const r = await read.listTasks(this.#open(), q, state, { ...page, group: g });
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    return r.value;
+  }
+
+  /** Pending tasks in the order they will run. */
+  listPendingTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'pending', opts);
+  }
+
+  /** Active tasks by start time; `isOrphaned` marks those whose lease expired. */
+  listActiveTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'active', opts);
+  }
+
+  /** Scheduled tasks, soonest due first. */
+  listScheduledTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'scheduled', opts);
+  }
+
+  /** Tasks waiting to be retried, soonest due first. */
+  listRetryTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'retry', opts);
+  }
+
+  /** Archived tasks, oldest archived first. */
+  listArchivedTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'archived', opts);
+  }
+
+  /** Completed tasks kept for their retention, the first to expire first (asynq's order). */
+  listCompletedTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'completed', opts);
+  }
+
+  /** Aggregating tasks of one group, in enqueue order. */
+  listAggregatingTasks(queue: string, group: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'aggregating', opts, group);
+  }
+
+  /** Throws the error a single-task action's result calls for. */
+  #check(q: string, id: string, r: write.TaskActionResult, refusal: (state: TaskState) => string): void {
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    if (r.state === null) throw new TaskNotFoundError(q, id);
+    if (!r.done) throw new FailedPreconditionError(refusal(r.state));
+  }
+
+  /**
+   * Deletes a task in any state but active, and releases its unique lock if
+   * it holds it. An active task is refused: cancel it with cancelProcessing.
+   */
+  async deleteTask(queue: string, id: string): Promise<void> {
+    const q = v.queueName(queue);
+    const taskId = v.taskId(id);
+    const r = await write.deleteTask(this.#open(), q, taskId, DELETABLE);
+    this.#check(q, taskId, r, () => `cannot delete task in active state: id=${taskId}, queue=${q}; use cancelProcessing instead`);
+  }
+
+  /**
+   * Makes a scheduled, retry, archived, completed or aggregating task pending
+   * now, at the back of its queue. Refused for an active or a pending task.
+   */
+  async runTask(queue: string, id: string): Promise<void> {
+    const q = v.queueName(queue);
+    const taskId = v.taskId(id);
+    const r = await write.moveTask(this.#open(), q, taskId, 'pending', RUNNABLE);
+    this.#check(q, taskId, r, (state) =>
+      state === 'active' ? `task is already running: id=${taskId}, queue=${q}` : `task is already in pending state: id=${taskId}, queue=${q}`,
+    );
+  }
+
+  /**
+   * Archives a pending, scheduled, retry, completed or aggregating task.
+   * Refused for an active task (cancel it first) or an archived one.
+   */
+  async archiveTask(queue: string, id: string): Promise<void> {
+    const q = v.queueName(queue);
+    const taskId = v.taskId(id);
+    const r = await write.moveTask(this.#open(), q, taskId, 'archived', ARCHIVABLE);
+    this.#check(q, taskId, r, (state) =>
+      state === 'active'
+        ? `cannot archive task in active state: id=${taskId}, queue=${q}; use cancelProcessing instead`
+        : `task is already archived: id=${taskId}, queue=${q}`,
+    );
+  }
+
+  /** Replaces the payload of a scheduled task (any other state is refused). Its unique key is kept. */
+  async updateTaskPayload(queue: string, id: string, payload: unknown): Promise<void> {
+    const q = v.queueName(queue);
+    const taskId = v.taskId(id);
+    const encoded = encodePayload(payload);
+    const r = await write.updatePayload(this.#open(), q, taskId, encoded.json, encoded.bytes);
+    this.#check(q, taskId, r, (state) => `cannot update task that is not in scheduled state: id=${taskId}, queue=${q}, state=${state}`);
+  }
+
+  /**
+   * Cancels the active task(s) with this id, in any queue: its handler's
+   * signal aborts with TaskCanceledError and the task goes to retry (or the
+   * archive when its retries are spent). Best effort, as in asynq: resolves
+   * to how many active tasks were marked (0: none was running). The server
+   * hears a NOTIFY at once; if it missed it, its next heartbeat sees the mark.
+   */
+  async cancelProcessing(id: string): Promise<number> {
+    const taskId = v.taskId(id);
+    return write.requestCancel(this.#open(), taskId);
+  }
+
+  async #deleteAll(queue: string, state: TaskState, group?: unknown): Promise<number> {
+    const q = v.queueName(queue);
+    const g = state === 'aggregating' ? v.groupName(group) : null;
+    const r = await write.deleteAllInState(this.#open(), q, state, g);
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    return r.count;
+  }
+
+  async #moveAll(queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number> {
+    const q = v.queueName(queue);
+    const g = from === 'aggregating' ? v.groupName(group) : null;
+    const r = await write.moveAllInState(this.#open(), q, from, to, g);
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    return r.count;
+  }
+
+  /** Deletes every pending task of the queue; resolves to how many. Unique locks they hold are released. */
+  deleteAllPendingTasks(queue: string): Promise<number> {
+    return this.#deleteAll(queue, 'pending');
+  }
+
+  /** Deletes every scheduled task of the queue; resolves to how many. Unique locks they hold are released. */
+  deleteAllScheduledTasks(queue: string): Promise<number> {
+    return this.#deleteAll(queue, 'scheduled');
+  }
+
+  /** Deletes every task of the queue waiting for a retry; resolves to how many. */
+  deleteAllRetryTasks(queue: string): Promise<number> {
+    return this.#deleteAll(queue, 'retry');
+  }
+
+  /** Deletes every archived task of the queue; resolves to how many. */
+  deleteAllArchivedTasks(queue: string): Promise<number> {
+    return this.#deleteAll(queue, 'archived');
+  }
+
+  /** Deletes every completed task of the queue before its retention ends; resolves to how many. */
+  deleteAllCompletedTasks(queue: string): Promise<number> {
+    return this.#deleteAll(queue, 'completed');
+  }
+
+  /** Deletes every aggregating task of one group of the queue; resolves to how many. */
+  deleteAllAggregatingTasks(queue: string, group: string): Promise<number> {
+    return this.#deleteAll(queue, 'aggregating', group);
+  }
+
+  /** Makes every scheduled task of the queue pending now; resolves to how many. */
+  runAllScheduledTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'scheduled', 'pending');
+  }
+
+  /** Makes every retry task of the queue pending now, without waiting for its delay; resolves to how many. */
+  runAllRetryTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'retry', 'pending');
+  }
+
+  /** Makes every archived task of the queue pending again, retry count unchanged; resolves to how many. */
+  runAllArchivedTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'archived', 'pending');
+  }
+
+  /** Makes every task of the group pending, one by one, without aggregating them. */
+  runAllAggregatingTasks(queue: string, group: string): Promise<number> {
+    return this.#moveAll(queue, 'aggregating', 'pending', group);
+  }
+
+  /** Archives every pending task of the queue; resolves to how many. */
+  archiveAllPendingTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'pending', 'archived');
+  }
+
+  /** Archives every scheduled task of the queue; resolves to how many. */
+  archiveAllScheduledTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'scheduled', 'archived');
+  }
+
+  /** Archives every retry task of the queue; resolves to how many. */
+  archiveAllRetryTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'retry', 'archived');
+  }
+
+  /** Archives every aggregating task of one group of the queue; resolves to how many. */
+  archiveAllAggregatingTasks(queue: string, group: string): Promise<number> {
+    return this.#moveAll(queue, 'aggregating', 'archived', group);
+  }
+
+  /**
+   * Stops servers from claiming the queue's tasks; running ones finish, and
+   * enqueueing, scheduling and retries go on. Refused if already paused.
+   */
+  async pauseQueue(queue: string): Promise<void> {
+    const q = v.queueName(queue);
+    const { wasPaused } = await write.setPaused(this.#open(), q, true);
+    if (wasPaused === null) throw new QueueNotFoundError(q);
+    if (wasPaused) throw new FailedPreconditionError(`queue "${q}" is already paused`);
+  }
+
+  /** Lets servers claim the queue's tasks again, at once. Refused if not paused. */
+  async unpauseQueue(queue: string): Promise<void> {
+    const q = v.queueName(queue);
+    const { wasPaused } = await write.setPaused(this.#open(), q, false);
+    if (wasPaused === null) throw new QueueNotFoundError(q);
+    if (!wasPaused) throw new FailedPreconditionError(`queue "${q}" is not paused`);
+  }
+
+  /**
+   * Removes a queue with its daily stats. Without `force` the queue must hold
+   * no task at all (QueueNotEmptyError); with `force` all its tasks are
+   * deleted too, unless one is active (FailedPreconditionError: cancel or
+   * wait for it).
+   */
+  async deleteQueue(queue: string, force = false): Promise<void> {
+    const q = v.queueName(queue);
+    const f = v.boolean(force, 'force');
+    const r = await write.deleteQueue(this.#open(), q, f);
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    if (r.deleted) return;
+    if (!f || !r.hasActive) throw new QueueNotEmptyError(q);
+    throw new FailedPreconditionError(`cannot remove queue "${q}" with active tasks`);
+  }
+
+  /** The queue's groups of aggregating tasks, by name. */
+  async groups(queue: string): Promise<GroupInfo[]> {
+    const q = v.queueName(queue);
+    const r = await read.listGroups(this.#open(), q);
+    if (!r.queueFound) throw new QueueNotFoundError(q);
+    return r.value;
+  }
+
+  /** Live servers, oldest first, each with the tasks it is running. */
+  async servers(): Promise<ServerInfo[]> {
+    return read.listServers(this.#open());
+  }
+
+  /** Cron entries registered by live schedulers. */
+  async schedulerEntries(): Promise<SchedulerEntry[]> {
+    return read.listSchedulerEntries(this.#open());
+  }
+
+  /** The tasks an entry enqueued, newest first. The history outlives the scheduler. */
+  async listSchedulerEnqueueEvents(entryId: string, opts?: ListOptions): Promise<SchedulerEnqueueEvent[]> {
+    const id = v.taskId(entryId, 'entryId');
+    const page = pageOf(opts);
+    return read.listSchedulerEvents(this.#open(), id, page.limit, page.offset);
+  }
+
+  /** Ends the pool if the inspector created it. */
+  close(): Promise<void> {
+    return this.#db.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
