@@ -16,6 +16,7 @@ import { Command, CommanderError } from '@commander-js/extra-typings';
 import { DEFAULT_SCHEMA, redact } from '../broker/db.js';
 import { isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
+import { registerDemo } from './demo.js';
 import { registerMigrate } from './migrate.js';
 
 export const EXIT_OK = 0;
@@ -37,7 +38,7 @@ export type CliProgram = ReturnType<typeof rootCommand>;
 export type RegisterCommand = (program: CliProgram, ctx: CliContext) => void;
 
 /** Every command, in the order `--help` lists them. */
-const COMMANDS: RegisterCommand[] = [registerMigrate];
+const COMMANDS: RegisterCommand[] = [registerMigrate, registerDemo];
 
 function version(): string {
   try {
