@@ -1,0 +1,513 @@
+/**
+ * Scheduler and PeriodicTaskManager: periodic tasks, enqueued exactly once
+ * per tick however many schedulers run the same entries.
+ *
+ * How a tick is enqueued (see src/broker/scheduler.ts for the statement):
+ *
+ *   - Due-ness is decided on the database clock. Each pass of the loop reads
+ *     clock_timestamp() and, for every entry, computes the latest tick at or
+ *     before it; the insert of the tick's event is also guarded by
+ *     `tick_at <= now()`. The host clock only times the sleeps in between
+ *     (a monotonic measure of how long ago the database time was read).
+ *   - A due tick is one transaction: insert (entry_id, tick_at) into
+ *     scheduler_events ON CONFLICT DO NOTHING, and only if that inserted a
+ *     row, enqueue the task. Every scheduler tries every tick; exactly one
+ *     wins. No leader election.
+ *   - Catch-up after downtime: each entry remembers the last tick handled (on
+ *     start, the latest tick recorded in scheduler_events by anyone). When
+ *     several ticks were missed — all schedulers down, the database away, the
+ *     process stalled — only the most recent missed tick is enqueued, once;
+ *     the older ones are skipped. An entry with no history at all starts with
+ *     its next tick (registering never replays the past).
+ *   - Entry ids are derived from the spec, the zone, the task type, payload
+ *     and options, so every scheduler that registers the same entry gets the
+ *     same id and competes for the same events.
+ *
+ * Modes: new → active (start) → closed (shutdown). register/unregister work in
+ * new and active; start and shutdown are each allowed once.
+ */
+import { createHash, randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
+import { Db, type ConnectionOptions } from './broker/db.js';
+import {
+  databaseNow,
+  deleteEntries,
+  deleteExpiredEntries,
+  enqueueTick,
+  lastTicks,
+  upsertEntries,
+  type EntryRow,
+  type TickOutcome,
+} from './broker/scheduler.js';
+import { parseSchedule, validateZone, type Schedule } from './cron.js';
+import { ClientClosedError, ConfigError, InvalidTaskTypeError, ValidationError, coerceError } from './errors.js';
+import { silentLogger, type Logger } from './logger.js';
+import { Ticker } from './server/ticker.js';
+import { Task, toRecord, validateOptions, type EnqueueOptions } from './task.js';
+import * as v from './validate.js';
+
+export { InvalidCronSpecError } from './cron.js';
+
+/** Options of a Scheduler. Durations are milliseconds. */
+export interface SchedulerOptions extends ConnectionOptions {
+  /** IANA time zone specs without a CRON_TZ= prefix are evaluated in. @defaultValue 'UTC' */
+  location?: string;
+  /**
+   * How often the scheduler refreshes its entries in scheduler_entries; an
+   * entry no scheduler refreshed for twice this long expires. @defaultValue 10 s
+   */
+  heartbeatInterval?: number;
+}
+
+const SCHEDULER_KEYS = ['connectionString', 'pool', 'schema', 'logger', 'embedded', 'location', 'heartbeatInterval'] as const;
+export const SCHEDULER_HEARTBEAT_DEFAULT_MS = 10_000;
+/** A sleep is cut this much later than computed, so the wake-up lands after the tick, not 1 ms before. */
+const WAKE_MARGIN_MS = 2;
+const NOT_DUE_RETRY_MS = 50;
+
+export type SchedulerStatus = 'new' | 'active' | 'closed';
+
+/** @internal One registered entry. Only the loop writes `cursor` and `nextDue`. */
+export interface Entry {
+  readonly id: string;
+  readonly schedule: Schedule;
+  readonly task: Task;
+  readonly overrides: EnqueueOptions;
+  readonly row: Omit<EntryRow, 'nextRunAt'>;
+  /** The last tick this scheduler handled (or saw handled); null until loaded from the history. */
+  cursor: Date | null;
+  /** The first tick after `cursor` (null: none, or not loaded). */
+  nextDue: Date | null;
+}
+
+/** Sorted-key JSON: the same value gives the same text whatever the key order. */
+function canonical(value: unknown): string {
+  return JSON.stringify(value, (_k, v: unknown) => {
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) return v;
+    return Object.fromEntries(Object.entries(v as Record<string, unknown>).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+  });
+}
+
+/**
+ * Validates a registration and derives its entry: a bad spec, zone, task or
+ * option throws a ValidationError naming it.
+ * @internal shared by Scheduler and PeriodicTaskManager
+ */
+export function prepareEntry(location: string, cronspec: unknown, task: unknown, opts: unknown): Entry {
+  const schedule = parseSchedule(cronspec, location);
+  if (!(task instanceof Task)) throw new InvalidTaskTypeError('task', 'must be a Task (new Task(type, payload, options))');
+  const overrides = validateOptions(opts);
+  toRecord(task, overrides); // option combinations (processAt with processIn, a past deadline)
+  const merged: EnqueueOptions = { ...task.options, ...overrides, headers: { ...task.headers, ...overrides.headers } };
+  if (Object.keys(merged.headers ?? {}).length === 0) delete merged.headers;
+  const payload = task.encoded.bytes !== null ? { bytes: task.encoded.bytes.toString('base64') } : { json: task.encoded.json === null ? null : JSON.parse(task.encoded.json) };
+  const spec = schedule.spec.trim().replace(/\s+/g, ' ');
+  // v1: bump if the derivation changes (ids then change once, for every scheduler at once).
+  const id = createHash('sha256')
+    .update(canonical(['pgasynq.entry.v1', spec, schedule.zone, task.type, payload, merged]))
+    .digest('hex')
+    .slice(0, 32);
+  return {
+    id,
+    schedule,
+    task,
+    overrides,
+    row: { id, spec: schedule.spec, taskType: task.type, payload: task.encoded, options: JSON.stringify(merged), location: schedule.zone },
+    cursor: null,
+    nextDue: null,
+  };
+}
+
+function resolveSchedulerOptions(input: unknown): { location: string; heartbeatInterval: number; logger: Logger } {
+  const o = v.plainObject(input ?? {}, 'options', ConfigError);
+  v.knownKeys(o, SCHEDULER_KEYS, 'options', ConfigError);
+  return {
+    location: o.location === undefined ? 'UTC' : validateZone(o.location, 'location', ConfigError),
+    heartbeatInterval: o.heartbeatInterval === undefined ? SCHEDULER_HEARTBEAT_DEFAULT_MS : v.duration(o.heartbeatInterval, 'heartbeatInterval', 10, v.MAX_DURATION_MS, ConfigError),
+    logger: (o.logger as Logger | undefined) ?? silentLogger,
+  };
+}
+
+/**
+ * Enqueues tasks on cron schedules. Run as many schedulers as you like, on
+ * as many hosts: each tick of each entry is enqueued once in all.
+ *
+ * @example
+ * const scheduler = new Scheduler({ location: 'Europe/Berlin' });
+ * scheduler.register('0 9 * * MON-FRI', new Task('report:daily'), { queue: 'low' });
+ * scheduler.register('@every 30s', new Task('metrics:flush'));
+ * await scheduler.run(); // until SIGTERM or SIGINT
+ */
+export class Scheduler {
+  /** host:pid:uuid, as asynq's; the registry records which scheduler refreshed an entry last. */
+  readonly id = `${hostname()}:${process.pid}:${randomUUID()}`;
+  readonly #db: Db;
+  readonly #log: Logger;
+  readonly #location: string;
+  readonly #heartbeatInterval: number;
+  readonly #entries = new Map<string, Entry>();
+  /** Unregistered ids whose registry rows are yet to be removed (by the heartbeat). */
+  readonly #removed = new Set<string>();
+  readonly #loop: Ticker;
+  readonly #heartbeat: Ticker;
+  #status: SchedulerStatus = 'new';
+  #starting = false;
+  #shutdown: Promise<void> | undefined;
+
+  constructor(opts: SchedulerOptions = {}) {
+    const o = resolveSchedulerOptions(opts);
+    this.#location = o.location;
+    this.#heartbeatInterval = o.heartbeatInterval;
+    this.#log = o.logger.child({ component: 'scheduler' });
+    this.#db = new Db(opts, `pgasynq:scheduler:${process.pid}`);
+    this.#loop = new Ticker(this.#log, () => this.runOnce(), { interval: () => this.#heartbeatInterval, immediate: true });
+    this.#heartbeat = new Ticker(this.#log, () => this.beat(), { interval: () => this.#heartbeatInterval });
+  }
+
+  get status(): SchedulerStatus {
+    return this.#status;
+  }
+
+  /**
+   * Adds a periodic task and returns its entry id, derived from the spec, the
+   * zone, the task and the options: registering the same entry again (here
+   * or in another scheduler) gives the same id. Validation is synchronous: a
+   * spec or zone that does not parse, a spec over 256 characters, a bad
+   * option is a ValidationError naming it.
+   */
+  register(cronspec: string, task: Task, opts?: EnqueueOptions): string {
+    this.#checkOpen();
+    const entry = prepareEntry(this.#location, cronspec, task, opts);
+    this.#removed.delete(entry.id);
+    if (!this.#entries.has(entry.id)) {
+      this.#entries.set(entry.id, entry);
+      this.#log.debug({ entryId: entry.id, spec: entry.schedule.spec, type: task.type }, 'entry registered');
+      if (this.#status === 'active') {
+        this.#loop.wake();
+        this.#heartbeat.wake();
+      }
+    }
+    return entry.id;
+  }
+
+  /** Removes an entry: no more ticks from this scheduler. Its history is kept. */
+  unregister(entryId: string): void {
+    this.#checkOpen();
+    if (!this.#entries.delete(entryId)) throw new ValidationError('entryId', `is not registered with this scheduler (got ${v.describeValue(entryId)})`);
+    this.#removed.add(entryId);
+    if (this.#status === 'active') this.#heartbeat.wake();
+  }
+
+  /** Ids of the registered entries. */
+  entryIds(): string[] {
+    return [...this.#entries.keys()];
+  }
+
+  /** Registers the entries in the database, then runs the schedule. Rejects when the database cannot be reached. */
+  async start(): Promise<void> {
+    this.#checkOpen();
+    if (this.#status === 'active' || this.#starting) throw new ValidationError('scheduler', 'is already running');
+    this.#starting = true;
+    try {
+      await this.beat();
+    } finally {
+      this.#starting = false;
+    }
+    this.#checkOpen(); // shut down while starting
+    this.#status = 'active';
+    this.#loop.start();
+    this.#heartbeat.start();
+  }
+
+  /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
+  async run(): Promise<void> {
+    await this.start();
+    await new Promise<void>((resolve) => {
+      const onSignal = () => {
+        process.off('SIGTERM', onSignal);
+        process.off('SIGINT', onSignal);
+        resolve();
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    });
+    await this.shutdown();
+  }
+
+  /**
+   * Stops the schedule (a tick being enqueued finishes first), removes this
+   * scheduler's entries from the registry unless another scheduler refreshed
+   * them since, and closes the pool if the scheduler created it. History is kept.
+   */
+  shutdown(): Promise<void> {
+    this.#shutdown ??= this.#doShutdown();
+    return this.#shutdown;
+  }
+
+  async #doShutdown(): Promise<void> {
+    const wasActive = this.#status === 'active';
+    this.#status = 'closed';
+    if (wasActive) {
+      await Promise.all([this.#loop.stop(), this.#heartbeat.stop()]);
+      const ids = [...this.#entries.keys(), ...this.#removed];
+      await deleteEntries(this.#db, this.id, ids).catch((err) => this.#log.warn({ err }, 'could not remove the entries'));
+    }
+    await this.#db.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.shutdown();
+  }
+
+  #checkOpen(): void {
+    if (this.#status === 'closed') throw new ClientClosedError('scheduler');
+  }
+
+  /**
+   * One pass: reads the database clock, enqueues every entry's due tick (the
+   * latest at or before that clock, if not handled yet), and returns the ms
+   * until the next tick of any entry.
+   * @internal
+   */
+  async runOnce(): Promise<number | undefined> {
+    if (this.#entries.size === 0) return undefined;
+    const unloaded = [...this.#entries.values()].filter((e) => e.cursor === null);
+    const before = performance.now();
+    const { now, last } = unloaded.length > 0 ? await lastTicks(this.#db, unloaded.map((e) => e.id)) : { now: await databaseNow(this.#db), last: new Map<string, Date>() };
+    // The moment `now` was read, on the monotonic clock (half the round trip).
+    const readAt = (before + performance.now()) / 2;
+    for (const e of unloaded) {
+      if (e.cursor !== null) continue;
+      e.cursor = last.get(e.id) ?? now;
+      e.nextDue = e.schedule.next(e.cursor);
+    }
+
+    const entries = [...this.#entries.values()];
+    const results = await Promise.allSettled(entries.map((e) => this.#fire(e, now)));
+    const failed = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed.length > 0) throw coerceError(failed[0]?.reason);
+
+    let soonest = Number.POSITIVE_INFINITY;
+    for (const e of this.#entries.values()) {
+      if (e.nextDue !== null) soonest = Math.min(soonest, e.nextDue.getTime() - now.getTime());
+    }
+    if (!Number.isFinite(soonest)) return undefined;
+    // A tick the database did not see due yet (its clock went back?) is retried soon, not in a spin.
+    const floor = results.some((r) => r.status === 'fulfilled' && r.value === 'not-due') ? NOT_DUE_RETRY_MS : 0;
+    return Math.max(floor, soonest - (performance.now() - readAt) + WAKE_MARGIN_MS);
+  }
+
+  /**
+   * Enqueues the entry's latest tick at or before `now` unless it was
+   * handled: normally its next due tick, or, when several were missed, only
+   * the most recent (the catch-up policy). Database errors reject.
+   */
+  async #fire(e: Entry, now: Date): Promise<TickOutcome['kind'] | 'idle'> {
+    if (e.cursor === null || e.nextDue === null || e.nextDue > now) return 'idle';
+    let tick = e.nextDue;
+    let after = e.schedule.next(tick);
+    if (after !== null && after <= now) {
+      tick = e.schedule.latest(now) ?? tick; // missed ticks before this one are skipped
+      after = e.schedule.next(tick);
+    }
+    const handled = () => {
+      e.cursor = tick;
+      e.nextDue = after;
+    };
+    let record;
+    try {
+      record = toRecord(e.task, e.overrides);
+    } catch (err) {
+      // Valid at register, invalid now (a deadline that has passed): this tick can never be enqueued.
+      this.#log.error({ err, entryId: e.id, tickAt: tick }, 'periodic task is no longer valid; tick skipped');
+      handled();
+      return 'idle';
+    }
+    let outcome: TickOutcome;
+    try {
+      outcome = await enqueueTick(this.#db, { entryId: e.id, tickAt: tick, nextRunAt: after, record });
+    } catch (err) {
+      this.#log.error({ err, entryId: e.id, tickAt: tick }, 'could not enqueue the tick');
+      throw err;
+    }
+    switch (outcome.kind) {
+      case 'not-due':
+        return outcome.kind; // the next pass tries again
+      case 'enqueued':
+        this.#log.debug({ entryId: e.id, tickAt: tick, taskId: outcome.taskId }, 'tick enqueued');
+        break;
+      case 'conflict':
+        this.#log.warn({ err: outcome.error, entryId: e.id, tickAt: tick, taskId: outcome.taskId }, 'tick recorded without a new task: it conflicts with an existing task');
+        break;
+      case 'taken':
+        break;
+    }
+    handled();
+    return outcome.kind;
+  }
+
+  /**
+   * Refreshes this scheduler's entries in the registry (with their next run
+   * time on the database clock), removes the unregistered ones and the
+   * registry rows that expired.
+   * @internal
+   */
+  async beat(): Promise<void> {
+    const entries = [...this.#entries.values()];
+    const removed = [...this.#removed];
+    if (entries.length > 0) {
+      const now = await databaseNow(this.#db);
+      await upsertEntries(this.#db, this.id, entries.map((e) => ({ ...e.row, nextRunAt: e.nextDue !== null && e.nextDue > now ? e.nextDue : e.schedule.next(now) })), 2 * this.#heartbeatInterval);
+    }
+    if (removed.length > 0) {
+      await deleteEntries(this.#db, this.id, removed);
+      for (const id of removed) this.#removed.delete(id);
+    }
+    await deleteExpiredEntries(this.#db);
+  }
+}
+
+/** One periodic task as a config provider returns it. */
+export interface PeriodicTaskConfig {
+  cronspec: string;
+  task: Task;
+  opts?: EnqueueOptions;
+}
+
+/** Options of a PeriodicTaskManager: its config provider, its sync interval, and the Scheduler's options. */
+export interface PeriodicTaskManagerOptions extends SchedulerOptions {
+  /** Returns the periodic tasks wanted now; called at start and every syncInterval. */
+  getConfigs: () => Promise<PeriodicTaskConfig[]> | PeriodicTaskConfig[];
+  /** @defaultValue 3 min */
+  syncInterval?: number;
+}
+
+export const SYNC_INTERVAL_DEFAULT_MS = 3 * 60_000;
+
+/**
+ * asynq's PeriodicTaskManager: a Scheduler whose entries follow a config
+ * provider. Every syncInterval it asks the provider for the wanted entries
+ * and registers the new ones and unregisters the ones gone (an entry whose
+ * spec, task or options changed is a different entry: the old one goes, the
+ * new one comes). A provider error or an invalid config skips that sync,
+ * logged; at start it rejects instead.
+ *
+ * @example
+ * const manager = new PeriodicTaskManager({
+ *   getConfigs: async () => (await db.cronJobs()).map((j) => ({ cronspec: j.spec, task: new Task(j.type, j.payload) })),
+ *   syncInterval: 60_000,
+ * });
+ * await manager.run();
+ */
+export class PeriodicTaskManager {
+  readonly #scheduler: Scheduler;
+  readonly #getConfigs: PeriodicTaskManagerOptions['getConfigs'];
+  readonly #location: string;
+  readonly #log: Logger;
+  readonly #sync: Ticker;
+  /** Ids of the entries the provider asked for: the ones a sync may remove (only sync touches it). */
+  readonly #managed = new Set<string>();
+  #shutdown: Promise<void> | undefined;
+
+  constructor(opts: PeriodicTaskManagerOptions) {
+    const o = v.plainObject(opts, 'options', ConfigError);
+    const { getConfigs, syncInterval, ...schedulerOpts } = o as unknown as PeriodicTaskManagerOptions;
+    this.#getConfigs = v.func(getConfigs, 'getConfigs', ConfigError);
+    const interval = syncInterval === undefined ? SYNC_INTERVAL_DEFAULT_MS : v.duration(syncInterval, 'syncInterval', 10, v.MAX_DURATION_MS, ConfigError);
+    this.#location = resolveSchedulerOptions(schedulerOpts).location;
+    this.#scheduler = new Scheduler(schedulerOpts);
+    this.#log = (schedulerOpts.logger ?? silentLogger).child({ component: 'periodic-task-manager' });
+    this.#sync = new Ticker(
+      this.#log,
+      async () => {
+        await this.sync().catch((err) => this.#log.error({ err }, 'sync failed; entries unchanged'));
+      },
+      { interval: () => interval },
+    );
+  }
+
+  /** The scheduler the manager drives; entries registered on it directly are left alone by the syncs. */
+  get scheduler(): Scheduler {
+    return this.#scheduler;
+  }
+
+  /** Syncs once (rejecting if the provider fails or returns an invalid config), then starts the scheduler and the periodic sync. */
+  async start(): Promise<void> {
+    if (this.#scheduler.status !== 'new') throw new ValidationError('periodicTaskManager', `cannot start: it is ${this.#scheduler.status}`);
+    try {
+      await this.sync();
+    } catch (err) {
+      throw new ConfigError('getConfigs', `initial sync failed: ${coerceError(err).message}`);
+    }
+    await this.#scheduler.start();
+    this.#sync.start();
+  }
+
+  /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
+  async run(): Promise<void> {
+    await this.start();
+    await new Promise<void>((resolve) => {
+      const onSignal = () => {
+        process.off('SIGTERM', onSignal);
+        process.off('SIGINT', onSignal);
+        resolve();
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    });
+    await this.shutdown();
+  }
+
+  /** Stops syncing, then shuts the scheduler down. */
+  shutdown(): Promise<void> {
+    this.#shutdown ??= (async () => {
+      await this.#sync.stop();
+      await this.#scheduler.shutdown();
+    })();
+    return this.#shutdown;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.shutdown();
+  }
+
+  /**
+   * Asks the provider for the configs and makes the scheduler's entries
+   * match: all of them valid, or nothing changes.
+   * @internal
+   */
+  async sync(): Promise<{ added: number; removed: number }> {
+    const configs = await this.#getConfigs();
+    if (!Array.isArray(configs)) throw new ValidationError('getConfigs', 'must return an array of { cronspec, task, opts? }');
+    const wanted = new Map<string, PeriodicTaskConfig>();
+    configs.forEach((c, i) => {
+      if (typeof c !== 'object' || c === null) throw new ValidationError(`configs[${i}]`, 'must be an object { cronspec, task, opts? }');
+      try {
+        wanted.set(prepareEntry(this.#location, c.cronspec, c.task, c.opts).id, c);
+      } catch (err) {
+        if (err instanceof ValidationError) throw new ValidationError(`configs[${i}].${err.field}`, err.rule);
+        throw err;
+      }
+    });
+    if (this.#scheduler.status === 'closed') return { added: 0, removed: 0 };
+    let removed = 0;
+    let added = 0;
+    const registered = new Set(this.#scheduler.entryIds());
+    for (const id of [...this.#managed]) {
+      if (!wanted.has(id)) {
+        if (registered.has(id)) this.#scheduler.unregister(id);
+        this.#managed.delete(id);
+        removed++;
+      }
+    }
+    for (const [id, c] of wanted) {
+      if (!this.#managed.has(id)) {
+        this.#scheduler.register(c.cronspec, c.task, c.opts);
+        this.#managed.add(id);
+        added++;
+      }
+    }
+    if (added + removed > 0) this.#log.info({ added, removed }, 'periodic tasks synced');
+    return { added, removed };
+  }
+}

@@ -1,0 +1,230 @@
+import assert from 'node:assert/strict';
+import { after, afterEach, before, describe, test } from 'node:test';
+import { Client, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { countByState, testDb, waitFor, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let client: Client;
+
+before(async () => {
+  db = await testDb('t_groups');
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+});
+
+/** Servers a test started: shut down after each test, even one that failed half-way. */
+const running: Server[] = [];
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((s) => s.shutdown()));
+});
+
+after(async () => {
+  await client.close();
+  await db.close();
+});
+
+async function reset(): Promise<void> {
+  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+}
+
+interface Ran {
+  type: string;
+  payload: any;
+  queue: string;
+}
+
+/** A server whose handler records every task it runs; the aggregator batches payloads by default. */
+async function startServer(config: ServerConfig = {}): Promise<{ server: Server; ran: Ran[]; calls: { group: string; payloads: unknown[] }[] }> {
+  const ran: Ran[] = [];
+  const calls: { group: string; payloads: unknown[] }[] = [];
+  const server = new Server({
+    connectionString: db.connectionString,
+    schema: db.schema,
+    concurrency: 4,
+    taskCheckInterval: 50,
+    delayedTaskCheckInterval: 50,
+    leaseDuration: 5000,
+    heartbeatInterval: 200,
+    groupGracePeriod: 250,
+    groupAggregator: (group, tasks) => {
+      calls.push({ group, payloads: tasks.map((t) => t.payload) });
+      return new Task('batch', { group, items: tasks.map((t) => t.payload) });
+    },
+    ...config,
+  });
+  running.push(server);
+  await server.start((task: Task, ctx: TaskContext) => {
+    ran.push({ type: task.type, payload: task.payload, queue: ctx.queue });
+  });
+  return { server, ran, calls };
+}
+
+const aggregating = async (group: string) =>
+  (await db.query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'aggregating' AND group_key = $1", [group]))[0]?.n ?? 0;
+
+describe('closing a group', () => {
+  test('by size: groupMaxSize members close it at once, the oldest first; the rest wait', { timeout: 30_000 }, async () => {
+    await reset();
+    for (let i = 0; i < 7; i++) await client.enqueue(new Task('item', { i }), { group: 'sized' });
+    assert.equal(await aggregating('sized'), 7);
+    // A grace period far longer than the test: only the size can close the group.
+    const { ran } = await startServer({ groupMaxSize: 3, groupGracePeriod: 600_000 });
+    await waitFor(() => ran.length === 2, 20_000, 'two batches');
+    assert.deepEqual(
+      ran.map((r) => r.payload.items).sort((x, y) => x[0].i - y[0].i),
+      [
+        [{ i: 0 }, { i: 1 }, { i: 2 }],
+        [{ i: 3 }, { i: 4 }, { i: 5 }],
+      ],
+    );
+    await waitFor(async () => (await aggregating('sized')) === 1, 20_000, 'the seventh waits');
+    const [last] = await db.query("SELECT payload FROM {{schema}}.tasks WHERE state = 'aggregating'");
+    assert.deepEqual(last.payload, { i: 6 });
+  });
+
+  test('by grace period: no member arrived for groupGracePeriod', { timeout: 30_000 }, async () => {
+    await reset();
+    const { ran, calls } = await startServer({ groupGracePeriod: 250 });
+    await client.enqueueMany([new Task('item', 'a'), new Task('item', 'b')], { group: 'quiet' });
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.deepEqual(ran[0], { type: 'batch', payload: { group: 'quiet', items: ['a', 'b'] }, queue: 'default' });
+    assert.deepEqual(calls, [{ group: 'quiet', payloads: ['a', 'b'] }]);
+    assert.equal(await aggregating('quiet'), 0, 'members deleted');
+  });
+
+  test('by max delay: the oldest member waited groupMaxDelay, however recent the newest', { timeout: 30_000 }, async () => {
+    await reset();
+    // A grace period far longer than the test: only the max delay can close the group.
+    const { ran } = await startServer({ groupGracePeriod: 600_000, groupMaxDelay: 500 });
+    await client.enqueue(new Task('item', 1), { group: 'slow' });
+    await client.enqueue(new Task('item', 2), { group: 'slow' });
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.deepEqual(ran[0]?.payload, { group: 'slow', items: [1, 2] });
+    assert.equal(await aggregating('slow'), 0);
+  });
+
+  test('members are handed over in enqueue order, payloads and headers intact', { timeout: 30_000 }, async () => {
+    await reset();
+    const tasks = Array.from({ length: 10 }, (_, i) => new Task('item', { i }, { headers: { n: String(i) } }));
+    await client.enqueueMany(tasks.slice(0, 5), { group: 'ordered' });
+    for (const t of tasks.slice(5)) await client.enqueue(t, { group: 'ordered' });
+    await client.enqueue(new Task('item', Buffer.from([1, 2, 3])), { group: 'ordered' });
+    let seen: Task[] = [];
+    const { ran } = await startServer({
+      groupAggregator: (_group, members) => {
+        seen = members;
+        return new Task('batch', members.length);
+      },
+    });
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.deepEqual(
+      seen.slice(0, 10).map((t) => t.payload),
+      tasks.map((t) => t.payload),
+    );
+    assert.deepEqual(
+      seen.slice(0, 10).map((t) => t.headers.n),
+      tasks.map((_, i) => String(i)),
+    );
+    assert.deepEqual(seen[10]?.payload, Buffer.from([1, 2, 3]));
+    assert.ok(seen.every((t) => t instanceof Task && t.type === 'item'));
+  });
+
+  test("the aggregate goes to the group's queue, whatever its own options say; other queues' groups are not touched", { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueue(new Task('item', 'x'), { queue: 'foreign', group: 'g' }); // a queue this server does not serve
+    await client.enqueue(new Task('item', 'y'), { queue: 'other', group: 'g' });
+    const { ran } = await startServer({
+      queues: { default: 1, other: 1 },
+      groupAggregator: (_group, members) => new Task('batch', members.map((m) => m.payload), { queue: 'default', maxRetry: 2 }),
+    });
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.deepEqual(ran[0], { type: 'batch', payload: ['y'], queue: 'other' });
+    const rows = await db.query("SELECT queue, payload FROM {{schema}}.tasks WHERE state = 'aggregating'");
+    assert.deepEqual(rows, [{ queue: 'foreign', payload: 'x' }], "the foreign queue's group waits (it is older, so it would have closed first)");
+  });
+
+  test('a scheduled task with a group is aggregated once due', { timeout: 30_000 }, async () => {
+    await reset();
+    const { ran } = await startServer();
+    const info = await client.enqueue(new Task('item', 'later'), { group: 'timed', processIn: 600 });
+    assert.equal(info.state, 'scheduled');
+    assert.equal(info.group, 'timed');
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.deepEqual(ran[0]?.payload, { group: 'timed', items: ['later'] });
+    const [{ late }] = await db.query("SELECT now() >= $1::timestamptz AS late", [info.nextProcessAt]);
+    assert.equal(late, true);
+  });
+});
+
+describe('atomicity', () => {
+  test('an aggregator that throws leaves every member aggregating and enqueues nothing; the next check retries', { timeout: 30_000 }, async () => {
+    await reset();
+    let fail = true;
+    let attempts = 0;
+    await client.enqueueMany([new Task('item', 1), new Task('item', 2), new Task('item', 3)], { group: 'fragile', unique: 60_000 });
+    const { ran } = await startServer({
+      groupGracePeriod: 100,
+      groupAggregator: (group, members) => {
+        attempts++;
+        if (fail) throw new Error('aggregator broke');
+        return new Task('batch', { group, items: members.map((m) => m.payload) });
+      },
+    });
+    await waitFor(() => attempts >= 3, 20_000, 'three failed attempts');
+    assert.deepEqual(await countByState(db), { aggregating: 3 });
+    assert.equal((await db.query('SELECT * FROM {{schema}}.unique_locks')).length, 3, 'member locks held');
+    fail = false;
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.deepEqual(ran[0]?.payload, { group: 'fragile', items: [1, 2, 3] });
+    await waitFor(async () => Object.keys(await countByState(db)).length === 0, 20_000, 'all rows gone');
+    assert.equal((await db.query('SELECT * FROM {{schema}}.unique_locks')).length, 0, 'member locks released with the members');
+  });
+
+  test('an aggregate that cannot be enqueued (its taskId exists) or is not a Task rolls back: members stay', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueue(new Task('blocker'), { taskId: 'taken', processIn: 3_600_000 });
+    await client.enqueueMany([new Task('item', 1), new Task('item', 2)], { group: 'blocked' });
+    let mode: 'conflict' | 'not-a-task' | 'ok' = 'conflict';
+    let attempts = 0;
+    const { ran } = await startServer({
+      groupGracePeriod: 100,
+      groupAggregator: ((_group: string, members: Task[]) => {
+        attempts++;
+        if (mode === 'not-a-task') return { type: 'batch' };
+        return new Task('batch', members.length, mode === 'conflict' ? { taskId: 'taken' } : {});
+      }) as ServerConfig['groupAggregator'],
+    });
+    for (const next of ['not-a-task', 'ok'] as const) {
+      const at = attempts;
+      await waitFor(() => attempts >= at + 2, 20_000, `two attempts in mode ${mode}`);
+      assert.equal(await aggregating('blocked'), 2, `members stay (${mode})`);
+      assert.equal((await db.query("SELECT * FROM {{schema}}.tasks WHERE type = 'batch'")).length, 0);
+      mode = next;
+    }
+    await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
+    assert.equal(ran[0]?.payload, 2);
+    assert.equal(await aggregating('blocked'), 0);
+  });
+
+  test('two servers aggregating the same groups: each group becomes exactly one aggregate, no member lost or doubled', { timeout: 60_000 }, async () => {
+    await reset();
+    const groups = 20;
+    const perGroup = 5;
+    const batches: { group: string; items: number[] }[] = [];
+    const aggregator = (group: string, members: Task[]) => new Task('batch', { group, items: members.map((m) => m.payload as number) });
+    const handler = { groupGracePeriod: 200, groupAggregator: aggregator };
+    const a = await startServer(handler);
+    const b = await startServer(handler);
+    const tasks: Task[] = [];
+    for (let g = 0; g < groups; g++) for (let k = 0; k < perGroup; k++) tasks.push(new Task('item', g * perGroup + k));
+    await Promise.all(
+      Array.from({ length: groups }, (_, g) => client.enqueueMany(tasks.slice(g * perGroup, (g + 1) * perGroup), { group: `g${g}` })),
+    );
+    await waitFor(() => a.ran.length + b.ran.length === groups, 30_000, 'one batch per group');
+    for (const r of [...a.ran, ...b.ran]) batches.push(r.payload);
+    assert.equal(new Set(batches.map((x) => x.group)).size, groups, 'one aggregate per group');
+    const items = batches.flatMap((x) => x.items).sort((p, q) => p - q);
+    assert.deepEqual(items, Array.from({ length: groups * perGroup }, (_, i) => i), 'every member exactly once');
+    for (const x of batches) assert.deepEqual(x.items, [...x.items].sort((p, q) => p - q), 'enqueue order');
+    assert.equal((await db.query("SELECT * FROM {{schema}}.tasks WHERE state = 'aggregating'")).length, 0);
+  });
+});
