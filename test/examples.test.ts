@@ -52,6 +52,12 @@ describe('examples on the embedded database', () => {
     assert.match(r.stdout, /done: 20 tasks/);
   });
 
+  test('cron.ts enqueues a tick every second and exits after three', { timeout: 90_000 }, async () => {
+    const r = await runExample('cron.ts');
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /done: 3 pings/);
+  });
+
   test('http-app.ts --smoke places 5 orders through HTTP and confirms them', { timeout: 90_000 }, async () => {
     const r = await runExample('http-app.ts', ['--smoke']);
     assert.equal(r.code, 0, r.stderr);
