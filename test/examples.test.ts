@@ -45,7 +45,7 @@ describe('pgasynq demo', () => {
   });
 });
 
-describe('examples on the embedded database', () => {
+describe('examples on the embedded database', { concurrency: true }, () => {
   test('worker.ts processes its 20 tasks and exits', { timeout: 90_000 }, async () => {
     const r = await runExample('worker.ts');
     assert.equal(r.code, 0, r.stderr);

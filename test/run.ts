@@ -80,7 +80,7 @@ if (url === undefined && process.env.PGASYNQ_EMBEDDED !== '1' && (await answers(
 if (url === undefined) ({ url, stop } = await startEmbedded());
 
 const files = process.argv.length > 2 ? process.argv.slice(2) : readdirSync('test').filter((f) => f.endsWith('.test.ts')).sort().map((f) => join('test', f));
-const child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-concurrency=4', '--test-timeout=120000', ...files], {
+const child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-concurrency=4', '--test-timeout=400000', ...files], {
   stdio: 'inherit',
   env: { ...process.env, DATABASE_URL: url },
 });

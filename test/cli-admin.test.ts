@@ -1,0 +1,437 @@
+/**
+ * The Inspector commands of the `pgasynq` CLI (stats, queue, task, group,
+ * server, cron), run as child processes exactly as users run them: the human
+ * tables, `--json` parsed and compared with what the Inspector returns, exit
+ * codes, and the rows the actions change.
+ *
+ * Every child costs about a second of CPU (tsx), so cases run concurrently:
+ * first everything that only reads (and the exit codes), then the actions,
+ * each on its own queue.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, test } from 'node:test';
+import { Client, Inspector, Task, type TaskInfo } from '../src/index.js';
+import { DATABASE_URL, testDb, type TestDb } from './helpers.js';
+
+const REPO = fileURLToPath(new URL('..', import.meta.url));
+const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
+const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the CLI; DATABASE_URL is unset in the child unless `env` sets it. */
+function cli(args: string[], env: Record<string, string> = {}): Promise<Run> {
+  const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
+  if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { cwd: REPO, env: childEnv });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
+    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+let db: TestDb;
+let client: Client;
+let inspector: Inspector;
+
+/** `pgasynq --database-url <test db> --schema <test schema> ...args` */
+const pgasynq = (...args: string[]) => cli(['--database-url', DATABASE_URL, '--schema', db.schema, ...args]);
+
+function ok(r: Run): string {
+  assert.equal(r.code, 0, `exit ${r.code}; stderr: ${r.stderr}`);
+  assert.equal(r.stderr, '');
+  assert.doesNotMatch(r.stdout, /\x1b\[/, 'no colours when stdout is not a terminal');
+  return r.stdout;
+}
+
+/** `pgasynq --json ...args`, parsed. */
+async function json<T = unknown>(...args: string[]): Promise<T> {
+  return JSON.parse(ok(await pgasynq('--json', ...args))) as T;
+}
+
+/** A failure: exit `code`, `error: <message>` on one line of stderr (two for usage: the help hint), nothing on stdout. */
+function fails(r: Run, code: 1 | 2, message: RegExp): void {
+  assert.equal(r.code, code, `exit ${r.code}; stdout: ${r.stdout}; stderr: ${r.stderr}`);
+  assert.equal(r.stdout, '');
+  assert.match(r.stderr, /^error: [^\n]+\n/);
+  if (code === 1) assert.match(r.stderr, /^error: [^\n]+\n$/, `one line: ${JSON.stringify(r.stderr)}`);
+  assert.match(r.stderr, message);
+  assert.doesNotMatch(r.stderr, /\bat .*\.ts:\d+/, 'no stack trace');
+}
+
+/** What JSON.stringify makes of a value, as the CLI prints it. */
+const plain = (v: unknown): unknown => JSON.parse(JSON.stringify(v));
+/** Drops the fields that change from one call to the next (latency, snapshot time). */
+const stable = ({ latency: _l, timestamp: _t, ...rest }: { latency: unknown; timestamp: unknown }) => rest;
+/** A pending task's nextProcessAt is "now": not comparable between two calls. */
+const unclock = (tasks: unknown) => (tasks as TaskInfo[]).map((t) => (t.state === 'pending' ? { ...t, nextProcessAt: 'now' } : t));
+
+const put = (queue: string, id: string, extra: Record<string, unknown> = {}, payload: unknown = { id }) =>
+  client.enqueue(new Task('job', payload), { queue, taskId: id, ...extra });
+/** Rewrites a row's state with the columns that state needs. */
+const force = (queue: string, id: string, set: string) => db.query(`UPDATE {{schema}}.tasks SET ${set} WHERE queue = $1 AND id = $2`, [queue, id]);
+const ACTIVE = (owner: string) =>
+  `state = 'active', run_at = NULL, lease_owner = '${owner}', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '10 min', started_at = now()`;
+const RETRY = "state = 'retry', run_at = now() + interval '1 min', retried = 1, error_msg = 'boom', last_failed_at = now()";
+const ARCHIVED = "state = 'archived', run_at = now(), retried = 3, error_msg = 'dead', last_failed_at = now()";
+const stateOf = async (queue: string, id: string) =>
+  (await db.query<{ state: string }>('SELECT state FROM {{schema}}.tasks WHERE queue = $1 AND id = $2', [queue, id]))[0]?.state ?? 'gone';
+const countsOf = async (queue: string) =>
+  Object.fromEntries(
+    (await db.query<{ state: string; n: number }>('SELECT state, count(*)::int AS n FROM {{schema}}.tasks WHERE queue = $1 GROUP BY state', [queue])).map((r) => [r.state, r.n]),
+  );
+
+before(async () => {
+  db = await testDb('t_cli_admin');
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
+
+  // "reads": a task in every state, three aggregating in two groups; "reads_low": paused, a binary payload.
+  await put('reads', 'p1');
+  await put('reads', 'p2');
+  await force('reads', 'p1', "run_at = now() - interval '5 s'");
+  await put('reads', 'sch', { processIn: 3_600_000 });
+  await put('reads', 'ret');
+  await force('reads', 'ret', RETRY);
+  await put('reads', 'arc');
+  await force('reads', 'arc', ARCHIVED);
+  await put('reads', 'com', { retention: 3_600_000 });
+  await force('reads', 'com', `state = 'completed', completed_at = now(), run_at = now() + interval '1 hour', result = '{"rows":3}'`);
+  await put('reads', 'act', { timeout: 60_000 });
+  await force('reads', 'act', ACTIVE('srv-1'));
+  await put('reads', 'agg1', { group: 'g1' });
+  await put('reads', 'agg2', { group: 'g1' });
+  await put('reads', 'agg3', { group: 'g2' });
+  await put('reads_low', 'bin', {}, Buffer.from('binary'));
+  await inspector.pauseQueue('reads_low');
+  await db.query(
+    "INSERT INTO {{schema}}.daily_stats VALUES ('reads', (now() AT TIME ZONE 'UTC')::date, 7, 2), ('reads', (now() AT TIME ZONE 'UTC')::date - 1, 100, 50)",
+  );
+  await db.query(
+    `INSERT INTO {{schema}}.servers (id, host, pid, concurrency, queues, strict_priority, status, expires_at)
+     VALUES ('srv-1', 'worker-1', 4242, 10, '{"reads": 2, "reads_low": 1}', false, 'active', now() + interval '10 min')`,
+  );
+  await db.query(
+    `INSERT INTO {{schema}}.scheduler_entries (id, spec, task_type, payload, options, scheduler_id, next_run_at, prev_run_at, expires_at)
+     VALUES ('e1', '@every 30s', 'report', '{"k":1}', '{"queue":"reads"}', 's1', now() + interval '30 s', now(), now() + interval '10 min')`,
+  );
+  await db.query(
+    "INSERT INTO {{schema}}.scheduler_events (entry_id, tick_at, task_id, enqueued_at) SELECT 'e1', now() - i * interval '30 s', 'task' || i, now() - i * interval '30 s' FROM generate_series(1, 35) i",
+  );
+});
+
+after(async () => {
+  await inspector.close();
+  await client.close();
+  await db.close();
+});
+
+// Nothing here changes a row: every case runs at once.
+describe('reading and refusing', { concurrency: true }, () => {
+  describe('reads', { concurrency: true }, () => {
+    test('stats: --json is getQueueInfo of every queue; the table has counts, latency, today, paused, and a bar per state', async () => {
+      const [stats, text] = await Promise.all([json<{ latency: number; timestamp: string }[]>('stats'), pgasynq('stats')]);
+      const truth = await Promise.all((await inspector.queues()).map((q) => inspector.getQueueInfo(q)));
+      assert.deepEqual(stats.map(stable), (plain(truth) as { latency: number; timestamp: string }[]).map(stable));
+      assert.ok(stats[0]!.latency >= 5000, `latency of reads ${stats[0]!.latency}`);
+
+      const out = ok(text);
+      assert.match(out, /^queue\s+active\s+pending\s+aggregating\s+scheduled\s+retry\s+archived\s+completed\s+size\s+latency\s+processed\s+failed\s+paused$/m);
+      assert.match(out, /^reads\s+1\s+2\s+3\s+1\s+1\s+1\s+1\s+10\s+\d+(\.\d)?s\s+7\s+2\s+no$/m);
+      assert.match(out, /^reads_low\s+0\s+1\s+0\s+0\s+0\s+0\s+0\s+1\s+\S+\s+0\s+0\s+yes$/m);
+      assert.match(out, /^Tasks by state \(all queues\)$/m);
+      assert.match(out, /^pending\s+3\s+█{40}$/m, 'the largest count has the full bar');
+      assert.match(out, /^aggregating\s+3\s+█{40}$/m);
+      assert.match(out, /^active\s+1\s+█{13}$/m);
+      assert.match(out, /^processed\s+failed\s+error rate\n-+\s+-+\s+-+\n\s+7\s+2\s+28\.57%$/m);
+    });
+
+    test('queue ls', async () => {
+      const [names, text] = await Promise.all([json('queue', 'ls'), pgasynq('queue', 'list')]);
+      assert.deepEqual(names, await inspector.queues());
+      assert.deepEqual(names, ['reads', 'reads_low']);
+      assert.equal(ok(text), 'reads\nreads_low\n');
+    });
+
+    test('queue inspect', async () => {
+      const [info, text] = await Promise.all([json<{ latency: number; timestamp: string }>('queue', 'inspect', 'reads'), pgasynq('queue', 'inspect', 'reads')]);
+      assert.deepEqual(stable(info), stable(plain(await inspector.getQueueInfo('reads')) as { latency: number; timestamp: string }));
+      const out = ok(text);
+      for (const line of [/^queue:\s+reads$/m, /^paused:\s+no$/m, /^size:\s+10$/m, /^groups:\s+2$/m, /^latency:\s+\d+(\.\d)?s$/m]) assert.match(out, line);
+      assert.match(out, /^processed:\s+7 today \(UTC\), 0 in all$/m);
+      assert.match(out, /^failed:\s+2 today \(UTC\), 0 in all$/m);
+      assert.match(out, /^error rate:\s+28\.57% today$/m);
+      assert.match(out, /^aggregating\s+3\s+█{40}$/m);
+      assert.match(out, /^archived\s+1\s+█{13}$/m);
+    });
+
+    test('queue history: --days (7 by default), today first', async () => {
+      const [days, text] = await Promise.all([json<unknown[]>('queue', 'history', 'reads'), pgasynq('queue', 'history', 'reads', '--days', '3')]);
+      assert.equal(days.length, 7);
+      assert.deepEqual(days, plain(await inspector.history('reads', 7)));
+      const lines = ok(text).trimEnd().split('\n');
+      assert.equal(lines.length, 2 + 3);
+      assert.match(lines[0]!, /^date \(UTC\)\s+processed\s+failed\s+error rate$/);
+      const today = new Date().toISOString().slice(0, 10);
+      assert.match(lines[2]!, new RegExp(`^${today}\\s+7\\s+2\\s+28\\.57%$`));
+      assert.match(lines[3]!, /^\d{4}-\d{2}-\d{2}\s+100\s+50\s+50\.00%$/);
+      assert.match(lines[4]!, /^\d{4}-\d{2}-\d{2}\s+0\s+0\s+N\/A$/);
+    });
+
+    test('task ls --json, every state: what the matching Inspector list method returns', async () => {
+      const cases: [string[], () => Promise<TaskInfo[]>, string[]][] = [
+        [['-s', 'pending', '--page', '2', '--size', '1'], () => inspector.listPendingTasks('reads', { page: 2, pageSize: 1 }), ['p2']],
+        [['-s', 'active'], () => inspector.listActiveTasks('reads'), ['act']],
+        [['-s', 'scheduled'], () => inspector.listScheduledTasks('reads'), ['sch']],
+        [['-s', 'retry'], () => inspector.listRetryTasks('reads'), ['ret']],
+        [['-s', 'archived'], () => inspector.listArchivedTasks('reads'), ['arc']],
+        [['-s', 'completed'], () => inspector.listCompletedTasks('reads'), ['com']],
+        [['--state', 'aggregating', '--group', 'g1'], () => inspector.listAggregatingTasks('reads', 'g1'), ['agg1', 'agg2']],
+      ];
+      const runs = await Promise.all(cases.map(([args]) => json<TaskInfo[]>('task', 'ls', '--queue', 'reads', ...args)));
+      for (const [i, [args, truth, ids]] of cases.entries()) {
+        assert.deepEqual(unclock(runs[i]), unclock(plain(await truth())), args.join(' '));
+        assert.deepEqual(runs[i]!.map((t) => t.id), ids, args.join(' '));
+      }
+    });
+
+    test('task ls: a table with the columns of the state', async () => {
+      const [retry, agg, low, none] = await Promise.all([
+        pgasynq('task', 'ls', '-q', 'reads', '-s', 'retry'),
+        pgasynq('task', 'ls', '-q', 'reads', '-s', 'aggregating', '-g', 'g2'),
+        pgasynq('task', 'list', '-q', 'reads_low', '-s', 'pending', '--size', '1'),
+        pgasynq('task', 'ls', '-q', 'reads_low', '-s', 'archived'),
+      ]);
+      assert.match(ok(retry), /^id\s+type\s+payload\s+next retry\s+retried\s+last failed\s+last error\n-+/);
+      assert.match(ok(retry), /^ret\s+job\s+\{"id":"ret"\}\s+in \d+s\s+1\/25\s+(\d+(\.\d)?s ago|just now)\s+boom$/m);
+      assert.deepEqual(ok(agg).split('\n'), ['id    type  payload        group', '----  ----  -------------  -----', 'agg3  job   {"id":"agg3"}  g2', '']);
+      assert.match(ok(low), /^bin\s+job\s+<6 bytes>\s+0\/25$/m);
+      assert.match(ok(low), /^\(page 1; there may be more: --page 2\)$/m, 'a full page says so');
+      assert.equal(ok(none), 'no archived tasks in queue "reads_low"\n');
+    });
+
+    test('task inspect', async () => {
+      const [info, text] = await Promise.all([json('task', 'inspect', 'reads', 'com'), pgasynq('task', 'inspect', 'reads', 'ret')]);
+      assert.deepEqual(info, plain(await inspector.getTaskInfo('reads', 'com')));
+      const out = ok(text);
+      for (const line of [/^id:\s+ret$/m, /^queue:\s+reads$/m, /^state:\s+retry$/m, /^payload:\s+\{"id":"ret"\}$/m, /^retried:\s+1 of 25$/m, /^last error:\s+boom$/m]) {
+        assert.match(out, line);
+      }
+      assert.match(out, /^next process at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(in \d+s\)$/m);
+    });
+
+    test('group ls', async () => {
+      const [groups, text] = await Promise.all([json('group', 'ls', '--queue', 'reads'), pgasynq('group', 'ls', '-q', 'reads')]);
+      assert.deepEqual(groups, plain(await inspector.groups('reads')));
+      assert.deepEqual(groups, [
+        { group: 'g1', size: 2 },
+        { group: 'g2', size: 1 },
+      ]);
+      assert.equal(ok(text), 'group  size\n-----  ----\ng1        2\ng2        1\n');
+    });
+
+    test('server ls: each server with the tasks it runs', async () => {
+      const [servers, text] = await Promise.all([json<{ activeWorkers: unknown[] }[]>('server', 'ls'), pgasynq('server', 'ls')]);
+      assert.deepEqual(servers, plain(await inspector.servers()));
+      assert.equal(servers[0]?.activeWorkers.length, 1);
+      const out = ok(text);
+      assert.match(out, /^id\s+host\s+pid\s+status\s+active\s+queues\s+started$/m);
+      assert.match(out, /^srv-1\s+worker-1\s+4242\s+active\s+1\/10\s+reads:2 reads_low:1\s+(\d+(\.\d)?s ago|just now)$/m);
+      assert.match(out, /^Active workers$/m);
+      assert.match(out, /^srv-1\s+reads\s+act\s+job\s+\{"id":"act"\}\s+(\d+(\.\d)?s ago|just now)\s+in \d+m\d+s\s+in \d+s$/m);
+    });
+
+    test('cron ls and cron history', async () => {
+      const [entries, text, events, history] = await Promise.all([
+        json('cron', 'ls'),
+        pgasynq('cron', 'ls'),
+        json<{ taskId: string }[]>('cron', 'history', 'e1', '--page', '2', '--size', '10'),
+        pgasynq('cron', 'history', 'e1'),
+      ]);
+      assert.deepEqual(entries, plain(await inspector.schedulerEntries()));
+      assert.match(ok(text), /^entry id\s+spec\s+type\s+payload\s+options\s+next\s+prev$/m);
+      assert.match(ok(text), /^e1\s+@every 30s\s+report\s+\{"k":1\}\s+\{"queue":"reads"\}\s+in \d+s\s+(\d+(\.\d)?s ago|just now)$/m);
+      assert.deepEqual(events, plain(await inspector.listSchedulerEnqueueEvents('e1', { page: 2, pageSize: 10 })));
+      assert.deepEqual(events.map((e) => e.taskId), ['task11', 'task12', 'task13', 'task14', 'task15', 'task16', 'task17', 'task18', 'task19', 'task20']);
+      const lines = ok(history).trimEnd().split('\n');
+      assert.match(lines[0]!, /^task id\s+tick\s+enqueued at\s+enqueued$/);
+      assert.match(lines[2]!, /^task1\s+\S+Z\s+\S+Z\s+\d+s ago$/);
+      assert.equal(lines.filter((l) => l.startsWith('task')).length, 1 + 30, 'the header and a page of 30');
+    });
+  });
+
+  describe('exit codes', { concurrency: true }, () => {
+    test('an unknown queue or task: 1, one line', async () => {
+      const [inspect, ls, task] = await Promise.all([
+        pgasynq('queue', 'inspect', 'nosuch'),
+        pgasynq('--json', 'task', 'ls', '-q', 'nosuch', '-s', 'pending'),
+        pgasynq('task', 'inspect', 'reads', 'nosuch'),
+      ]);
+      fails(inspect, 1, /^error: queue "nosuch" does not exist\n$/);
+      fails(ls, 1, /^error: queue "nosuch" does not exist\n$/);
+      fails(task, 1, /^error: cannot find task with id=nosuch in queue "reads"\n$/);
+    });
+
+    test('an invalid state: 2, naming the states; a bulk action asynq lacks: 2', async () => {
+      const [ls, bulk, runall, noGroup] = await Promise.all([
+        pgasynq('task', 'ls', '-q', 'reads', '-s', 'bogus'),
+        pgasynq('task', 'deleteall', 'reads', 'bogus'),
+        pgasynq('task', 'runall', 'reads', 'pending'),
+        pgasynq('task', 'ls', '-q', 'reads', '-s', 'aggregating'),
+      ]);
+      fails(ls, 2, /'bogus' is invalid\. Allowed choices are active, pending, aggregating, scheduled, retry, archived, completed/);
+      fails(bulk, 2, /invalid state 'bogus': the states are active, pending, aggregating, scheduled, retry, archived, completed/);
+      fails(runall, 2, /runall does not apply to pending tasks .*runall takes aggregating, scheduled, retry, archived/);
+      fails(noGroup, 2, /aggregating needs --group/);
+      assert.equal(await stateOf('reads', 'p1'), 'pending');
+    });
+
+    test('a missing --queue, a bad --size: 2', async () => {
+      const [ls, group, size] = await Promise.all([
+        pgasynq('task', 'ls', '-s', 'pending'),
+        pgasynq('group', 'ls'),
+        pgasynq('task', 'ls', '-q', 'reads', '-s', 'pending', '--size', '0'),
+      ]);
+      fails(ls, 2, /required option '-q, --queue <queue>' not specified/);
+      fails(group, 2, /required option '-q, --queue <queue>' not specified/);
+      fails(size, 2, /--size <n>' argument '0' is invalid\. must be an integer from 1 to 1000/);
+    });
+
+    test('no database URL: 2; an unreachable database: 1, one line, no password; an unmigrated schema: 1 with a hint', async () => {
+      const [none, stats, ls, unmigrated] = await Promise.all([
+        cli(['queue', 'ls']),
+        cli(['--database-url', UNREACHABLE, 'stats']),
+        cli(['--json', 'task', 'ls', '-q', 'x', '-s', 'pending'], { DATABASE_URL: UNREACHABLE }),
+        cli(['--database-url', DATABASE_URL, '--schema', 't_cli_admin_none', 'stats']),
+      ]);
+      fails(none, 2, /--database-url.*DATABASE_URL/);
+      for (const r of [stats, ls]) {
+        fails(r, 1, /^error: cannot reach the database at postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x: .*ECONNREFUSED/);
+        assert.doesNotMatch(r.stderr, /secret/);
+      }
+      fails(unmigrated, 1, /does not exist \(is the schema migrated\? run: pgasynq --schema t_cli_admin_none migrate\)/);
+    });
+
+    test('--help lists the commands and says what --json prints', async () => {
+      const [root, ls, rm] = await Promise.all([cli(['--help']), cli(['task', 'ls', '--help']), cli(['queue', 'rm', '--help'])]);
+      for (const cmd of ['stats', 'queue', 'task', 'group', 'server', 'cron']) assert.match(ok(root), new RegExp(`^  ${cmd}\\b`, 'm'));
+      assert.match(ok(ls), /--state <state>.*\n.*choices: "active", "pending"/);
+      assert.match(ok(ls), /With --json .* an array of TaskInfo/s);
+      assert.match(ok(rm), /\{"ok":true\}/);
+    });
+  });
+});
+
+// Each action on a queue of its own, so they run at once too.
+describe('actions change the rows', { concurrency: true }, () => {
+  before(async () => {
+    for (const id of ['d1', 'd2', 'dact']) await put('del', id);
+    await force('del', 'dact', ACTIVE('srv-x'));
+    await put('arc', 'a1');
+    await put('arc', 'a2', { processIn: 3_600_000 });
+    for (const id of ['r1', 'r2']) await put('run', id);
+    await force('run', 'r1', ARCHIVED);
+    await force('run', 'r2', RETRY);
+    for (const id of ['c1', 'c2']) await put('cancel', id);
+    await force('cancel', 'c1', ACTIVE('srv-x'));
+    for (const id of ['bd1', 'bd2', 'bd3']) await put('bdel', id);
+    for (const id of ['bd4', 'bd5']) await put('bdel', id, { processIn: 3_600_000 });
+    for (const id of ['ba1', 'ba2']) await put('barc', id);
+    for (const id of ['ba1', 'ba2']) await force('barc', id, RETRY);
+    for (const id of ['ba3', 'ba4']) await put('barc', id, { group: 'g1' });
+    await put('barc', 'ba5', { group: 'g2' });
+    for (const id of ['br1', 'br2']) await put('brun', id);
+    for (const id of ['br1', 'br2']) await force('brun', id, ARCHIVED);
+    await put('brun', 'br3', { processIn: 3_600_000 });
+    await put('pq', 'x');
+    await put('rq', 'x');
+    await put('rq_empty', 'x');
+    await inspector.deleteTask('rq_empty', 'x');
+  });
+
+  test('task delete: any state but active', async () => {
+    const [human, asJson, active] = await Promise.all([
+      pgasynq('task', 'delete', 'del', 'd1'),
+      pgasynq('--json', 'task', 'rm', 'del', 'd2'),
+      pgasynq('task', 'delete', 'del', 'dact'),
+    ]);
+    assert.equal(ok(human), 'task d1 in queue "del": deleted\n');
+    assert.deepEqual(JSON.parse(ok(asJson)), { ok: true });
+    fails(active, 1, /^error: cannot delete task in active state: id=dact, queue=del; use cancelProcessing instead\n$/);
+    assert.deepEqual([await stateOf('del', 'd1'), await stateOf('del', 'd2'), await stateOf('del', 'dact')], ['gone', 'gone', 'active']);
+  });
+
+  test('task archive and task run', async () => {
+    const [a1, a2, r1, r2] = await Promise.all([
+      pgasynq('task', 'archive', 'arc', 'a1'),
+      pgasynq('--json', 'task', 'archive', 'arc', 'a2'),
+      pgasynq('task', 'run', 'run', 'r1'),
+      pgasynq('--json', 'task', 'run', 'run', 'r2'),
+    ]);
+    assert.equal(ok(a1), 'task a1 in queue "arc": archived\n');
+    assert.deepEqual(JSON.parse(ok(a2)), { ok: true });
+    assert.equal(ok(r1), 'task r1 in queue "run": now pending\n');
+    assert.deepEqual(JSON.parse(ok(r2)), { ok: true });
+    assert.deepEqual(await countsOf('arc'), { archived: 2 });
+    assert.deepEqual(await countsOf('run'), { pending: 2 });
+  });
+
+  test('task cancel: marks the active task; a task not running is a count of 0', async () => {
+    const [running, idle] = await Promise.all([pgasynq('task', 'cancel', 'c1'), pgasynq('--json', 'task', 'cancel', 'c2')]);
+    assert.equal(ok(running), 'cancellation requested for task c1\n');
+    assert.deepEqual(JSON.parse(ok(idle)), { count: 0 });
+    const rows = await db.query("SELECT id, cancel_requested FROM {{schema}}.tasks WHERE queue = 'cancel' ORDER BY id");
+    assert.deepEqual(rows, [
+      { id: 'c1', cancel_requested: true },
+      { id: 'c2', cancel_requested: false },
+    ]);
+  });
+
+  test('task deleteall, archiveall, runall: the count, and the rows moved', async () => {
+    const [dHuman, dJson, aHuman, aJson, rHuman, rJson] = await Promise.all([
+      pgasynq('task', 'deleteall', 'bdel', 'pending'),
+      pgasynq('--json', 'task', 'deleteall', 'bdel', 'scheduled'),
+      pgasynq('task', 'archiveall', 'barc', 'retry'),
+      pgasynq('--json', 'task', 'archiveall', 'barc', 'aggregating', '--group', 'g1'),
+      pgasynq('task', 'runall', 'brun', 'archived'),
+      pgasynq('--json', 'task', 'runall', 'brun', 'scheduled'),
+    ]);
+    assert.equal(ok(dHuman), 'deleted 3 pending tasks from queue "bdel"\n');
+    assert.deepEqual(JSON.parse(ok(dJson)), { count: 2 });
+    assert.equal(ok(aHuman), 'archived 2 retry tasks of queue "barc"\n');
+    assert.deepEqual(JSON.parse(ok(aJson)), { count: 2 });
+    assert.equal(ok(rHuman), '2 archived tasks of queue "brun" are now pending\n');
+    assert.deepEqual(JSON.parse(ok(rJson)), { count: 1 });
+    assert.deepEqual(await countsOf('bdel'), {});
+    assert.deepEqual(await countsOf('barc'), { archived: 4, aggregating: 1 }, 'the other group is untouched');
+    assert.deepEqual(await countsOf('brun'), { pending: 3 });
+  });
+
+  test('queue pause and unpause', async () => {
+    assert.equal(ok(await pgasynq('queue', 'pause', 'pq')), 'queue "pq" paused\n');
+    assert.equal((await inspector.getQueueInfo('pq')).paused, true);
+    fails(await pgasynq('queue', 'pause', 'pq'), 1, /^error: queue "pq" is already paused\n$/);
+    assert.deepEqual(JSON.parse(ok(await pgasynq('--json', 'queue', 'unpause', 'pq'))), { ok: true });
+    assert.equal((await inspector.getQueueInfo('pq')).paused, false);
+  });
+
+  test('queue rm: refused when not empty; --force deletes its tasks', async () => {
+    const [refused, empty] = await Promise.all([pgasynq('queue', 'rm', 'rq'), pgasynq('queue', 'rm', 'rq_empty')]);
+    fails(refused, 1, /^error: queue "rq" is not empty\n$/);
+    assert.equal(ok(empty), 'queue "rq_empty" removed\n');
+    assert.deepEqual(JSON.parse(ok(await pgasynq('--json', 'queue', 'rm', 'rq', '--force'))), { ok: true });
+    const queues = await inspector.queues();
+    assert.ok(!queues.includes('rq') && !queues.includes('rq_empty'), queues.join());
+    assert.deepEqual(await countsOf('rq'), {});
+  });
+});
