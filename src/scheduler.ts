@@ -27,6 +27,7 @@
  * new and active; start and shutdown are each allowed once.
  */
 import { createHash, randomUUID } from 'node:crypto';
+import { untilTerminated } from './signals.js';
 import { hostname } from 'node:os';
 import { Db, type ConnectionOptions } from './broker/db.js';
 import {
@@ -222,15 +223,7 @@ export class Scheduler {
   /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
   async run(): Promise<void> {
     await this.start();
-    await new Promise<void>((resolve) => {
-      const onSignal = () => {
-        process.off('SIGTERM', onSignal);
-        process.off('SIGINT', onSignal);
-        resolve();
-      };
-      process.on('SIGTERM', onSignal);
-      process.on('SIGINT', onSignal);
-    });
+    await untilTerminated();
     await this.shutdown();
   }
 
@@ -446,15 +439,7 @@ export class PeriodicTaskManager {
   /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
   async run(): Promise<void> {
     await this.start();
-    await new Promise<void>((resolve) => {
-      const onSignal = () => {
-        process.off('SIGTERM', onSignal);
-        process.off('SIGINT', onSignal);
-        resolve();
-      };
-      process.on('SIGTERM', onSignal);
-      process.on('SIGINT', onSignal);
-    });
+    await untilTerminated();
     await this.shutdown();
   }
 

@@ -12,6 +12,7 @@
  * Modes: new → active (start) → stopped (stop: no new claims) → closed (shutdown).
  */
 import { randomUUID } from 'node:crypto';
+import { untilTerminated } from './signals.js';
 import { hostname } from 'node:os';
 import { Db } from './broker/db.js';
 import { createNotifier } from './broker/notifier.js';
@@ -128,15 +129,7 @@ export class Server {
   /** Starts, then shuts down gracefully on SIGTERM or SIGINT; resolves after the shutdown. */
   async run(handler: ServeMux | Handler): Promise<void> {
     await this.start(handler);
-    await new Promise<void>((resolve) => {
-      const onSignal = () => {
-        process.off('SIGTERM', onSignal);
-        process.off('SIGINT', onSignal);
-        resolve();
-      };
-      process.on('SIGTERM', onSignal);
-      process.on('SIGINT', onSignal);
-    });
+    await untilTerminated();
     await this.shutdown();
   }
 

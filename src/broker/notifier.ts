@@ -33,25 +33,39 @@ export function createNotifier(db: Db, logger: Logger): Notifier {
   return db.embedded ? new EmbeddedNotifier(db, logger) : new PgNotifier(db, logger);
 }
 
-/** LISTEN inside the embedded database: in-process, so nothing to reconnect. */
-class EmbeddedNotifier implements Notifier {
-  readonly #db: Db;
-  readonly #logger: Logger;
-  readonly #listeners = new Map<string, Listener[]>();
-  readonly #onConnected: (() => void)[] = [];
-  #unlisten: (() => Promise<void>)[] = [];
-
-  constructor(db: Db, logger: Logger) {
-    this.#db = db;
-    this.#logger = logger;
-  }
+/** What both notifiers share: who listens to which channel, and who hears of (re)connects. */
+abstract class ListenerRegistry {
+  protected readonly listeners = new Map<string, Listener[]>();
+  protected readonly connectedCallbacks: (() => void)[] = [];
 
   on(channel: string, fn: Listener): void {
-    this.#listeners.set(channel, [...(this.#listeners.get(channel) ?? []), fn]);
+    this.listeners.set(channel, [...(this.listeners.get(channel) ?? []), fn]);
   }
 
   onConnected(fn: () => void): void {
-    this.#onConnected.push(fn);
+    this.connectedCallbacks.push(fn);
+  }
+
+  /** Hands a notification's payload to every listener of its channel. */
+  protected deliver(channel: string, payload: string): void {
+    for (const fn of this.listeners.get(channel) ?? []) fn(payload);
+  }
+
+  protected connected(): void {
+    for (const fn of this.connectedCallbacks) fn();
+  }
+}
+
+/** LISTEN inside the embedded database: in-process, so nothing to reconnect. */
+class EmbeddedNotifier extends ListenerRegistry implements Notifier {
+  readonly #db: Db;
+  readonly #logger: Logger;
+  #unlisten: (() => Promise<void>)[] = [];
+
+  constructor(db: Db, logger: Logger) {
+    super();
+    this.#db = db;
+    this.#logger = logger;
   }
 
   async start(): Promise<void> {
@@ -59,15 +73,15 @@ class EmbeddedNotifier implements Notifier {
     // LISTEN takes the session like any statement, so it never lands inside someone's transaction.
     const client = await pool.connect();
     try {
-      for (const [channel, fns] of this.#listeners) {
-        this.#unlisten.push(await pool.session.listen(channel, (payload) => fns.forEach((fn) => fn(payload))));
+      for (const channel of this.listeners.keys()) {
+        this.#unlisten.push(await pool.session.listen(channel, (payload) => this.deliver(channel, payload)));
       }
     } catch (err) {
       this.#logger.warn({ err }, 'could not LISTEN on the embedded database; polling only');
     } finally {
       client.release();
     }
-    for (const fn of this.#onConnected) fn();
+    this.connected();
   }
 
   async stop(): Promise<void> {
@@ -84,28 +98,17 @@ class EmbeddedNotifier implements Notifier {
 }
 
 /** LISTEN on a dedicated connection of the PostgreSQL server, through pg-listen. */
-class PgNotifier implements Notifier {
+class PgNotifier extends ListenerRegistry implements Notifier {
   readonly #db: Db;
   readonly #logger: Logger;
-  readonly #listeners = new Map<string, Listener[]>();
-  readonly #onConnected: (() => void)[] = [];
   #subscriber: Subscriber | undefined;
   #retryTimer: NodeJS.Timeout | undefined;
   #stopped = false;
 
   constructor(db: Db, logger: Logger) {
+    super();
     this.#db = db;
     this.#logger = logger;
-  }
-
-  /** Calls `fn` with the payload of every notification on `channel`. */
-  on(channel: string, fn: Listener): void {
-    this.#listeners.set(channel, [...(this.#listeners.get(channel) ?? []), fn]);
-  }
-
-  /** Calls `fn` after every (re)connect, once LISTEN is in place. */
-  onConnected(fn: () => void): void {
-    this.#onConnected.push(fn);
   }
 
   /**
@@ -131,14 +134,12 @@ class PgNotifier implements Notifier {
     });
     subscriber.events.on('error', (err: Error) => this.#logger.warn({ err }, 'listener connection error'));
     subscriber.events.on('reconnect', (n: number) => this.#logger.info({ attempt: n }, 'listener reconnecting'));
-    for (const channel of this.#listeners.keys()) {
-      subscriber.notifications.on(channel, (payload: unknown) => {
-        for (const fn of this.#listeners.get(channel) ?? []) fn(String(payload ?? ''));
-      });
+    for (const channel of this.listeners.keys()) {
+      subscriber.notifications.on(channel, (payload: unknown) => this.deliver(channel, String(payload ?? '')));
     }
     try {
       await subscriber.connect();
-      for (const channel of this.#listeners.keys()) await subscriber.listenTo(channel);
+      for (const channel of this.listeners.keys()) await subscriber.listenTo(channel);
     } catch (err) {
       this.#logger.warn({ err, attempt }, 'listener could not connect; polling until it can');
       subscriber.close().catch(() => {});
@@ -151,12 +152,8 @@ class PgNotifier implements Notifier {
     }
     this.#subscriber = subscriber;
     // pg-listen re-LISTENs on reconnect, then emits 'connected'.
-    subscriber.events.on('connected', () => this.#connected());
-    this.#connected();
-  }
-
-  #connected(): void {
-    for (const fn of this.#onConnected) fn();
+    subscriber.events.on('connected', () => this.connected());
+    this.connected();
   }
 
   async stop(): Promise<void> {
