@@ -180,8 +180,11 @@ describe('recoverer', () => {
 
   test('several recoverers at once recover each task exactly once', { timeout: 30_000 }, async () => {
     await reset();
-    const ids: string[] = [];
-    for (let i = 0; i < 250; i++) ids.push(await activeTask(0, 5, "now() - interval '1 minute'"));
+    await client.enqueueMany(Array.from({ length: 250 }, (_, i) => new Task('orphan', i, { maxRetry: 5, processIn: 3_600_000 })));
+    await db.query(
+      `UPDATE {{schema}}.tasks SET state = 'active', run_at = NULL, lease_owner = 'gone',
+         lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 minute'`,
+    );
     const recoverers = Array.from({ length: 4 }, () => recoverer(30_000));
     const results = await Promise.all(recoverers.map((r) => r.runOnce()));
     assert.equal(results.reduce((n, r) => n + r.retried, 0), 250);
@@ -200,7 +203,7 @@ describe('heartbeats', () => {
       ctx.signal.addEventListener('abort', () => (aborted = true));
       await new Promise((r) => setTimeout(r, 6500));
     }, { leaseDuration: 2000, heartbeatInterval: 200 });
-    await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'task completes');
+    await waitFor(async () => (await taskRow(info.id)) === undefined, 30_000, 'task completes');
     assert.equal(aborted, false);
     assert.equal(server.metrics().leasesLost, 0);
     assert.equal(server.metrics().fencedWrites, 0);
