@@ -63,7 +63,7 @@ export async function claim(db: Db, queues: readonly string[], limit: number, ow
       (extract(epoch FROM t.timeout) * 1000)::float8 AS timeout_ms,
       (extract(epoch FROM t.deadline - now()) * 1000)::float8 AS deadline_in_ms,
       (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms,
-      t.lease_token`);
+      t.lease_token`, undefined, 'claim');
 }
 
 const leaseRows = (db: Db, leases: readonly LeaseKey[]) => sql`(
@@ -85,7 +85,7 @@ export async function extendLeases(db: Db, leases: readonly LeaseKey[], leaseMs:
     UPDATE ${db.table('tasks')} t SET lease_expires_at = now() + ${ms(leaseMs)}
     FROM ${leaseRows(db, leases)} h
     WHERE t.queue = h.queue AND t.id = h.id AND t.lease_expires_at > now()
-    RETURNING t.queue, t.id, t.cancel_requested`);
+    RETURNING t.queue, t.id, t.cancel_requested`, undefined, 'extend');
 }
 
 /** A successful (or revoked) attempt: `keep` marks it completed for its retention, otherwise it is deleted. */
@@ -128,6 +128,7 @@ export async function complete(db: Db, items: readonly Completion[], trx?: Trans
     )
     SELECT queue, id FROM finished`,
     trx,
+    'complete',
   );
 }
 
@@ -160,7 +161,7 @@ export async function fail(db: Db, items: readonly Failure[]): Promise<{ queue: 
       WHERE t.state = 'active' ORDER BY t.queue, t.id FOR UPDATE OF t
     ) h
     WHERE t.queue = h.queue AND t.id = h.id
-    RETURNING t.queue, t.id`);
+    RETURNING t.queue, t.id`, undefined, 'fail');
 }
 
 /**

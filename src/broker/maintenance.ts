@@ -28,7 +28,7 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
     notified AS (
       SELECT pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
     )
-    SELECT count(*)::int AS n FROM moved WHERE (SELECT count(*) FROM notified) >= 0`);
+    SELECT count(*)::int AS n FROM moved WHERE (SELECT count(*) FROM notified) >= 0`, undefined, 'forward');
   return rows[0]?.n ?? 0;
 }
 
@@ -36,7 +36,7 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
 export async function nextDueIn(db: Db): Promise<number | null> {
   const rows = await db.run(sql<{ ms: number | null }>`
     SELECT (extract(epoch FROM min(run_at) - now()) * 1000)::float8 AS ms
-    FROM ${db.table('tasks')} WHERE state IN ('scheduled', 'retry')`);
+    FROM ${db.table('tasks')} WHERE state IN ('scheduled', 'retry')`, undefined, 'next_due');
   return rows[0]?.ms ?? null;
 }
 
