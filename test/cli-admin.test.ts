@@ -4,12 +4,14 @@
  * tables, `--json` parsed and compared with what the Inspector returns, exit
  * codes, and the rows the actions change.
  *
- * Every child costs about a second of CPU (tsx), so cases run concurrently:
- * first everything that only reads (and the exit codes), then the actions,
- * each on its own queue.
+ * Every child costs more than a second of CPU (tsx), so cases run
+ * concurrently (first everything that only reads, and the exit codes; then
+ * the actions, each on its own queue) while at most a few children run at
+ * once: more only makes them fight for the CPU.
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import { Client, Inspector, Task, type TaskInfo } from '../src/index.js';
@@ -25,8 +27,24 @@ interface Run {
   stderr: string;
 }
 
+const MAX_CHILDREN = availableParallelism() + 1;
+let running = 0;
+const waiting: (() => void)[] = [];
+
 /** Runs the CLI; DATABASE_URL is unset in the child unless `env` sets it. */
-function cli(args: string[], env: Record<string, string> = {}): Promise<Run> {
+async function cli(args: string[], env: Record<string, string> = {}): Promise<Run> {
+  if (running < MAX_CHILDREN) running++;
+  else await new Promise<void>((resolve) => waiting.push(resolve)); // a finishing child hands its slot over
+  try {
+    return await spawnCli(args, env);
+  } finally {
+    const next = waiting.shift();
+    if (next) next();
+    else running--;
+  }
+}
+
+function spawnCli(args: string[], env: Record<string, string>): Promise<Run> {
   const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
   if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
   return new Promise((resolve, reject) => {
@@ -81,8 +99,11 @@ const put = (queue: string, id: string, extra: Record<string, unknown> = {}, pay
 /** Rewrites a row's state with the columns that state needs. */
 const force = (queue: string, id: string, set: string) => db.query(`UPDATE {{schema}}.tasks SET ${set} WHERE queue = $1 AND id = $2`, [queue, id]);
 const ACTIVE = (owner: string) =>
-  `state = 'active', run_at = NULL, lease_owner = '${owner}', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '10 min', started_at = now()`;
-const RETRY = "state = 'retry', run_at = now() + interval '1 min', retried = 1, error_msg = 'boom', last_failed_at = now()";
+  `state = 'active', run_at = NULL, lease_owner = '${owner}', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour', started_at = now()`;
+/** A relative time in the past, however slow the machine ("3s ago", "1m2s ago", "just now"); one about an hour ahead. */
+const AGO = String.raw`(?:\S+ ago|just now)`;
+const IN_AN_HOUR = String.raw`in (?:1h0m|\d+m\d+s)`;
+const RETRY = "state = 'retry', run_at = now() + interval '1 hour', retried = 1, error_msg = 'boom', last_failed_at = now()";
 const ARCHIVED = "state = 'archived', run_at = now(), retried = 3, error_msg = 'dead', last_failed_at = now()";
 const stateOf = async (queue: string, id: string) =>
   (await db.query<{ state: string }>('SELECT state FROM {{schema}}.tasks WHERE queue = $1 AND id = $2', [queue, id]))[0]?.state ?? 'gone';
@@ -107,7 +128,7 @@ before(async () => {
   await force('reads', 'arc', ARCHIVED);
   await put('reads', 'com', { retention: 3_600_000 });
   await force('reads', 'com', `state = 'completed', completed_at = now(), run_at = now() + interval '1 hour', result = '{"rows":3}'`);
-  await put('reads', 'act', { timeout: 60_000 });
+  await put('reads', 'act', { timeout: 3_600_000 });
   await force('reads', 'act', ACTIVE('srv-1'));
   await put('reads', 'agg1', { group: 'g1' });
   await put('reads', 'agg2', { group: 'g1' });
@@ -119,11 +140,11 @@ before(async () => {
   );
   await db.query(
     `INSERT INTO {{schema}}.servers (id, host, pid, concurrency, queues, strict_priority, status, expires_at)
-     VALUES ('srv-1', 'worker-1', 4242, 10, '{"reads": 2, "reads_low": 1}', false, 'active', now() + interval '10 min')`,
+     VALUES ('srv-1', 'worker-1', 4242, 10, '{"reads": 2, "reads_low": 1}', false, 'active', now() + interval '1 hour')`,
   );
   await db.query(
     `INSERT INTO {{schema}}.scheduler_entries (id, spec, task_type, payload, options, scheduler_id, next_run_at, prev_run_at, expires_at)
-     VALUES ('e1', '@every 30s', 'report', '{"k":1}', '{"queue":"reads"}', 's1', now() + interval '30 s', now(), now() + interval '10 min')`,
+     VALUES ('e1', '@every 30s', 'report', '{"k":1}', '{"queue":"reads"}', 's1', now() + interval '1 hour', now(), now() + interval '1 hour')`,
   );
   await db.query(
     "INSERT INTO {{schema}}.scheduler_events (entry_id, tick_at, task_id, enqueued_at) SELECT 'e1', now() - i * interval '30 s', 'task' || i, now() - i * interval '30 s' FROM generate_series(1, 35) i",
@@ -147,7 +168,7 @@ describe('reading and refusing', { concurrency: true }, () => {
 
       const out = ok(text);
       assert.match(out, /^queue\s+active\s+pending\s+aggregating\s+scheduled\s+retry\s+archived\s+completed\s+size\s+latency\s+processed\s+failed\s+paused$/m);
-      assert.match(out, /^reads\s+1\s+2\s+3\s+1\s+1\s+1\s+1\s+10\s+\d+(\.\d)?s\s+7\s+2\s+no$/m);
+      assert.match(out, /^reads\s+1\s+2\s+3\s+1\s+1\s+1\s+1\s+10\s+(\d+m)?\d+(\.\d)?s\s+7\s+2\s+no$/m);
       assert.match(out, /^reads_low\s+0\s+1\s+0\s+0\s+0\s+0\s+0\s+1\s+\S+\s+0\s+0\s+yes$/m);
       assert.match(out, /^Tasks by state \(all queues\)$/m);
       assert.match(out, /^pending\s+3\s+█{40}$/m, 'the largest count has the full bar');
@@ -167,7 +188,7 @@ describe('reading and refusing', { concurrency: true }, () => {
       const [info, text] = await Promise.all([json<{ latency: number; timestamp: string }>('queue', 'inspect', 'reads'), pgasynq('queue', 'inspect', 'reads')]);
       assert.deepEqual(stable(info), stable(plain(await inspector.getQueueInfo('reads')) as { latency: number; timestamp: string }));
       const out = ok(text);
-      for (const line of [/^queue:\s+reads$/m, /^paused:\s+no$/m, /^size:\s+10$/m, /^groups:\s+2$/m, /^latency:\s+\d+(\.\d)?s$/m]) assert.match(out, line);
+      for (const line of [/^queue:\s+reads$/m, /^paused:\s+no$/m, /^size:\s+10$/m, /^groups:\s+2$/m, /^latency:\s+(\d+m)?\d+(\.\d)?s$/m]) assert.match(out, line);
       assert.match(out, /^processed:\s+7 today \(UTC\), 0 in all$/m);
       assert.match(out, /^failed:\s+2 today \(UTC\), 0 in all$/m);
       assert.match(out, /^error rate:\s+28\.57% today$/m);
@@ -188,13 +209,11 @@ describe('reading and refusing', { concurrency: true }, () => {
       assert.match(lines[4]!, /^\d{4}-\d{2}-\d{2}\s+0\s+0\s+N\/A$/);
     });
 
-    test('task ls --json, every state: what the matching Inspector list method returns', async () => {
+    test('task ls --json: what the matching Inspector list method returns', async () => {
       const cases: [string[], () => Promise<TaskInfo[]>, string[]][] = [
         [['-s', 'pending', '--page', '2', '--size', '1'], () => inspector.listPendingTasks('reads', { page: 2, pageSize: 1 }), ['p2']],
         [['-s', 'active'], () => inspector.listActiveTasks('reads'), ['act']],
         [['-s', 'scheduled'], () => inspector.listScheduledTasks('reads'), ['sch']],
-        [['-s', 'retry'], () => inspector.listRetryTasks('reads'), ['ret']],
-        [['-s', 'archived'], () => inspector.listArchivedTasks('reads'), ['arc']],
         [['-s', 'completed'], () => inspector.listCompletedTasks('reads'), ['com']],
         [['--state', 'aggregating', '--group', 'g1'], () => inspector.listAggregatingTasks('reads', 'g1'), ['agg1', 'agg2']],
       ];
@@ -205,19 +224,21 @@ describe('reading and refusing', { concurrency: true }, () => {
       }
     });
 
-    test('task ls: a table with the columns of the state', async () => {
-      const [retry, agg, low, none] = await Promise.all([
+    test('task ls: a table with the columns of the state (retry and archived: only here)', async () => {
+      const [retry, archived, low] = await Promise.all([
         pgasynq('task', 'ls', '-q', 'reads', '-s', 'retry'),
-        pgasynq('task', 'ls', '-q', 'reads', '-s', 'aggregating', '-g', 'g2'),
+        pgasynq('task', 'ls', '-q', 'reads', '-s', 'archived'),
         pgasynq('task', 'list', '-q', 'reads_low', '-s', 'pending', '--size', '1'),
-        pgasynq('task', 'ls', '-q', 'reads_low', '-s', 'archived'),
       ]);
       assert.match(ok(retry), /^id\s+type\s+payload\s+next retry\s+retried\s+last failed\s+last error\n-+/);
-      assert.match(ok(retry), /^ret\s+job\s+\{"id":"ret"\}\s+in \d+s\s+1\/25\s+(\d+(\.\d)?s ago|just now)\s+boom$/m);
-      assert.deepEqual(ok(agg).split('\n'), ['id    type  payload        group', '----  ----  -------------  -----', 'agg3  job   {"id":"agg3"}  g2', '']);
+      assert.match(ok(retry), new RegExp(String.raw`^ret\s+job\s+\{"id":"ret"\}\s+${IN_AN_HOUR}\s+1/25\s+${AGO}\s+boom$`, 'm'));
+      assert.equal(ok(retry).split('\n').length, 4, 'the header, the rule, one task');
+      const lines = ok(archived).split('\n');
+      assert.match(lines[0]!, /^id\s+type\s+payload\s+retried\s+last failed\s+last error$/);
+      assert.match(lines[2]!, new RegExp(String.raw`^arc\s+job\s+\{"id":"arc"\}\s+3/25\s+${AGO}\s+dead$`));
+      assert.equal(lines.length, 4);
       assert.match(ok(low), /^bin\s+job\s+<6 bytes>\s+0\/25$/m);
       assert.match(ok(low), /^\(page 1; there may be more: --page 2\)$/m, 'a full page says so');
-      assert.equal(ok(none), 'no archived tasks in queue "reads_low"\n');
     });
 
     test('task inspect', async () => {
@@ -227,7 +248,7 @@ describe('reading and refusing', { concurrency: true }, () => {
       for (const line of [/^id:\s+ret$/m, /^queue:\s+reads$/m, /^state:\s+retry$/m, /^payload:\s+\{"id":"ret"\}$/m, /^retried:\s+1 of 25$/m, /^last error:\s+boom$/m]) {
         assert.match(out, line);
       }
-      assert.match(out, /^next process at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(in \d+s\)$/m);
+      assert.match(out, new RegExp(String.raw`^next process at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(${IN_AN_HOUR}\)$`, 'm'));
     });
 
     test('group ls', async () => {
@@ -246,9 +267,9 @@ describe('reading and refusing', { concurrency: true }, () => {
       assert.equal(servers[0]?.activeWorkers.length, 1);
       const out = ok(text);
       assert.match(out, /^id\s+host\s+pid\s+status\s+active\s+queues\s+started$/m);
-      assert.match(out, /^srv-1\s+worker-1\s+4242\s+active\s+1\/10\s+reads:2 reads_low:1\s+(\d+(\.\d)?s ago|just now)$/m);
+      assert.match(out, new RegExp(String.raw`^srv-1\s+worker-1\s+4242\s+active\s+1/10\s+reads:2 reads_low:1\s+${AGO}$`, 'm'));
       assert.match(out, /^Active workers$/m);
-      assert.match(out, /^srv-1\s+reads\s+act\s+job\s+\{"id":"act"\}\s+(\d+(\.\d)?s ago|just now)\s+in \d+m\d+s\s+in \d+s$/m);
+      assert.match(out, new RegExp(String.raw`^srv-1\s+reads\s+act\s+job\s+\{"id":"act"\}\s+${AGO}\s+${IN_AN_HOUR}\s+${IN_AN_HOUR}$`, 'm'));
     });
 
     test('cron ls and cron history', async () => {
@@ -260,24 +281,19 @@ describe('reading and refusing', { concurrency: true }, () => {
       ]);
       assert.deepEqual(entries, plain(await inspector.schedulerEntries()));
       assert.match(ok(text), /^entry id\s+spec\s+type\s+payload\s+options\s+next\s+prev$/m);
-      assert.match(ok(text), /^e1\s+@every 30s\s+report\s+\{"k":1\}\s+\{"queue":"reads"\}\s+in \d+s\s+(\d+(\.\d)?s ago|just now)$/m);
+      assert.match(ok(text), new RegExp(String.raw`^e1\s+@every 30s\s+report\s+\{"k":1\}\s+\{"queue":"reads"\}\s+${IN_AN_HOUR}\s+${AGO}$`, 'm'));
       assert.deepEqual(events, plain(await inspector.listSchedulerEnqueueEvents('e1', { page: 2, pageSize: 10 })));
       assert.deepEqual(events.map((e) => e.taskId), ['task11', 'task12', 'task13', 'task14', 'task15', 'task16', 'task17', 'task18', 'task19', 'task20']);
       const lines = ok(history).trimEnd().split('\n');
       assert.match(lines[0]!, /^task id\s+tick\s+enqueued at\s+enqueued$/);
-      assert.match(lines[2]!, /^task1\s+\S+Z\s+\S+Z\s+\d+s ago$/);
+      assert.match(lines[2]!, new RegExp(String.raw`^task1\s+\S+Z\s+\S+Z\s+${AGO}$`));
       assert.equal(lines.filter((l) => l.startsWith('task')).length, 1 + 30, 'the header and a page of 30');
     });
   });
 
   describe('exit codes', { concurrency: true }, () => {
     test('an unknown queue or task: 1, one line', async () => {
-      const [inspect, ls, task] = await Promise.all([
-        pgasynq('queue', 'inspect', 'nosuch'),
-        pgasynq('--json', 'task', 'ls', '-q', 'nosuch', '-s', 'pending'),
-        pgasynq('task', 'inspect', 'reads', 'nosuch'),
-      ]);
-      fails(inspect, 1, /^error: queue "nosuch" does not exist\n$/);
+      const [ls, task] = await Promise.all([pgasynq('--json', 'task', 'ls', '-q', 'nosuch', '-s', 'pending'), pgasynq('task', 'inspect', 'reads', 'nosuch')]);
       fails(ls, 1, /^error: queue "nosuch" does not exist\n$/);
       fails(task, 1, /^error: cannot find task with id=nosuch in queue "reads"\n$/);
     });
@@ -297,37 +313,28 @@ describe('reading and refusing', { concurrency: true }, () => {
     });
 
     test('a missing --queue, a bad --size: 2', async () => {
-      const [ls, group, size] = await Promise.all([
-        pgasynq('task', 'ls', '-s', 'pending'),
-        pgasynq('group', 'ls'),
-        pgasynq('task', 'ls', '-q', 'reads', '-s', 'pending', '--size', '0'),
-      ]);
-      fails(ls, 2, /required option '-q, --queue <queue>' not specified/);
+      const [group, size] = await Promise.all([pgasynq('group', 'ls'), pgasynq('task', 'ls', '-q', 'reads', '-s', 'pending', '--size', '0')]);
       fails(group, 2, /required option '-q, --queue <queue>' not specified/);
       fails(size, 2, /--size <n>' argument '0' is invalid\. must be an integer from 1 to 1000/);
     });
 
     test('no database URL: 2; an unreachable database: 1, one line, no password; an unmigrated schema: 1 with a hint', async () => {
-      const [none, stats, ls, unmigrated] = await Promise.all([
+      const [none, unreachable, unmigrated] = await Promise.all([
         cli(['queue', 'ls']),
-        cli(['--database-url', UNREACHABLE, 'stats']),
         cli(['--json', 'task', 'ls', '-q', 'x', '-s', 'pending'], { DATABASE_URL: UNREACHABLE }),
         cli(['--database-url', DATABASE_URL, '--schema', 't_cli_admin_none', 'stats']),
       ]);
       fails(none, 2, /--database-url.*DATABASE_URL/);
-      for (const r of [stats, ls]) {
-        fails(r, 1, /^error: cannot reach the database at postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x: .*ECONNREFUSED/);
-        assert.doesNotMatch(r.stderr, /secret/);
-      }
+      fails(unreachable, 1, /^error: cannot reach the database at postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x: .*ECONNREFUSED/);
+      assert.doesNotMatch(unreachable.stderr, /secret/);
       fails(unmigrated, 1, /does not exist \(is the schema migrated\? run: pgasynq --schema t_cli_admin_none migrate\)/);
     });
 
     test('--help lists the commands and says what --json prints', async () => {
-      const [root, ls, rm] = await Promise.all([cli(['--help']), cli(['task', 'ls', '--help']), cli(['queue', 'rm', '--help'])]);
+      const [root, ls] = await Promise.all([cli(['--help']), cli(['task', 'ls', '--help'])]);
       for (const cmd of ['stats', 'queue', 'task', 'group', 'server', 'cron']) assert.match(ok(root), new RegExp(`^  ${cmd}\\b`, 'm'));
-      assert.match(ok(ls), /--state <state>.*\n.*choices: "active", "pending"/);
+      assert.match(ok(ls), /-s, --state <state>\s+task state \(choices: "active", "pending"/);
       assert.match(ok(ls), /With --json .* an array of TaskInfo/s);
-      assert.match(ok(rm), /\{"ok":true\}/);
     });
   });
 });
@@ -420,7 +427,6 @@ describe('actions change the rows', { concurrency: true }, () => {
   test('queue pause and unpause', async () => {
     assert.equal(ok(await pgasynq('queue', 'pause', 'pq')), 'queue "pq" paused\n');
     assert.equal((await inspector.getQueueInfo('pq')).paused, true);
-    fails(await pgasynq('queue', 'pause', 'pq'), 1, /^error: queue "pq" is already paused\n$/);
     assert.deepEqual(JSON.parse(ok(await pgasynq('--json', 'queue', 'unpause', 'pq'))), { ok: true });
     assert.equal((await inspector.getQueueInfo('pq')).paused, false);
   });

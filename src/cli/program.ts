@@ -16,8 +16,14 @@ import { Command, CommanderError } from '@commander-js/extra-typings';
 import { DEFAULT_SCHEMA, redact } from '../broker/db.js';
 import { isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
+import { registerCron } from './cron.js';
 import { registerDemo } from './demo.js';
+import { registerGroup } from './group.js';
 import { registerMigrate } from './migrate.js';
+import { registerQueue } from './queue.js';
+import { registerServer } from './server.js';
+import { registerStats } from './stats.js';
+import { registerTask } from './task.js';
 
 export const EXIT_OK = 0;
 export const EXIT_FAILURE = 1;
@@ -38,7 +44,7 @@ export type CliProgram = ReturnType<typeof rootCommand>;
 export type RegisterCommand = (program: CliProgram, ctx: CliContext) => void;
 
 /** Every command, in the order `--help` lists them. */
-const COMMANDS: RegisterCommand[] = [registerMigrate, registerDemo];
+const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerDemo];
 
 function version(): string {
   try {
@@ -132,9 +138,11 @@ function report(err: unknown, ctx: CliContext): number {
 
   let debug = false;
   let url: string | undefined;
+  let schema: string | undefined;
   try {
     debug = ctx.globals.debug === true;
     url = ctx.databaseUrl;
+    schema = ctx.globals.schema;
   } catch {
     // globals unavailable: report without them
   }
@@ -142,6 +150,10 @@ function report(err: unknown, ctx: CliContext): number {
   let message = messageOf(err);
   if (!usage && UNREACHABLE.has(codeOf(err) ?? '')) {
     message = `cannot reach the database${url === undefined ? '' : ` at ${redact(url)}`}: ${message}`;
+  }
+  // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
+  if (!usage && (codeOf(err) === '42P01' || codeOf(err) === '3F000')) {
+    message = `${message} (is the schema migrated? run: pgasynq${schema === undefined || schema === DEFAULT_SCHEMA ? '' : ` --schema ${schema}`} migrate)`;
   }
   ctx.io.err.write(`error: ${oneLine(sanitize(message, url))}\n`);
   if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');

@@ -1,0 +1,60 @@
+/**
+ * What the Inspector-backed commands (stats, queue, task, group, server,
+ * cron) share: one Inspector per run, closed afterwards; the task states;
+ * number parsers for options; colours on a TTY only.
+ *
+ * The Inspector is imported lazily, inside actions, so `--help` loads nothing
+ * that talks to a database.
+ */
+import { InvalidArgumentError } from '@commander-js/extra-typings';
+import type { Inspector } from '../inspector.js';
+import type { TaskState } from '../task.js';
+import { UsageError, type CliContext } from './context.js';
+import { style, type Style } from './format.js';
+
+/** Every task state, in the order asynq's CLI lists them. */
+export const STATES = ['active', 'pending', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'] as const satisfies readonly TaskState[];
+
+/** What `--json` prints for an action the Inspector answers with nothing (void). */
+export const OK = { ok: true } as const;
+
+/** Runs `fn` with an Inspector on the configured database and schema, and closes it. */
+export async function withInspector<T>(ctx: CliContext, fn: (inspector: Inspector) => Promise<T>): Promise<T> {
+  const conn = ctx.connection();
+  const { Inspector } = await import('../inspector.js');
+  const inspector = new Inspector(conn);
+  try {
+    return await fn(inspector);
+  } finally {
+    await inspector.close().catch(() => {});
+  }
+}
+
+/** An option parser for an integer in [min, max]; anything else is bad usage (exit 2). */
+export function intInRange(min: number, max: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!/^\s*\d+\s*$/.test(value) || !Number.isSafeInteger(n) || n < min || n > max) {
+      throw new InvalidArgumentError(`must be an integer from ${min} to ${max}.`);
+    }
+    return n;
+  };
+}
+
+/** Checks a state given as an argument; an unknown one is bad usage naming the allowed ones. */
+export function parseState(value: string): TaskState {
+  if ((STATES as readonly string[]).includes(value)) return value as TaskState;
+  throw new UsageError(`invalid state '${value}': the states are ${STATES.join(', ')}`);
+}
+
+/** Colours for human output: only when stdout is a terminal and NO_COLOR is not set. */
+export function colours(ctx: CliContext): Style {
+  const tty = (ctx.io.out as { isTTY?: boolean }).isTTY === true;
+  const env = ctx.io.env;
+  return style(tty && (env.NO_COLOR === undefined || env.NO_COLOR === '') && env.TERM !== 'dumb');
+}
+
+/** The help text's note on what `--json` prints for a command. */
+export function jsonNote(what: string): string {
+  return `\nWith --json (a global flag: pgasynq --json ...) it prints ${what}.\n`;
+}

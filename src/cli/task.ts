@@ -1,0 +1,218 @@
+/**
+ * `pgasynq task ls | inspect | cancel | delete | archive | run | deleteall | archiveall | runall`:
+ * each a single Inspector call. With --json: the call's result; `{"ok":true}`
+ * for delete, archive and run (void); `{"count":N}` for cancel and the bulk
+ * actions (which resolve to a count).
+ *
+ * The bulk actions take the states asynq's CLI takes, no others:
+ *   deleteall   pending, scheduled, retry, archived, completed, aggregating
+ *   archiveall  pending, scheduled, retry, aggregating
+ *   runall      scheduled, retry, archived, aggregating
+ * and aggregating needs --group, as `task ls --state aggregating` does.
+ */
+import { Option } from '@commander-js/extra-typings';
+import type { Inspector } from '../inspector.js';
+import type { TaskInfo, TaskState } from '../task.js';
+import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
+import { UsageError, type CliContext } from './context.js';
+import { duration, fields, jsonText, relative, table, truncate, when } from './format.js';
+import type { CliProgram } from './program.js';
+
+type Bulk = 'deleteall' | 'archiveall' | 'runall';
+type BulkCall = (i: Inspector, queue: string, group: string) => Promise<number>;
+
+/** The Inspector method behind each bulk action and state; a state missing here has no such action in asynq. */
+const BULK: Record<Bulk, Partial<Record<TaskState, BulkCall>>> = {
+  deleteall: {
+    pending: (i, q) => i.deleteAllPendingTasks(q),
+    scheduled: (i, q) => i.deleteAllScheduledTasks(q),
+    retry: (i, q) => i.deleteAllRetryTasks(q),
+    archived: (i, q) => i.deleteAllArchivedTasks(q),
+    completed: (i, q) => i.deleteAllCompletedTasks(q),
+    aggregating: (i, q, g) => i.deleteAllAggregatingTasks(q, g),
+  },
+  archiveall: {
+    pending: (i, q) => i.archiveAllPendingTasks(q),
+    scheduled: (i, q) => i.archiveAllScheduledTasks(q),
+    retry: (i, q) => i.archiveAllRetryTasks(q),
+    aggregating: (i, q, g) => i.archiveAllAggregatingTasks(q, g),
+  },
+  runall: {
+    scheduled: (i, q) => i.runAllScheduledTasks(q),
+    retry: (i, q) => i.runAllRetryTasks(q),
+    archived: (i, q) => i.runAllArchivedTasks(q),
+    aggregating: (i, q, g) => i.runAllAggregatingTasks(q, g),
+  },
+};
+
+const BULK_WORDS: Record<Bulk, { verb: string; done: (n: number, state: string, queue: string) => string }> = {
+  deleteall: { verb: 'delete', done: (n, st, q) => `deleted ${n} ${st} task${n === 1 ? '' : 's'} from queue "${q}"` },
+  archiveall: { verb: 'archive', done: (n, st, q) => `archived ${n} ${st} task${n === 1 ? '' : 's'} of queue "${q}"` },
+  runall: { verb: 'run', done: (n, st, q) => `${n} ${st} task${n === 1 ? '' : 's'} of queue "${q}" ${n === 1 ? 'is' : 'are'} now pending` },
+};
+
+function list(i: Inspector, queue: string, state: TaskState, page: { page: number; pageSize: number }, group: string): Promise<TaskInfo[]> {
+  switch (state) {
+    case 'pending':
+      return i.listPendingTasks(queue, page);
+    case 'active':
+      return i.listActiveTasks(queue, page);
+    case 'scheduled':
+      return i.listScheduledTasks(queue, page);
+    case 'retry':
+      return i.listRetryTasks(queue, page);
+    case 'archived':
+      return i.listArchivedTasks(queue, page);
+    case 'completed':
+      return i.listCompletedTasks(queue, page);
+    case 'aggregating':
+      return i.listAggregatingTasks(queue, group, page);
+  }
+}
+
+const retried = (t: TaskInfo) => `${t.retried}/${t.maxRetry}`;
+
+/** The columns asynq's `task ls` shows for each state, plus a few of ours. */
+function taskTable(state: TaskState, tasks: TaskInfo[], now: number): string[] {
+  const base = (t: TaskInfo) => [t.id, t.type, jsonText(t.payload, 40)];
+  const head = ['id', 'type', 'payload'];
+  const err = (t: TaskInfo) => (t.lastError === null ? '-' : truncate(t.lastError, 50));
+  switch (state) {
+    case 'pending':
+      return table([...head, 'retried'], tasks.map((t) => [...base(t), retried(t)]));
+    case 'active':
+      return table([...head, 'retried', 'deadline', 'orphaned'], tasks.map((t) => [...base(t), retried(t), relative(t.deadline, now), t.isOrphaned ? 'yes' : 'no']));
+    case 'scheduled':
+      return table([...head, 'process in', 'retried'], tasks.map((t) => [...base(t), relative(t.nextProcessAt, now), retried(t)]));
+    case 'retry':
+      return table([...head, 'next retry', 'retried', 'last failed', 'last error'], tasks.map((t) => [...base(t), relative(t.nextProcessAt, now), retried(t), relative(t.lastFailedAt, now), err(t)]));
+    case 'archived':
+      return table([...head, 'retried', 'last failed', 'last error'], tasks.map((t) => [...base(t), retried(t), relative(t.lastFailedAt, now), err(t)]));
+    case 'completed':
+      return table([...head, 'completed', 'result'], tasks.map((t) => [...base(t), relative(t.completedAt, now), jsonText(t.result, 40)]));
+    case 'aggregating':
+      return table([...head, 'group'], tasks.map((t) => [...base(t), t.group ?? '-']));
+  }
+}
+
+function taskFields(t: TaskInfo): string[] {
+  const now = Date.now();
+  return fields([
+    ['id', t.id],
+    ['queue', t.queue],
+    ['type', t.type],
+    ['state', t.state],
+    ['payload', jsonText(t.payload)],
+    ['headers', Object.keys(t.headers).length === 0 ? '-' : JSON.stringify(t.headers)],
+    ['retried', `${t.retried} of ${t.maxRetry}`],
+    ['last error', t.lastError ?? '-'],
+    ['last failed at', when(t.lastFailedAt, now)],
+    ['next process at', when(t.nextProcessAt, now)],
+    ['timeout', t.timeout === 0 ? '-' : duration(t.timeout)],
+    ['deadline', when(t.deadline, now)],
+    ['group', t.group ?? '-'],
+    ['retention', duration(t.retention)],
+    ['completed at', when(t.completedAt, now)],
+    ['result', jsonText(t.result)],
+    ...(t.state === 'active' ? [['orphaned', t.isOrphaned ? 'yes (lease expired, not yet recovered)' : 'no'] as const] : []),
+  ]);
+}
+
+const GROUP_HELP = 'group of the aggregating tasks (required with the state aggregating)';
+
+function needGroup(state: TaskState, group: string | undefined): string {
+  if (state !== 'aggregating') return '';
+  if (group === undefined) throw new UsageError('the state aggregating needs --group <group>');
+  return group;
+}
+
+export function registerTask(program: CliProgram, ctx: CliContext): void {
+  const task = program.command('task').description('list, inspect, cancel, delete, archive and run tasks, one or all of a state');
+
+  task
+    .command('ls')
+    .alias('list')
+    .description('list the tasks of a queue in one state, a page at a time')
+    .requiredOption('-q, --queue <queue>', 'queue name')
+    .addOption(new Option('-s, --state <state>', 'task state').choices(STATES).makeOptionMandatory())
+    .addOption(new Option('--page <n>', 'page number, from 1').argParser(intInRange(1, 1_000_000_000)).default(1))
+    .addOption(new Option('--size <n>', 'tasks per page').argParser(intInRange(1, 1000)).default(30))
+    .option('-g, --group <group>', GROUP_HELP)
+    .addHelpText(
+      'after',
+      jsonNote('what Inspector.list<State>Tasks(queue, { page, pageSize }) returns (listAggregatingTasks(queue, group, ...) for aggregating): an array of TaskInfo'),
+    )
+    .action(async (opts) => {
+      const state = opts.state;
+      const group = needGroup(state, opts.group);
+      const tasks = await withInspector(ctx, (i) => list(i, opts.queue, state, { page: opts.page, pageSize: opts.size }, group));
+      ctx.emit(tasks, () => {
+        const where = `${state === 'aggregating' ? `group "${group}" of ` : ''}queue "${opts.queue}"`;
+        if (tasks.length === 0) return opts.page === 1 ? `no ${state} tasks in ${where}` : `no ${state} tasks on page ${opts.page} of ${where}`;
+        const lines = taskTable(state, tasks, Date.now());
+        if (tasks.length === opts.size) lines.push(colours(ctx).dim(`(page ${opts.page}; there may be more: --page ${opts.page + 1})`));
+        return lines;
+      });
+    });
+
+  task
+    .command('inspect')
+    .description('one task, every field')
+    .argument('<queue>', 'queue name')
+    .argument('<id>', 'task id')
+    .addHelpText('after', jsonNote('Inspector.getTaskInfo(queue, id): a TaskInfo'))
+    .action(async (queue, id) => {
+      const info = await withInspector(ctx, (i) => i.getTaskInfo(queue, id));
+      ctx.emit(info, () => taskFields(info));
+    });
+
+  task
+    .command('cancel')
+    .description('cancel the running (active) task with this id, in any queue; it goes to retry')
+    .argument('<id>', 'task id')
+    .addHelpText('after', jsonNote('{"count":N}: how many active tasks were marked (Inspector.cancelProcessing(id)); 0 is not an error'))
+    .action(async (id) => {
+      const count = await withInspector(ctx, (i) => i.cancelProcessing(id));
+      ctx.emit({ count }, () => (count === 0 ? `task ${id} is not running: nothing to cancel` : `cancellation requested for task ${id}`));
+    });
+
+  const single = [
+    ['delete', ['remove', 'rm'], 'delete a task in any state but active', (i: Inspector, q: string, id: string) => i.deleteTask(q, id), 'deleted'],
+    ['archive', [], 'archive a pending, scheduled, retry, completed or aggregating task', (i: Inspector, q: string, id: string) => i.archiveTask(q, id), 'archived'],
+    ['run', [], 'make a scheduled, retry, archived, completed or aggregating task pending now', (i: Inspector, q: string, id: string) => i.runTask(q, id), 'now pending'],
+  ] as const;
+  for (const [name, aliases, description, call, done] of single) {
+    task
+      .command(name)
+      .aliases(aliases)
+      .description(description)
+      .argument('<queue>', 'queue name')
+      .argument('<id>', 'task id')
+      .addHelpText('after', jsonNote('{"ok":true}. A task whose state forbids it (e.g. an active one) is an error (exit 1)'))
+      .action(async (queue, id) => {
+        await withInspector(ctx, (i) => call(i, queue, id));
+        ctx.emit(OK, () => `task ${id} in queue "${queue}": ${done}`);
+      });
+  }
+
+  for (const bulk of ['deleteall', 'archiveall', 'runall'] as const) {
+    const allowed = STATES.filter((s) => BULK[bulk][s] !== undefined);
+    task
+      .command(bulk)
+      .description(`${BULK_WORDS[bulk].verb} every task of a queue in one state (${allowed.join(', ')})`)
+      .argument('<queue>', 'queue name')
+      .argument('<state>', `task state: ${allowed.join(', ')}`)
+      .option('-g, --group <group>', GROUP_HELP)
+      .addHelpText('after', jsonNote('{"count":N}: how many tasks the Inspector call moved or deleted'))
+      .action(async (queue, stateArg, opts) => {
+        const state = parseState(stateArg);
+        const call = BULK[bulk][state];
+        if (call === undefined) {
+          throw new UsageError(`${bulk} does not apply to ${state} tasks (asynq has no such bulk action); ${bulk} takes ${allowed.join(', ')}`);
+        }
+        const group = needGroup(state, opts.group);
+        const count = await withInspector(ctx, (i) => call(i, queue, group));
+        ctx.emit({ count }, () => BULK_WORDS[bulk].done(count, state, queue) + (state === 'aggregating' ? ` (group "${group}")` : ''));
+      });
+  }
+}
