@@ -76,8 +76,9 @@ CREATE INDEX tasks_active_idx      ON {{schema}}.tasks (lease_expires_at) WHERE 
 CREATE INDEX tasks_completed_idx   ON {{schema}}.tasks (run_at) WHERE state = 'completed';
 CREATE INDEX tasks_archived_idx    ON {{schema}}.tasks (queue, run_at) WHERE state = 'archived';
 CREATE INDEX tasks_aggregating_idx ON {{schema}}.tasks (queue, group_key, enqueued_at) WHERE state = 'aggregating';
--- Lists and cancellation by id across queues.
-CREATE INDEX tasks_id_idx          ON {{schema}}.tasks (id);
+-- No index on id alone: every state change of a row is a non-HOT update that
+-- inserts into each index, and the one lookup by id without its queue
+-- (cancelProcessing) concerns active rows, which tasks_active_idx covers.
 
 -- asynq's Unique(ttl): a lock per (queue, type, payload digest) that outlives the task
 -- states it covers and expires on its own.
