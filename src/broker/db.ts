@@ -124,7 +124,11 @@ export class Db {
     if (tx === undefined) return (await query.execute(this.kysely)).rows;
     if (isKyselyExecutor(tx)) return (await query.execute(tx)).rows;
     const compiled = query.compile(this.kysely);
-    const result = await tx.query(compiled.sql, compiled.parameters as unknown[]);
+    const text = compiled.sql;
+    const values = compiled.parameters as unknown[];
+    const result = await (prepared === undefined || this.embedded !== undefined
+      ? tx.query(text, values)
+      : (tx as pg.PoolClient).query({ name: `pgasynq:${this.schema}:${prepared}`, text, values }));
     return result.rows as R[];
   }
 
