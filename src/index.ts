@@ -65,3 +65,17 @@ export {
   type SchedulerEntry,
   type SchedulerEnqueueEvent,
 } from './inspector.js';
+export {
+  createDashboard,
+  metricsHandler,
+  serverMetrics,
+  collectMetrics,
+  renderPrometheus,
+  PROMETHEUS_CONTENT_TYPE,
+  type Dashboard,
+  type DashboardOptions,
+  type MetricFamily,
+  type MetricSample,
+  type MetricsHandler,
+  type MetricsHandlerOptions,
+} from './dashboard/index.js';

@@ -17,6 +17,7 @@ import { DEFAULT_SCHEMA, redact } from '../broker/db.js';
 import { isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { registerCron } from './cron.js';
+import { registerDash } from './dash.js';
 import { registerDemo } from './demo.js';
 import { registerGroup } from './group.js';
 import { registerMigrate } from './migrate.js';
@@ -44,7 +45,7 @@ export type CliProgram = ReturnType<typeof rootCommand>;
 export type RegisterCommand = (program: CliProgram, ctx: CliContext) => void;
 
 /** Every command, in the order `--help` lists them. */
-const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerDemo];
+const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerDash, registerDemo];
 
 function version(): string {
   try {
