@@ -24,7 +24,7 @@ function runExample(file: string, args: string[] = []): Promise<{ code: number |
 }
 
 describe('pgasynq demo', () => {
-  test('with no database configured it runs on the embedded one and finishes every task', { timeout: 120_000 }, async () => {
+  test('with no database configured it runs on the embedded one and finishes every task', { timeout: 180_000 }, async () => {
     const env = { ...process.env };
     delete env.DATABASE_URL;
     const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
@@ -45,20 +45,20 @@ describe('pgasynq demo', () => {
   });
 });
 
-describe('examples on the embedded database', { concurrency: true }, () => {
-  test('worker.ts processes its 20 tasks and exits', { timeout: 90_000 }, async () => {
+describe('examples on the embedded database', () => {
+  test('worker.ts processes its 20 tasks and exits', { timeout: 180_000 }, async () => {
     const r = await runExample('worker.ts');
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /done: 20 tasks/);
   });
 
-  test('cron.ts enqueues a tick every second and exits after three', { timeout: 90_000 }, async () => {
+  test('cron.ts enqueues a tick every second and exits after three', { timeout: 180_000 }, async () => {
     const r = await runExample('cron.ts');
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /done: 3 pings/);
   });
 
-  test('http-app.ts --smoke places 5 orders through HTTP and confirms them', { timeout: 90_000 }, async () => {
+  test('http-app.ts --smoke places 5 orders through HTTP and confirms them', { timeout: 180_000 }, async () => {
     const r = await runExample('http-app.ts', ['--smoke']);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /smoke: 5 orders placed and confirmed/);
