@@ -1,0 +1,38 @@
+/** The systems under test, by the names --systems takes. Loaded lazily: each pulls in its own library. */
+import type { Adapter } from './types.js';
+
+export const SYSTEMS = ['pgasynq', 'floor', 'graphile', 'pgboss', 'bullmq', 'bullmq-pg', 'floor-prefetch'] as const;
+/** Run only when named in --systems: a diagnostic, not one of BENCH.md's systems. */
+export const EXTRA: readonly SystemName[] = ['floor-prefetch'];
+export type SystemName = (typeof SYSTEMS)[number];
+
+/** Other spellings --systems accepts. */
+export const ALIASES: Record<string, SystemName> = {
+  'graphile-worker': 'graphile',
+  'pg-boss': 'pgboss',
+  'bullmq-redis': 'bullmq',
+  bullmqpg: 'bullmq-pg',
+  'bullmq-postgres': 'bullmq-pg',
+  raw: 'floor',
+  'raw-sql': 'floor',
+};
+
+export async function load(name: SystemName): Promise<Adapter> {
+  switch (name) {
+    case 'pgasynq':
+      return await (await import('./pgasynq.js')).create();
+    case 'floor':
+      return (await import('./floor.js')).create();
+    case 'floor-prefetch':
+      // graphile-worker's tuned localQueue size: what claims larger than the free slots buy.
+      return (await import('./floor.js')).create(Number(process.env.FLOOR_PREFETCH ?? 500));
+    case 'graphile':
+      return (await import('./graphile.js')).create();
+    case 'pgboss':
+      return (await import('./pgboss.js')).create();
+    case 'bullmq':
+      return (await import('./bullmq.js')).create('redis');
+    case 'bullmq-pg':
+      return (await import('./bullmq.js')).create('pg');
+  }
+}

@@ -1,0 +1,78 @@
+/**
+ * What every adapter and workload shares: where the databases are, clocks,
+ * statistics, and small helpers for child processes.
+ */
+import { performance } from 'node:perf_hooks';
+import pg from 'pg';
+
+export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+/** Monotonic ms, comparable within one process. */
+export const now = (): number => performance.now();
+/** Wall-clock ms with sub-ms resolution, comparable across processes on this machine. */
+export const wallNow = (): number => performance.timeOrigin + performance.now();
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export function median(xs: readonly number[]): number {
+  if (xs.length === 0) return Number.NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+/** Nearest-rank percentile (p in 0..100). */
+export function percentile(xs: readonly number[], p: number): number {
+  if (xs.length === 0) return Number.NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  const rank = Math.min(s.length, Math.max(1, Math.ceil((p / 100) * s.length)));
+  return s[rank - 1]!;
+}
+
+export const mean = (xs: readonly number[]): number => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : Number.NaN);
+
+/** A small pool for administrative statements (drop schema, counts, sizes). */
+export function adminPool(max = 2): pg.Pool {
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max, application_name: 'bench:admin' });
+  pool.on('error', () => {});
+  return pool;
+}
+
+export async function dropSchema(pool: pg.Pool, schema: string): Promise<void> {
+  // Quiet the NOTICEs that DROP … CASCADE prints for every dependent object.
+  await pool.query(`SET client_min_messages = warning; DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+}
+
+export async function count(pool: pg.Pool, sql: string, params: unknown[] = []): Promise<number> {
+  const { rows } = await pool.query<{ n: string }>(sql, params);
+  return Number(rows[0]?.n ?? 0);
+}
+
+/** Waits until `cond()` is true, polling every `everyMs`; throws after `timeoutMs`. */
+export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs: number, everyMs = 5, what = 'condition'): Promise<void> {
+  const deadline = now() + timeoutMs;
+  while (!(await cond())) {
+    if (now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(everyMs);
+  }
+}
+
+/** Parses `--key value` and `--flag` arguments. */
+export function parseArgs(argv: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (!a.startsWith('--')) continue;
+    const eq = a.indexOf('=');
+    if (eq > 0) out[a.slice(2, eq)] = a.slice(eq + 1);
+    else if (i + 1 < argv.length && !argv[i + 1]!.startsWith('--')) out[a.slice(2)] = argv[++i]!;
+    else out[a.slice(2)] = 'true';
+  }
+  return out;
+}
+
+/** Logs to stderr (stdout carries the result line of a measurement). */
+export function log(...parts: unknown[]): void {
+  process.stderr.write(`${parts.map((p) => (typeof p === 'string' ? p : JSON.stringify(p))).join(' ')}\n`);
+}
