@@ -451,8 +451,10 @@ describe('processes', () => {
     console.log(`# zombie: fenced writes rejected = ${metrics.fencedWrites}, leases lost = ${metrics.leasesLost}`);
     const effects = await db.query('SELECT task_id, worker FROM {{schema}}.side_effects');
     assert.deepEqual(effects, [{ task_id: info.id, worker: 'rescuer' }], 'exactly one side effect, the rescuer’s');
-    assert.ok((metrics.fencedWrites as number) >= 1, 'the zombie’s writes were rejected by the token');
-    assert.equal(metrics.leasesLost, 1);
+    // Two safe outcomes, depending on which overdue timer fires first after SIGCONT: the
+    // trust timer (the zombie aborts before writing anything), or the handler's own (its
+    // transaction reaches the database and the token rejects it: a fenced write).
+    assert.equal(metrics.leasesLost, 1, 'the zombie knows it lost the lease');
   });
 
   test('a CPU-bound handler that blocks the event loop past its lease loses it; its late transaction is fenced', { timeout: 30_000 }, async () => {

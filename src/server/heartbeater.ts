@@ -49,16 +49,19 @@ export class Heartbeater {
       const sentAt = performance.now();
       const extended = await extendLeases(this.#db, held, this.#leaseDuration);
       const byKey = new Map(extended.map((r) => [`${r.queue}\0${r.id}`, r]));
+      let lost = 0;
       for (const lease of held) {
         const row = byKey.get(lease.key);
         if (row === undefined) {
-          if (!lease.inTransaction) lease.lose();
+          // A settled lease's row may have just been completed: its outcome write decides.
+          if (lease.inTransaction || lease.settled) continue;
+          lease.lose();
+          lost++;
           continue;
         }
         lease.extended(sentAt);
         if (row.cancel_requested) lease.abort(new TaskCanceledError());
       }
-      const lost = held.length - extended.length;
       if (lost > 0) {
         // Each missing row is a fenced heartbeat write: counted like any other.
         this.#processor.counters.fencedWrites += lost;

@@ -26,6 +26,12 @@ export class Lease implements LeaseKey {
   inTransaction = false;
   /** ctx.transaction committed the completion: the processor writes nothing more. */
   completedInTransaction = false;
+  /**
+   * The handler has settled and its outcome is being written. A heartbeat that
+   * misses the row now may just have raced that write; the write's own fencing
+   * says whether the lease was lost.
+   */
+  settled = false;
   #released = false;
   #trustTimer: NodeJS.Timeout | undefined;
   readonly #trustMs: number;

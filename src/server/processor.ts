@@ -200,6 +200,7 @@ export class Processor {
     // The slot is free once the handler settled: the next claim overlaps this outcome's
     // write, which still holds (and heartbeats) the lease until it lands.
     this.#running--;
+    lease.settled = true;
     this.#poke();
     try {
       await this.#finish(row, lease, task, outcome);
