@@ -67,6 +67,13 @@ export interface TaskInfo {
   completedAt: Date | null;
   result: unknown;
   headers: Record<string, string>;
+  /** When the task was enqueued. */
+  enqueuedAt: Date;
+  /** When its latest attempt started; null before the first. */
+  startedAt: Date | null;
+  /** An active task's lease: the server holding it and until when (database clock). */
+  leaseOwner: string | null;
+  leaseExpiresAt: Date | null;
 }
 
 /** Checks an options object: unknown keys, wrong types and out-of-range values are ValidationErrors. */

@@ -27,6 +27,10 @@ export interface TaskRow {
   result: unknown;
   result_bytes: Buffer | null;
   is_orphaned: boolean;
+  enqueued_at: Date;
+  started_at: Date | null;
+  lease_owner: string | null;
+  lease_expires_at: Date | null;
 }
 
 /** Columns of TaskRow, computed from a tasks row aliased `t`, on the database clock. */
@@ -36,7 +40,8 @@ export const taskColumns = sql`
   CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
   t.error_msg, t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms,
   t.completed_at, t.result, t.result_bytes,
-  (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned`;
+  (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
+  t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at`;
 
 export function toTaskInfo(r: TaskRow): TaskInfo {
   return {
@@ -58,5 +63,9 @@ export function toTaskInfo(r: TaskRow): TaskInfo {
     completedAt: r.completed_at,
     result: decodePayload(r.result, r.result_bytes),
     headers: r.headers,
+    enqueuedAt: r.enqueued_at,
+    startedAt: r.started_at,
+    leaseOwner: r.lease_owner,
+    leaseExpiresAt: r.lease_expires_at,
   };
 }

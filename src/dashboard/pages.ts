@@ -584,7 +584,9 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
 
   type Ev = { at: Date; label: string; detail?: string };
   const evs: Ev[] = [];
+  evs.push({ at: t.enqueuedAt, label: 'enqueued' });
   if (w) evs.push({ at: w.worker.startedAt, label: 'started', detail: `by ${w.server.host}:${w.server.pid}` });
+  else if (t.startedAt) evs.push({ at: t.startedAt, label: 'started', detail: t.leaseOwner ? `by server ${t.leaseOwner.slice(0, 8)}` : undefined });
   if (t.lastFailedAt) evs.push({ at: t.lastFailedAt, label: 'failed', detail: t.retried > 0 ? `attempt ${t.retried}` : undefined });
   if (t.completedAt) evs.push({ at: t.completedAt, label: 'completed' });
   if (t.nextProcessAt && t.state !== 'pending') evs.push({ at: t.nextProcessAt, label: t.state === 'retry' ? 'next retry' : 'due' });
