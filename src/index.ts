@@ -3,15 +3,8 @@
  */
 export { Client, type EnqueueCallOptions } from './client.js';
 export { Server, type ServerConfig, type ServerStatus } from './server.js';
-export {
-  Scheduler,
-  PeriodicTaskManager,
-  InvalidCronSpecError,
-  type SchedulerOptions,
-  type SchedulerStatus,
-  type PeriodicTaskConfig,
-  type PeriodicTaskManagerOptions,
-} from './scheduler.js';
+export { Scheduler, InvalidCronSpecError, type SchedulerOptions, type SchedulerStatus } from './scheduler.js';
+export { PeriodicTaskManager, type PeriodicTaskConfig, type PeriodicTaskManagerOptions } from './periodic-task-manager.js';
 export { ServeMux, type Handler, type Middleware, type TaskContext } from './mux.js';
 export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState } from './task.js';
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
