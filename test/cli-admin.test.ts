@@ -10,14 +10,12 @@
  * once: more only makes them fight for the CPU.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import { Client, Inspector, Task, type TaskInfo } from '../src/index.js';
-import { DATABASE_URL, testDb, type TestDb } from './helpers.js';
+import { DATABASE_URL, runNode, testDb, type TestDb } from './helpers.js';
 
-const REPO = fileURLToPath(new URL('..', import.meta.url));
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
 
@@ -45,17 +43,7 @@ async function cli(args: string[], env: Record<string, string> = {}): Promise<Ru
 }
 
 function spawnCli(args: string[], env: Record<string, string>): Promise<Run> {
-  const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
-  if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { cwd: REPO, env: childEnv });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
+  return runNode([MAIN, ...args], env);
 }
 
 let db: TestDb;

@@ -3,13 +3,11 @@
  * output, --json, exit codes, and what it does to the database.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
-import { DATABASE_URL } from './helpers.js';
+import { DATABASE_URL, runNode } from './helpers.js';
 
-const REPO = fileURLToPath(new URL('..', import.meta.url));
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const SCHEMA = 't_cli';
 const ENV_SCHEMA = 't_cli_env';
@@ -27,17 +25,7 @@ interface Run {
 
 /** Runs the CLI; DATABASE_URL is unset in the child unless `env` sets it. */
 function cli(args: string[], env: Record<string, string> = {}): Promise<Run> {
-  const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
-  if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { cwd: REPO, env: childEnv });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
+  return runNode([MAIN, ...args], env);
 }
 
 /** `pgasynq --database-url <test db> --schema <schema> ...args` */

@@ -3,39 +3,16 @@
  * database (DATABASE_URL unset) and exits 0 having done its work.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { describe, test } from 'node:test';
+import { runNode } from './helpers.js';
 
-const REPO = fileURLToPath(new URL('..', import.meta.url));
-
-function runExample(file: string, args: string[] = []): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const env = { ...process.env };
-  delete env.DATABASE_URL;
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', `examples/${file}`, ...args], { cwd: REPO, env });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
+function runExample(file: string, args: string[] = []) {
+  return runNode([`examples/${file}`, ...args]);
 }
 
 describe('pgasynq demo', () => {
   test('with no database configured it runs on the embedded one and finishes every task', { timeout: 180_000 }, async () => {
-    const env = { ...process.env };
-    delete env.DATABASE_URL;
-    const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
-      const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', '--json', 'demo', '--tasks', '60', '--concurrency', '8'], { cwd: REPO, env });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-      child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-      child.on('error', reject);
-      child.on('close', (code) => resolve({ code, stdout, stderr }));
-    });
+    const r = await runNode(['src/cli/main.ts', '--json', 'demo', '--tasks', '60', '--concurrency', '8']);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /embedded database/);
     const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as { processed: number; unfinished: number; archived: number };

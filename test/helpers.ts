@@ -2,6 +2,8 @@
  * Test support: every test file gets its own schema on the one test database,
  * so files run in parallel and the `schema` option is exercised everywhere.
  */
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { migrate } from '../src/index.js';
 
@@ -61,4 +63,31 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => 
 export async function countByState(db: TestDb): Promise<Record<string, number>> {
   const rows = await db.query<{ state: string; n: number }>('SELECT state, count(*)::int AS n FROM {{schema}}.tasks GROUP BY state');
   return Object.fromEntries(rows.map((r) => [r.state, r.n]));
+}
+
+/** The repository's root, where child processes run. */
+export const REPO = fileURLToPath(new URL('..', import.meta.url));
+
+export interface ChildRun {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Runs `node --import tsx ...args` in the repository, as a user runs the CLI or
+ * an example. DATABASE_URL is unset in the child unless `env` sets it.
+ */
+export function runNode(args: string[], env: Record<string, string> = {}): Promise<ChildRun> {
+  const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
+  if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', ...args], { cwd: REPO, env: childEnv });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));
+    child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
 }
