@@ -36,16 +36,13 @@ import {
   errorPage,
   overviewJson,
   overviewPage,
-  queuePage,
-  schedulerEntryPage,
-  schedulersPage,
-  serversPage,
   statusOf,
-  taskPage,
   tokenPage,
   type PageContext,
   type PageResult,
 } from './pages.js';
+import { queuePage, taskPage } from './queue-pages.js';
+import { schedulerEntryPage, schedulersPage, serversPage } from './registry-pages.js';
 import { QueueSampler } from './sampler.js';
 import { appendHeader, Guard, isLoopback, LOOPBACK_HOSTS, setSecurityHeaders } from './security.js';
 
