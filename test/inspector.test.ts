@@ -675,7 +675,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migration 0002 rolls back and applies again', async () => {
+  test('migrations 0003 and 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema };
@@ -684,11 +684,19 @@ describe('validation, closing, migration', () => {
       db.pool
         .query(`SELECT to_regclass('"${schema}".queue_stats')::text AS v, to_regclass('"${schema}".active_tasks')::text AS a, to_regclass('"${schema}".tasks_due_queue_idx')::text AS i`)
         .then((r) => r.rows[0]);
+    const activeIndex = () =>
+      db.pool
+        .query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`)
+        .then((r) => r.rows[0].def as string);
     assert.ok((await objects()).v && (await objects()).a && (await objects()).i);
+    assert.match(await activeIndex(), /\(queue, started_at, seq\) WHERE \(\(state = 'active'::text\) AND \(lease_owner IS NOT NULL\)\)/);
+    assert.equal(await migrateDown(opts), '0003_active_index');
+    assert.match(await activeIndex(), /\(lease_expires_at\) WHERE \(state = 'active'::text\)$/);
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
-    assert.deepEqual(await migrate(opts), { applied: ['0002_views'] });
+    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index'] });
     assert.ok((await objects()).v);
+    assert.match(await activeIndex(), /lease_owner IS NOT NULL/);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
   });
 });

@@ -73,6 +73,9 @@ export async function taskInfo(db: Db, queue: string, id: string): Promise<InQue
  * time, completed by the end of retention (asynq's scores), active by start,
  * aggregating by enqueue time. `seq` breaks ties, so pages never overlap.
  */
+/** Always true of an active row; saying it lets the planner use tasks_active_idx (migration 0003). */
+const ACTIVE_INDEXED = sql`AND t.lease_owner IS NOT NULL`;
+
 const LIST_ORDER: Record<TaskState, RawBuilder<unknown>> = {
   pending: sql`t.run_at, t.seq`,
   active: sql`t.started_at, t.seq`,
@@ -101,7 +104,8 @@ export async function listTasks(
     FROM ${db.table('queues')} q
     LEFT JOIN LATERAL (
       SELECT t.* FROM ${db.table('tasks')} t
-      WHERE t.queue = q.name AND t.state = ${state} AND (${page.group ?? null}::text IS NULL OR t.group_key = ${page.group ?? null})
+      WHERE t.queue = q.name AND t.state = ${state} ${state === 'active' ? ACTIVE_INDEXED : sql``}
+        AND (${page.group ?? null}::text IS NULL OR t.group_key = ${page.group ?? null})
       ORDER BY ${order} LIMIT ${page.limit} OFFSET ${page.offset}
     ) t ON true
     WHERE q.name = ${queue}

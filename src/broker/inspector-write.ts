@@ -150,7 +150,7 @@ export async function requestCancel(db: Db, id: string): Promise<number> {
   const rows = await db.run(sql<{ n: number }>`
     WITH marked AS (
       UPDATE ${db.table('tasks')} SET cancel_requested = true, updated_at = now()
-      WHERE id = ${id} AND state = 'active'
+      WHERE id = ${id} AND state = 'active' AND lease_owner IS NOT NULL -- tasks_active_idx (0003)
       RETURNING 1
     ),
     notified AS (
@@ -196,7 +196,7 @@ export async function deleteQueue(db: Db, queue: string, force: boolean): Promis
   const rows = await db.run(sql<{ queue_found: boolean; has_active: boolean; has_tasks: boolean; deleted: boolean }>`
     WITH q AS (SELECT name FROM ${db.table('queues')} WHERE name = ${queue} FOR UPDATE),
     c AS (
-      SELECT EXISTS (SELECT 1 FROM ${db.table('tasks')} WHERE queue = ${queue} AND state = 'active') AS has_active,
+      SELECT EXISTS (SELECT 1 FROM ${db.table('tasks')} WHERE queue = ${queue} AND state = 'active' AND lease_owner IS NOT NULL) AS has_active,
              EXISTS (SELECT 1 FROM ${db.table('tasks')} WHERE queue = ${queue}) AS has_tasks
     ),
     ok AS (SELECT q.name FROM q, c WHERE NOT c.has_active AND (NOT c.has_tasks OR ${force}::boolean)),

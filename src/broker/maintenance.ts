@@ -68,7 +68,7 @@ export async function recoverExpired(
     const expired = await db.run(
       sql<ExpiredLease>`
       SELECT queue, id, type, payload, payload_bytes, headers, retried, max_retry FROM ${db.table('tasks')}
-      WHERE state = 'active'
+      WHERE state = 'active' AND lease_owner IS NOT NULL -- always true; lets tasks_active_idx serve
         AND (lease_expires_at < now() - ${opts.cutoffMs}::float8 * interval '1 millisecond'
              OR lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')
       ORDER BY queue, id LIMIT ${opts.limit} FOR UPDATE SKIP LOCKED`,
