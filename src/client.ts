@@ -3,7 +3,8 @@
  */
 import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
 import { insertTasks } from './broker/enqueue.js';
-import { ClientClosedError, InvalidOptionError } from './errors.js';
+import { ClientClosedError, ConfigError, InvalidOptionError } from './errors.js';
+import { maxPayloadBytesOption } from './payload.js';
 import { toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './task.js';
 
 /** Enqueue options, plus the caller's open transaction to enqueue in. */
@@ -27,6 +28,16 @@ function splitTx(opts: EnqueueCallOptions | undefined): [EnqueueOptions, Transac
   return [validateOptions(rest), tx];
 }
 
+/** Client options: the connection, and the payload size cap. */
+export interface ClientOptions extends ConnectionOptions {
+  /**
+   * Largest payload accepted, in bytes of its stored form (UTF-8 JSON text,
+   * or the bytes); a larger one is a PayloadTooLargeError before anything is
+   * sent. At most 268,435,455 (PostgreSQL's jsonb limit). @defaultValue 1,048,576 (1 MiB)
+   */
+  maxPayloadBytes?: number;
+}
+
 /**
  * @example
  * const client = new Client({ connectionString: process.env.DATABASE_URL });
@@ -34,15 +45,17 @@ function splitTx(opts: EnqueueCallOptions | undefined): [EnqueueOptions, Transac
  */
 export class Client {
   readonly #db: Db;
+  readonly #maxPayloadBytes: number;
 
-  constructor(opts: ConnectionOptions = {}) {
+  constructor(opts: ClientOptions = {}) {
+    this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
     this.#db = new Db(opts, 'pgasynq:client');
   }
 
   /** Enqueues one task. Options given here override those of the Task. */
   async enqueue(task: Task, opts?: EnqueueCallOptions): Promise<TaskInfo> {
     const [overrides, tx] = splitTx(opts);
-    const record = toRecord(task, overrides);
+    const record = toRecord(task, overrides, undefined, this.#maxPayloadBytes);
     this.#checkOpen();
     const [info] = await insertTasks(this.#db, [record], tx);
     return info as TaskInfo;
@@ -55,7 +68,7 @@ export class Client {
   async enqueueMany(tasks: Task[], opts?: EnqueueCallOptions): Promise<TaskInfo[]> {
     if (!Array.isArray(tasks)) throw new InvalidOptionError('tasks', 'must be an array of Task');
     const [overrides, tx] = splitTx(opts);
-    const records = tasks.map((task, i) => toRecord(task, overrides, i));
+    const records = tasks.map((task, i) => toRecord(task, overrides, i, this.#maxPayloadBytes));
     this.#checkOpen();
     if (records.length === 0) return [];
     return insertTasks(this.#db, records, tx);

@@ -179,8 +179,32 @@ export const isSkipRetry = (err: unknown): boolean => causeChainHas(err, 'ERR_SK
 /** RevokeTask anywhere on the cause chain. */
 export const isRevokeTask = (err: unknown): boolean => causeChainHas(err, 'ERR_REVOKE_TASK');
 
-/** Turns anything thrown into an Error, once, at the boundary where user code returns. */
+/** How much of a thrown non-Error value its description keeps. */
+const MAX_THROWN_TEXT = 200;
+
+/** A short, safe description of any thrown value: `"boom"`, `undefined`, `42`, `{"code":7}`. */
+function describeThrown(thrown: unknown): string {
+  let text: string;
+  try {
+    if (typeof thrown === 'string') text = JSON.stringify(thrown.length > MAX_THROWN_TEXT ? thrown.slice(0, MAX_THROWN_TEXT) : thrown);
+    else if (typeof thrown === 'bigint') text = `${thrown}n`;
+    else if (typeof thrown === 'function') text = 'a function';
+    else if (typeof thrown === 'object' && thrown !== null) text = JSON.stringify(thrown) ?? Object.prototype.toString.call(thrown);
+    else text = String(thrown);
+  } catch {
+    // A cycle, a BigInt inside, a throwing toJSON or getter: the tag is enough.
+    text = Object.prototype.toString.call(thrown);
+  }
+  return text.length > MAX_THROWN_TEXT ? `${text.slice(0, MAX_THROWN_TEXT)}…` : text;
+}
+
+/**
+ * Turns anything thrown into an Error, once, at the boundary where user code
+ * returns. An Error is returned as it is; anything else (`throw "boom"`,
+ * `throw undefined`) becomes an Error whose message says so,
+ * `non-Error thrown: "boom"`, with the value as its `cause`.
+ */
 export function coerceError(thrown: unknown): Error {
   if (thrown instanceof Error) return thrown;
-  return new Error(typeof thrown === 'string' ? thrown : `non-error thrown: ${String(thrown)}`);
+  return new Error(`non-Error thrown: ${describeThrown(thrown)}`, { cause: thrown });
 }

@@ -9,8 +9,8 @@
 import { Db, type ConnectionOptions } from './broker/db.js';
 import * as read from './broker/inspector-read.js';
 import * as write from './broker/inspector-write.js';
-import { ClientClosedError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './errors.js';
-import { encodePayload } from './payload.js';
+import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './errors.js';
+import { encodePayload, maxPayloadBytesOption } from './payload.js';
 import type { TaskInfo, TaskState } from './task.js';
 import * as v from './validate.js';
 import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './inspector-types.js';
@@ -36,6 +36,12 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
   return { limit: size, offset: (page - 1) * size };
 }
 
+/** Inspector options: the connection, and the payload size cap. */
+export interface InspectorOptions extends ConnectionOptions {
+  /** Largest payload updateTaskPayload writes, as the Client's option. @defaultValue 1,048,576 (1 MiB) */
+  maxPayloadBytes?: number;
+}
+
 /**
  * The admin API. Methods that take a queue reject with QueueNotFoundError
  * when it does not exist; single-task methods with TaskNotFoundError when the
@@ -54,8 +60,10 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
  */
 export class Inspector {
   readonly #db: Db;
+  readonly #maxPayloadBytes: number;
 
-  constructor(opts: ConnectionOptions = {}) {
+  constructor(opts: InspectorOptions = {}) {
+    this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
     this.#db = new Db(opts, 'pgasynq:inspector');
   }
 
@@ -190,7 +198,7 @@ export class Inspector {
   async updateTaskPayload(queue: string, id: string, payload: unknown): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const encoded = encodePayload(payload);
+    const encoded = encodePayload(payload, 'payload', this.#maxPayloadBytes);
     const r = await write.updatePayload(this.#open(), q, taskId, encoded.json, encoded.bytes);
     this.#check(q, taskId, r, (state) => `cannot update task that is not in scheduled state: id=${taskId}, queue=${q}, state=${state}`);
   }

@@ -3,12 +3,28 @@
  * bytea and handed back as a Buffer). JSON.stringify silently drops functions,
  * turns NaN into null and throws an unhelpful error on BigInt or a cycle; we
  * check the value first so the error names the path and the rule.
+ *
+ * Keys named `__proto__`, `constructor` or `prototype` are ordinary data: they
+ * are stored as written, and a handler gets them back (through JSON.parse) as
+ * own data properties of a plain object, which never touches Object.prototype.
+ * Code that deep-merges a payload into another object should still skip them.
  */
-import { PayloadSerializationError, PayloadTooLargeError } from './errors.js';
+import { PayloadSerializationError, PayloadTooLargeError, type ValidationError } from './errors.js';
+import * as v from './validate.js';
 
-/** The default cap on one payload, in bytes of its encoded form. */
+/** The default cap on one payload (and one result), in bytes of its encoded form: 1 MiB. */
 export const MAX_PAYLOAD_BYTES = 1_048_576;
-const MAX_DEPTH = 64;
+/** The largest cap `maxPayloadBytes` may be set to: just under PostgreSQL's 256 MiB jsonb limit. */
+export const MAX_PAYLOAD_BYTES_LIMIT = 268_435_455;
+/** How deeply arrays and objects may nest in a payload. */
+export const MAX_PAYLOAD_DEPTH = 64;
+/** Paths in messages are cut to this many characters (a key may be a megabyte long). */
+const MAX_PATH_IN_MESSAGE = 120;
+
+/** Checks a `maxPayloadBytes` option: an integer in [1, MAX_PAYLOAD_BYTES_LIMIT]. */
+export function maxPayloadBytesOption(value: unknown, Err: new (field: string, rule: string) => ValidationError): number {
+  return value === undefined ? MAX_PAYLOAD_BYTES : v.integer(value, 'maxPayloadBytes', 1, MAX_PAYLOAD_BYTES_LIMIT, Err);
+}
 
 export type EncodedPayload = { json: string | null; bytes: Buffer | null };
 
@@ -18,9 +34,10 @@ function keyPath(path: string, key: string): string {
 
 function check(value: unknown, path: string, depth: number, ancestors: object[], field: string): void {
   const fail = (rule: string): never => {
-    throw new PayloadSerializationError(field, `${rule} at ${path}`);
+    const where = path.length > MAX_PATH_IN_MESSAGE ? `${path.slice(0, MAX_PATH_IN_MESSAGE)}…` : path;
+    throw new PayloadSerializationError(field, `${rule} at ${where}`);
   };
-  if (depth > MAX_DEPTH) fail(`nesting depth exceeds ${MAX_DEPTH}`);
+  if (depth > MAX_PAYLOAD_DEPTH) fail(`nesting depth exceeds the limit of ${MAX_PAYLOAD_DEPTH} levels`);
   switch (typeof value) {
     case 'string':
       if (value.includes('\0')) fail('contains a NUL character, which jsonb cannot store (send bytes instead),');
@@ -62,22 +79,37 @@ function check(value: unknown, path: string, depth: number, ancestors: object[],
   ancestors.pop();
 }
 
+/** Size in bytes of an encoded payload as stored (UTF-8 JSON text, or the bytes). */
+export function encodedSize(encoded: EncodedPayload): number {
+  return encoded.bytes !== null ? encoded.bytes.byteLength : encoded.json === null ? 0 : Buffer.byteLength(encoded.json);
+}
+
+/**
+ * Refuses an encoded payload over `maxBytes`, before anything is sent:
+ * "payload is 1048577 bytes as JSON; the limit is 1048576 (option maxPayloadBytes)".
+ */
+export function checkPayloadSize(encoded: EncodedPayload, field = 'payload', maxBytes = MAX_PAYLOAD_BYTES): EncodedPayload {
+  const size = encodedSize(encoded);
+  if (size > maxBytes) {
+    throw new PayloadTooLargeError(field, `is ${size} bytes${encoded.bytes !== null ? '' : ' as JSON'}; the limit is ${maxBytes} (option maxPayloadBytes)`);
+  }
+  return encoded;
+}
+
 /**
  * Encodes a payload (or a result) for storage. `undefined` and `null` mean no
- * payload. Bytes are copied into a Buffer; anything else must be JSON.
+ * payload. Bytes are copied into a Buffer; anything else must be JSON. A
+ * payload over `maxBytes` (1 MiB by default) is a PayloadTooLargeError.
  */
 export function encodePayload(value: unknown, field = 'payload', maxBytes = MAX_PAYLOAD_BYTES): EncodedPayload {
   if (value === undefined || value === null) return { json: null, bytes: null };
   if (value instanceof Uint8Array) {
-    if (value.byteLength > maxBytes) throw new PayloadTooLargeError(field, `is ${value.byteLength} bytes; the limit is ${maxBytes}`);
+    checkPayloadSize({ json: null, bytes: value as Buffer }, field, maxBytes);
     // A copy, as JSON payloads are encoded at once: later writes to the caller's bytes are not enqueued.
     return { json: null, bytes: Buffer.from(value) };
   }
   check(value, '$', 0, [], field);
-  const json = JSON.stringify(value);
-  const size = Buffer.byteLength(json);
-  if (size > maxBytes) throw new PayloadTooLargeError(field, `is ${size} bytes as JSON; the limit is ${maxBytes}`);
-  return { json, bytes: null };
+  return checkPayloadSize({ json: JSON.stringify(value), bytes: null }, field, maxBytes);
 }
 
 /** The stored form back to what handlers and TaskInfo see. */

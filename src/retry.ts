@@ -1,6 +1,10 @@
 /**
- * How long a failed task waits before its next attempt.
+ * What happens to a failed attempt: how long the task waits before its next
+ * one, and the text stored as its last error.
  */
+import { redact } from './broker/db.js';
+import { coerceError } from './errors.js';
+import type { Logger } from './logger.js';
 
 /**
  * asynq's default (Sidekiq's formula): n⁴ + 15 + rand[0, 30)·(n + 1) seconds,
@@ -28,4 +32,49 @@ export function safeRetryDelay(
   if (typeof value === 'number' && Number.isFinite(value) && value >= 0) return value;
   onInvalid(value);
   return defaultRetryDelay(retried);
+}
+
+/** Task types each logger has already warned about (one warning per type, per server). */
+const warnedTypes = new WeakMap<object, Set<string>>();
+
+/**
+ * The `onInvalid` of safeRetryDelay for a server: warns once per task type
+ * ("retryDelay returned NaN; using the default backoff"), then stays quiet, so
+ * a broken retryDelay cannot flood the log at the rate tasks fail.
+ */
+export function warnInvalidRetryDelay(logger: Logger, type: string, value: unknown): void {
+  let seen = warnedTypes.get(logger);
+  if (seen === undefined) warnedTypes.set(logger, (seen = new Set()));
+  if (seen.has(type)) return;
+  seen.add(type);
+  const what = value instanceof Error ? `threw ${value.name}` : `returned ${typeof value === 'number' ? String(value) : typeof value}`;
+  logger.warn({ type, value: value instanceof Error ? value.message : String(value) }, `retryDelay ${what}; using the default backoff (warned once per task type)`);
+}
+
+/** The most a stored last error takes, in UTF-8 bytes: asynq keeps the whole text; we keep 4 KiB. */
+export const MAX_LAST_ERROR_BYTES = 4096;
+const TRUNCATED = '… [truncated]';
+
+/**
+ * The text stored as a task's last error (`TaskInfo.lastError`) for whatever
+ * a handler threw:
+ *
+ * - an Error gives its message (its name when the message is empty); any other
+ *   value gives `non-Error thrown: "boom"` (see coerceError);
+ * - the password of any postgres:// URL in it is masked;
+ * - NUL characters, which a PostgreSQL text column cannot hold, become U+FFFD;
+ * - it is cut to MAX_LAST_ERROR_BYTES bytes of UTF-8 (never inside a
+ *   character), ending in "… [truncated]".
+ */
+export function lastErrorText(thrown: unknown, maxBytes = MAX_LAST_ERROR_BYTES): string {
+  const err = coerceError(thrown);
+  let text = typeof err.message === 'string' && err.message !== '' ? err.message : String(err.name || 'Error');
+  if (text.includes('://')) text = redact(text);
+  text = text.replaceAll('\0', '\uFFFD');
+  if (!text.isWellFormed()) text = text.toWellFormed();
+  if (Buffer.byteLength(text) <= maxBytes) return text;
+  const room = Math.max(0, maxBytes - Buffer.byteLength(TRUNCATED));
+  // Streaming decode holds back a character cut in the middle instead of writing U+FFFD for it.
+  const cut = new TextDecoder().decode(Buffer.from(text).subarray(0, room), { stream: true });
+  return `${cut}${TRUNCATED}`;
 }

@@ -4,7 +4,7 @@
  */
 import { createHash, randomUUID } from 'node:crypto';
 import { InvalidOptionError, InvalidTaskTypeError } from './errors.js';
-import { encodePayload, type EncodedPayload } from './payload.js';
+import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, type EncodedPayload } from './payload.js';
 import * as v from './validate.js';
 
 export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating';
@@ -127,9 +127,14 @@ export class Task<P = unknown> {
   /** @internal the payload as stored, checked once at construction */
   readonly encoded: EncodedPayload;
 
+  /**
+   * Checks the type, the payload's shape and the options at once. The size
+   * cap (`maxPayloadBytes` of the Client, 1 MiB by default) is applied when
+   * the task is enqueued, so a Client with a larger cap can take it.
+   */
   constructor(type: string, payload?: P, options?: EnqueueOptions) {
     this.type = v.taskType(type);
-    this.encoded = encodePayload(payload);
+    this.encoded = encodePayload(payload, 'payload', MAX_PAYLOAD_BYTES_LIMIT);
     this.payload = payload as P;
     this.options = Object.freeze(validateOptions(options));
     this.headers = Object.freeze({ ...this.options.headers });
@@ -163,11 +168,15 @@ export interface TaskRecord {
   processInMs: number | null;
 }
 
-/** @internal Merges a task's options with enqueue-time ones (which win) and applies asynq's defaults. */
-export function toRecord(task: unknown, overrides: EnqueueOptions, index?: number): TaskRecord {
+/**
+ * @internal Merges a task's options with enqueue-time ones (which win) and
+ * applies asynq's defaults; refuses a payload over `maxPayloadBytes`.
+ */
+export function toRecord(task: unknown, overrides: EnqueueOptions, index?: number, maxPayloadBytes = MAX_PAYLOAD_BYTES): TaskRecord {
   if (!(task instanceof Task)) {
     throw new InvalidTaskTypeError(index === undefined ? 'task' : `tasks[${index}]`, 'must be a Task (new Task(type, payload, options))');
   }
+  checkPayloadSize(task.encoded, index === undefined ? 'payload' : `tasks[${index}].payload`, maxPayloadBytes);
   const o: EnqueueOptions = { ...task.options, ...overrides };
   if (o.processAt !== undefined && o.processIn !== undefined) {
     throw new InvalidOptionError('processAt', 'and processIn cannot both be set (pick one)');

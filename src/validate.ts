@@ -37,8 +37,10 @@ function firstBadChar(value: string, allowed: RegExp): string {
 function checkName(value: unknown, field: string, Err: ErrorClass, max: number, allowed: RegExp, charsText: string, first = /./): string {
   if (typeof value !== 'string') throw new Err(field, `must be a string (got ${describe(value)})`);
   if (value.length < 1 || value.length > max) throw new Err(field, `must be 1–${max} characters (got ${value.length})`);
+  // The earliest problem is reported: "../x" is refused for its first character, not its slash.
+  const head = value[0] as string;
+  if (/[A-Za-z0-9_.:-]/.test(head) && !first.test(head)) throw new Err(field, `must start with a letter, a digit or _ (found ${JSON.stringify(head)} at index 0)`);
   if (!allowed.test(value)) throw new Err(field, `may contain only ${charsText} (${firstBadChar(value, /[A-Za-z0-9_.:-]/)})`);
-  if (!first.test(value[0] as string)) throw new Err(field, `must start with a letter, a digit or _ (found ${JSON.stringify(value[0])} at index 0)`);
   return value;
 }
 
@@ -67,8 +69,21 @@ export function taskType(value: unknown, field = 'type'): string {
     const c = value.charCodeAt(i);
     if (c < 0x20 || (c >= 0x7f && c <= 0x9f)) throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
   }
-  if (!value.isWellFormed()) throw new InvalidTaskTypeError(field, 'is not valid Unicode (lone surrogate)');
+  if (!value.isWellFormed()) throw new InvalidTaskTypeError(field, `is not valid Unicode (lone surrogate at index ${loneSurrogateIndex(value)})`);
   return value;
+}
+
+/** Index of the first UTF-16 surrogate without its pair, or -1. */
+export function loneSurrogateIndex(value: string): number {
+  for (let i = 0; i < value.length; i++) {
+    const c = value.charCodeAt(i);
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const next = value.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) i++;
+      else return i;
+    } else if (c >= 0xdc00 && c <= 0xdfff) return i;
+  }
+  return -1;
 }
 
 /**

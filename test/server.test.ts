@@ -232,7 +232,7 @@ describe('outcomes', () => {
       const r = await taskRow(info.id);
       return r?.state === 'retry' ? r : undefined;
     });
-    assert.equal(row.error_msg, 'boom');
+    assert.equal(row.error_msg, 'non-Error thrown: "boom"');
     await server.shutdown();
   });
 

@@ -10,7 +10,7 @@ import type { Db } from '../broker/db.js';
 import { LeaseExpiredError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { decodePayload } from '../payload.js';
-import { safeRetryDelay } from '../retry.js';
+import { safeRetryDelay, warnInvalidRetryDelay } from '../retry.js';
 import { Task } from '../task.js';
 import type { StatsCollector } from './stats.js';
 import { Ticker } from './ticker.js';
@@ -64,7 +64,7 @@ export class Recoverer {
         return {
           archive: false,
           delayMs: safeRetryDelay(retryDelay && (() => retryDelay(t.retried, err, task)), t.retried, (value) =>
-            this.#logger.warn({ value: String(value), type: t.type }, 'retryDelay returned an invalid delay; using the default'),
+            warnInvalidRetryDelay(this.#logger, t.type, value),
           ),
         };
       });
