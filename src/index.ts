@@ -1,15 +1,17 @@
 /**
  * pgasynq's public surface. Nothing else is part of the API.
  */
-export { Client, type EnqueueCallOptions } from './client.js';
+export { Client, type ClientOptions, type EnqueueCallOptions } from './client.js';
 export { Server, type ServerConfig, type ServerStatus } from './server.js';
 export { Scheduler, InvalidCronSpecError, type SchedulerOptions, type SchedulerStatus } from './scheduler.js';
 export { PeriodicTaskManager, type PeriodicTaskConfig, type PeriodicTaskManagerOptions } from './periodic-task-manager.js';
 export { ServeMux, type Handler, type Middleware, type TaskContext } from './mux.js';
 export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState } from './task.js';
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
-export { defaultRetryDelay } from './retry.js';
+export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './retry.js';
+export { MAX_PAYLOAD_BYTES } from './payload.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
+export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './broker/roles.js';
 export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './broker/embedded.js';
 export type { Logger } from './logger.js';
 export {
@@ -49,6 +51,7 @@ export {
 } from './errors.js';
 export {
   Inspector,
+  type InspectorOptions,
   type QueueInfo,
   type DailyStats,
   type ListOptions,

@@ -74,7 +74,10 @@ export class Server {
     const log = cfg.logger;
     const stats = new StatsCollector(this.#db);
     const processor = new Processor(this.#db, log.child({ component: 'processor' }), { ...cfg, serverId: this.id }, handler, stats);
-    const notifier = createNotifier(this.#db, log.child({ component: 'notifier' }));
+    const notifier = createNotifier(this.#db, log.child({ component: 'notifier' }), {
+      listenConnectionString: cfg.listenConnectionString,
+      pollInterval: cfg.taskCheckInterval,
+    });
     const forwarder = new Forwarder(this.#db, log.child({ component: 'forwarder' }), cfg);
     const heartbeater = new Heartbeater(
       this.#db,

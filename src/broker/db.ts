@@ -21,6 +21,14 @@ export interface ConnectionOptions {
   logger?: Logger;
   /** An in-process database from createEmbeddedDatabase(), instead of a server. */
   embedded?: EmbeddedDatabase;
+  /**
+   * Plan the hottest statements (claim, enqueue, …) once per connection as
+   * named prepared statements. Set false behind a transaction-pooling proxy
+   * that does not track them (pgbouncer before 1.21, or without
+   * max_prepared_statements): each statement is then planned on every call.
+   * @defaultValue true
+   */
+  preparedStatements?: boolean;
 }
 
 export const DEFAULT_SCHEMA = 'pgasynq';
@@ -28,9 +36,18 @@ export const DEFAULT_SCHEMA = 'pgasynq';
 /** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */
 export type Transactional = Transaction<any> | pg.PoolClient | pg.Client | EmbeddedClient;
 
-/** Hides the password of a connection string before it reaches a message or a log. */
-export function redact(connectionString: string): string {
-  return connectionString.replace(/(\/\/[^:/@]*:)[^@]*@/, '$1***@');
+/**
+ * Hides passwords in a connection string, or in any text holding one, before
+ * it reaches a message or a log: `postgres://app:***@db/q`. It masks the
+ * password of every `scheme://user:password@` (up to the last `@` of the
+ * authority, so a password with an unencoded `@` is masked whole; for
+ * postgres: also with one slash or none, as in a mistyped `postgres:/u:pw@h`) and every
+ * `password=...` pair of a key=value string.
+ */
+export function redact(text: string): string {
+  return text
+    .replace(/(\b(?:[a-z][a-z0-9+.-]*:\/\/|postgres(?:ql)?:\/?)[^\s:/?#@]*:)[^\s/?#]*@/gi, '$1***@')
+    .replace(/(\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s']\S*)/gi, '$1***');
 }
 
 function resolveConnectionString(opts: ConnectionOptions): string {
@@ -41,8 +58,8 @@ function resolveConnectionString(opts: ConnectionOptions): string {
   if (!/^postgres(ql)?:\/\//.test(cs) && !cs.includes('=')) {
     throw new ConfigError('connectionString', `must be a postgres:// URL or key=value pairs (got ${redact(cs)})`);
   }
-  const port = /^postgres(?:ql)?:\/\/(?:[^@/]*@)?[^:/?]*:([^/?]*)/.exec(cs)?.[1];
-  if (port !== undefined && port !== '' && !/^\d{1,5}$/.test(port)) {
+  const port = /^postgres(?:ql)?:\/\/(?:[^/?#]*@)?(?:\[[^\]/]*\]|[^:/?#]*):([^/?#]*)/.exec(cs)?.[1];
+  if (port !== undefined && port !== '' && (!/^\d{1,5}$/.test(port) || Number(port) > 65535)) {
     throw new ConfigError('connectionString', `has an invalid port "${port}" (${redact(cs)})`);
   }
   return cs;
@@ -62,6 +79,7 @@ export class Db {
   /** Channels of this schema: new pending work, new delayed work, cancellations. */
   readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string };
   readonly #ownsPool: boolean;
+  readonly #prepare: boolean;
   #closed = false;
 
   /**
@@ -73,6 +91,10 @@ export class Db {
    */
   constructor(opts: ConnectionOptions, applicationName = 'pgasynq', session: { asyncCommit?: boolean } = {}) {
     this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
+    if (opts.preparedStatements !== undefined && typeof opts.preparedStatements !== 'boolean') {
+      throw new ConfigError('preparedStatements', `must be a boolean (got ${typeof opts.preparedStatements})`);
+    }
+    this.#prepare = opts.preparedStatements ?? true;
     if (opts.embedded !== undefined) {
       if (!(opts.embedded instanceof EmbeddedDatabase)) throw new ConfigError('embedded', 'must come from createEmbeddedDatabase()');
       this.embedded = opts.embedded;
@@ -96,6 +118,11 @@ export class Db {
     // An idle client that loses its connection emits 'error' on the pool; without a
     // listener that would crash the process. The next checkout reconnects.
     this.pool.on('error', () => {});
+    // A checked-out client whose connection dies between two statements (a transaction
+    // waiting on its caller: ctx.transaction, the recoverer's) emits 'error' with no
+    // listener, since the pool listens to idle clients only: that would crash the
+    // process. Swallow it; the client's next query fails and the pool discards it.
+    if (this.embedded === undefined) this.pool.on('connect', (client: pg.PoolClient) => void client.on('error', () => {}));
     this.kysely = new Kysely<any>({ dialect: new PostgresDialect({ pool: this.pool }) });
     this.channels = {
       tasks: `${this.schema}_tasks`,
@@ -115,7 +142,8 @@ export class Db {
    * planned once there instead of on every call (the claim's CTEs cost more to
    * plan than to run). Only for statements whose text never changes.
    */
-  async run<R>(query: RawBuilder<R>, tx?: Transactional, prepared?: string): Promise<R[]> {
+  async run<R>(query: RawBuilder<R>, tx?: Transactional, name?: string): Promise<R[]> {
+    const prepared = this.#prepare ? name : undefined;
     if (tx === undefined && prepared !== undefined && this.embedded === undefined) {
       const compiled = query.compile(this.kysely);
       const result = await this.pool.query({ name: `pgasynq:${this.schema}:${prepared}`, text: compiled.sql, values: compiled.parameters as unknown[] });

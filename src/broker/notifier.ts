@@ -4,9 +4,10 @@
  * each (re)connect the subscribers are told to sweep for work they may have
  * missed while the connection was down.
  */
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
 import * as pgListen from 'pg-listen';
 import type { Options as ListenOptions, Subscriber } from 'pg-listen';
-import type pg from 'pg';
 import type { Logger } from '../logger.js';
 import type { Db } from './db.js';
 
@@ -28,9 +29,74 @@ export interface Notifier {
   stop(): Promise<void>;
 }
 
+/** How the server hears of work. */
+export interface NotifierOptions {
+  /**
+   * A connection string for LISTEN only, when the pool's connections cannot
+   * LISTEN (a transaction-pooling proxy): a direct or session-pooled one.
+   */
+  listenConnectionString?: string | undefined;
+  /** How often the server polls for work without notifications (for the warning). */
+  pollInterval?: number | undefined;
+  /** How long the startup probe waits for its own notification. @defaultValue 2 s */
+  probeTimeout?: number | undefined;
+}
+
 /** The notifier for the database behind `db`. */
-export function createNotifier(db: Db, logger: Logger): Notifier {
-  return db.embedded ? new EmbeddedNotifier(db, logger) : new PgNotifier(db, logger);
+export function createNotifier(db: Db, logger: Logger, opts: NotifierOptions = {}): Notifier {
+  return db.embedded ? new EmbeddedNotifier(db, logger) : new PgNotifier(db, logger, opts);
+}
+
+/** Why a connection cannot be used for LISTEN, or null when it can. */
+export type ListenProbeResult = null | 'not-listening' | 'no-notification';
+
+/**
+ * Checks, on a connection made with `config`, that a LISTEN lasts beyond its
+ * own statement and that a notification sent from another session arrives.
+ * A transaction-pooling proxy (pgbouncer pool_mode=transaction) fails one of
+ * the two. After the LISTEN it hands that server connection to the next
+ * transaction of any client: one is opened at once through `pool` (the
+ * library's sessions), so with the proxy's usual last-used-first order the
+ * check of pg_listening_channels() runs on another server connection and
+ * finds nothing. If it still finds the channel (the check ran on the same
+ * one), a NOTIFY sent through `pool` decides: the proxy no longer binds that
+ * server connection to this client, so the notification goes to whoever
+ * uses it then, or nowhere, and never arrives here within `timeoutMs`.
+ */
+export async function probeListen(config: pg.ClientConfig, pool: pg.Pool, timeoutMs: number): Promise<ListenProbeResult> {
+  const client = new pg.Client({ ...config, application_name: 'pgasynq:listen-probe' });
+  client.on('error', () => {});
+  await client.connect();
+  try {
+    // Our own name, from hex digits only: safe to put in the statement.
+    const channel = `pgasynq_probe_${randomUUID().replaceAll('-', '')}`;
+    let heard!: () => void;
+    const arrived = new Promise<void>((resolve) => (heard = resolve));
+    client.on('notification', (n) => n.channel === channel && heard());
+    await client.query(`LISTEN ${channel}`);
+    const other = await pool.connect();
+    let listening: boolean;
+    try {
+      await other.query('BEGIN');
+      const { rows } = await client.query<{ listening: boolean }>(
+        'SELECT $1::text = ANY (ARRAY(SELECT pg_listening_channels())) AS listening',
+        [channel],
+      );
+      listening = rows[0]?.listening === true;
+    } finally {
+      await other.query('COMMIT').catch(() => {});
+      other.release();
+    }
+    if (!listening) return 'not-listening';
+    await pool.query('SELECT pg_notify($1, $2)', [channel, 'probe']);
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(true), timeoutMs)));
+    const late = await Promise.race([arrived.then(() => false), timedOut]);
+    clearTimeout(timer);
+    return late ? 'no-notification' : null;
+  } finally {
+    await client.end().catch(() => {});
+  }
 }
 
 /** What both notifiers share: who listens to which channel, and who hears of (re)connects. */
@@ -97,18 +163,28 @@ class EmbeddedNotifier extends ListenerRegistry implements Notifier {
   }
 }
 
-/** LISTEN on a dedicated connection of the PostgreSQL server, through pg-listen. */
+/**
+ * LISTEN on a dedicated connection of the PostgreSQL server, through pg-listen:
+ * the pool's connection settings, or `listenConnectionString`. The first
+ * connect probes that LISTEN works there (probeListen); behind a
+ * transaction-pooling proxy it does not, so the notifier warns once and
+ * stays off: the server polls every taskCheckInterval instead.
+ */
 class PgNotifier extends ListenerRegistry implements Notifier {
   readonly #db: Db;
   readonly #logger: Logger;
+  readonly #opts: NotifierOptions;
   #subscriber: Subscriber | undefined;
   #retryTimer: NodeJS.Timeout | undefined;
   #stopped = false;
+  /** Whether LISTEN was found to work on this connection (decided once). */
+  #listenWorks: boolean | undefined;
 
-  constructor(db: Db, logger: Logger) {
+  constructor(db: Db, logger: Logger, opts: NotifierOptions) {
     super();
     this.#db = db;
     this.#logger = logger;
+    this.#opts = opts;
   }
 
   /**
@@ -120,12 +196,55 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     await this.#connect(0);
   }
 
+  /** Settings of the listening connection. */
+  #config(): pg.ClientConfig {
+    const base: pg.ClientConfig =
+      this.#opts.listenConnectionString === undefined
+        ? { ...(this.#db.pool as unknown as { options: pg.ClientConfig }).options }
+        : { connectionString: this.#opts.listenConnectionString, keepAlive: true, connectionTimeoutMillis: 10_000 };
+    // Session settings of the pool (the server's synchronous_commit) mean nothing to
+    // a connection that only listens, and a pooling proxy may refuse the parameter.
+    delete (base as { options?: unknown }).options;
+    return { ...base, application_name: 'pgasynq:listener' };
+  }
+
+  /** Probes once; false (after one warning) when LISTEN cannot work on this connection. */
+  async #checkListen(config: pg.ClientConfig): Promise<boolean> {
+    if (this.#listenWorks !== undefined) return this.#listenWorks;
+    const why = await probeListen(config, this.#db.pool, this.#opts.probeTimeout ?? 2000);
+    this.#listenWorks = why === null;
+    if (why !== null) {
+      const direct = this.#opts.listenConnectionString !== undefined;
+      this.#logger.warn(
+        { probe: why, pollInterval: this.#opts.pollInterval, listenConnectionString: direct },
+        `LISTEN does not work on the ${direct ? 'listenConnectionString' : 'server'} connection ` +
+          '(a transaction-pooling proxy such as pgbouncer with pool_mode=transaction?): notifications are off, ' +
+          `the server polls for work every ${this.#opts.pollInterval ?? 'taskCheckInterval'} ms. ` +
+          'For immediate pickup, pass listenConnectionString: a direct or session-pooled connection string.',
+      );
+    }
+    return this.#listenWorks;
+  }
+
   async #connect(attempt: number): Promise<void> {
     if (this.#stopped) return;
+    const config = this.#config();
+    let listen: boolean;
+    try {
+      listen = await this.#checkListen(config);
+    } catch (err) {
+      this.#retry(err, attempt);
+      return;
+    }
+    if (this.#stopped) return;
+    if (!listen) {
+      // Polling only: the subscribers' sweep is all a "connect" means now.
+      this.connected();
+      return;
+    }
     // pg-listen's defaults are wrong for a server: it gives up after 3 s without a
     // database and JSON-parses every payload. Never give up; payloads are plain text.
-    const config = (this.#db.pool as unknown as { options: pg.ClientConfig }).options;
-    const subscriber = createSubscriber({ ...config, application_name: 'pgasynq:listener' }, {
+    const subscriber = createSubscriber(config, {
       retryTimeout: Number.POSITIVE_INFINITY,
       retryInterval: (n: number) => Math.min(5000, 100 * 2 ** n),
       paranoidChecking: 10_000,
@@ -141,9 +260,8 @@ class PgNotifier extends ListenerRegistry implements Notifier {
       await subscriber.connect();
       for (const channel of this.listeners.keys()) await subscriber.listenTo(channel);
     } catch (err) {
-      this.#logger.warn({ err, attempt }, 'listener could not connect; polling until it can');
       subscriber.close().catch(() => {});
-      this.#retryTimer = setTimeout(() => void this.#connect(attempt + 1), Math.min(5000, 200 * 2 ** attempt));
+      this.#retry(err, attempt);
       return;
     }
     if (this.#stopped) {
@@ -154,6 +272,12 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     // pg-listen re-LISTENs on reconnect, then emits 'connected'.
     subscriber.events.on('connected', () => this.connected());
     this.connected();
+  }
+
+  #retry(err: unknown, attempt: number): void {
+    this.#logger.warn({ err, attempt }, 'listener could not connect; polling until it can');
+    if (this.#stopped) return;
+    this.#retryTimer = setTimeout(() => void this.#connect(attempt + 1), Math.min(5000, 200 * 2 ** attempt));
   }
 
   async stop(): Promise<void> {

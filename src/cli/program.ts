@@ -22,6 +22,7 @@ import { registerDemo } from './demo.js';
 import { registerGroup } from './group.js';
 import { registerMigrate } from './migrate.js';
 import { registerQueue } from './queue.js';
+import { registerRoles } from './roles.js';
 import { registerServer } from './server.js';
 import { registerStats } from './stats.js';
 import { registerTask } from './task.js';
@@ -45,7 +46,7 @@ export type CliProgram = ReturnType<typeof rootCommand>;
 export type RegisterCommand = (program: CliProgram, ctx: CliContext) => void;
 
 /** Every command, in the order `--help` lists them. */
-const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerDash, registerDemo];
+const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerRoles, registerDash, registerDemo];
 
 function version(): string {
   try {

@@ -1,0 +1,269 @@
+/**
+ * Least-privilege roles: the SQL that `pgasynq roles` prints and
+ * roleSetupSql() returns. Every grant below is derived from the statements
+ * of this directory (enqueue.ts, leases.ts, maintenance.ts, servers.ts,
+ * scheduler.ts, aggregation.ts, inspector-read.ts, inspector-write.ts); a
+ * statement that starts touching another table or column changes this file.
+ *
+ * Six NOLOGIN group roles; users grant them to their own login roles:
+ *
+ *   owner      owns the schema and every object in it: `pgasynq migrate`.
+ *   producer   Client.enqueue / enqueueMany (unique tasks included).
+ *   worker     everything a Server runs (processor, heartbeater, forwarder,
+ *              recoverer, janitor, aggregator) and the Scheduler.
+ *   monitor    counts without contents: `stats`, `queue ls|inspect|history`,
+ *              `group ls`, `cron history`; every column except the payload,
+ *              headers and result columns.
+ *   inspector  read-only, payloads included: every Inspector read, `task ls`,
+ *              `task inspect`, `server ls`, `cron ls`, `dash --read-only`,
+ *              /metrics (it samples task lists and servers).
+ *   admin      inspector plus the Inspector's actions (run, archive, delete,
+ *              cancel, pause, update payload, delete queue); no DDL, no
+ *              TRUNCATE, no enqueue.
+ *
+ * The script is idempotent and converges: it revokes what the roles hold on
+ * the schema's tables and grants the current set again, in one transaction.
+ * Grants name existing tables only, so it is rerun after every `pgasynq
+ * migrate` that applied something (a table or column added later is not
+ * covered by default privileges on purpose: column-level grants cannot be
+ * defaulted, and a half-covered new table is worse than a clear 42501).
+ */
+import { InvalidOptionError } from '../errors.js';
+import { schemaName } from '../validate.js';
+import { DEFAULT_SCHEMA } from './db.js';
+
+export const DEFAULT_ROLE_PREFIX = 'pgasynq';
+
+/** The six group roles, by what they are for. */
+export const ROLE_KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
+export type RoleKind = (typeof ROLE_KINDS)[number];
+
+export interface RoleSetupOptions {
+  /** The schema the roles are for. @defaultValue 'pgasynq' */
+  schema?: string;
+  /** Role names are `<prefix>_owner`, `<prefix>_worker`, … @defaultValue 'pgasynq' */
+  prefix?: string;
+  /**
+   * Also create one LOGIN role per group role, `<prefix>_<kind>_login`, with
+   * no password (set one with `\password` in psql, or use certificates or
+   * peer authentication). The owner's login switches to the owner role at
+   * connect, so objects that migrations create belong to the owner role.
+   * @defaultValue false
+   */
+  logins?: boolean;
+}
+
+/** `<prefix>_<kind>` for every kind. */
+export function roleNames(prefix: string = DEFAULT_ROLE_PREFIX): Record<RoleKind, string> {
+  const p = rolePrefix(prefix);
+  return Object.fromEntries(ROLE_KINDS.map((k) => [k, `${p}_${k}`])) as Record<RoleKind, string>;
+}
+
+// `<prefix>_inspector_login` must fit in 63 bytes.
+const MAX_PREFIX = 63 - '_inspector_login'.length;
+
+function rolePrefix(value: unknown): string {
+  if (typeof value !== 'string' || !/^[a-z_][a-z0-9_]*$/.test(value) || value.length > MAX_PREFIX) {
+    throw new InvalidOptionError('prefix', `must match ^[a-z_][a-z0-9_]*$ and be at most ${MAX_PREFIX} characters (got ${JSON.stringify(value)})`);
+  }
+  if (value.startsWith('pg_')) throw new InvalidOptionError('prefix', 'may not start with "pg_" (reserved by PostgreSQL)');
+  return value;
+}
+
+/** Columns a monitor may not read: what a task carries, as opposed to where it is. */
+const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
+  ['tasks', 'payload'],
+  ['tasks', 'payload_bytes'],
+  ['tasks', 'headers'],
+  ['tasks', 'result'],
+  ['tasks', 'result_bytes'],
+  ['scheduler_entries', 'payload'],
+  ['scheduler_entries', 'payload_bytes'],
+];
+
+/** What an enqueue writes (enqueue.ts insertTasks): the rest are defaults or the worker's. */
+const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at';
+/** What the worker's statements change about a task (leases.ts, maintenance.ts): never its identity or payload. */
+const WORKER_TASK_COLUMNS =
+  'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
+/** What the Inspector's actions change (inspector-write.ts). */
+const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expires_at, payload, payload_bytes, cancel_requested, updated_at';
+
+/** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
+const REQUIRED = ['tasks', 'queues', 'unique_locks', 'servers', 'daily_stats', 'scheduler_entries', 'scheduler_events', 'queue_stats', 'active_tasks'];
+
+const lit = (s: string) => `'${s}'`;
+
+/** Grants each role to its member unless it already is one (a rerun stays quiet). */
+function grantRoles(pairs: readonly (readonly [role: string, member: string])[]): string {
+  const lines = pairs.map(
+    ([role, member]) =>
+      `  IF NOT EXISTS (SELECT FROM pg_auth_members WHERE roleid = ${lit(`"${role}"`)}::regrole AND member = ${lit(`"${member}"`)}::regrole) THEN\n` +
+      `    GRANT "${role}" TO "${member}";\n  END IF;`,
+  );
+  return `DO $$\nBEGIN\n${lines.join('\n')}\nEND\n$$;`;
+}
+
+/**
+ * The SQL that creates the roles and grants them exactly what pgasynq's
+ * statements need on `schema`. Run it as a superuser (or as a role with
+ * CREATEROLE that may SET ROLE to these roles) before and after each
+ * `pgasynq migrate`; it is safe to run any number of times.
+ */
+export function roleSetupSql(opts: RoleSetupOptions = {}): string {
+  const schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
+  const r = roleNames(opts.prefix ?? DEFAULT_ROLE_PREFIX);
+  const S = `"${schema}"`;
+  const id = (name: string) => `"${name}"`;
+  const users = [r.producer, r.worker, r.monitor, r.inspector, r.admin].map(id).join(', ');
+  const all = ROLE_KINDS.map((k) => id(r[k])).join(', ');
+  const t = (name: string) => `${S}.${name}`;
+
+  const createRoles = ROLE_KINDS.map(
+    (k) => `  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = ${lit(r[k])}) THEN CREATE ROLE ${id(r[k])} NOLOGIN; END IF;`,
+  ).join('\n');
+
+  const logins = opts.logins
+    ? `
+-- Login roles, one per group role, without a password: set one (\\password NAME
+-- in psql) or authenticate them otherwise. The owner's login acts as the owner
+-- role from its first statement, so what migrations create belongs to it.
+DO $$
+BEGIN
+${ROLE_KINDS.map((k) => `  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = ${lit(`${r[k]}_login`)}) THEN CREATE ROLE ${id(`${r[k]}_login`)} LOGIN; END IF;`).join('\n')}
+END
+$$;
+${grantRoles(ROLE_KINDS.map((k) => [r[k], `${r[k]}_login`]))}
+ALTER ROLE ${id(`${r.owner}_login`)} SET role = ${lit(r.owner)};
+`
+    : '';
+
+  const contentFilter = CONTENT_COLUMNS.map(([tb, col]) => `(${lit(tb)}, ${lit(col)})`).join(', ');
+
+  return `-- pgasynq least-privilege roles for schema ${S} (generated by \`pgasynq roles\`).
+-- Idempotent: run it as a superuser before the first \`pgasynq migrate\` and
+-- again after every migrate that applied something (new tables and columns
+-- are granted only by a rerun). Grant the group roles to your login roles:
+--   GRANT ${r.worker} TO my_worker_login;
+-- A login that runs migrations must act as ${r.owner} (SET ROLE ${r.owner},
+-- or ALTER ROLE my_deploy_login SET role = '${r.owner}'), so the owner owns
+-- what the migrations create.
+BEGIN;
+
+DO $$
+BEGIN
+${createRoles}
+END
+$$;
+${grantRoles([[r.inspector, r.admin]])}
+${logins}
+-- Every role may connect; the owner may create the schema (pgasynq migrate
+-- runs CREATE SCHEMA IF NOT EXISTS, which checks this privilege first).
+DO $$
+BEGIN
+  EXECUTE format('GRANT CONNECT ON DATABASE %I TO ${all}', current_database());
+  EXECUTE format('GRANT CREATE ON DATABASE %I TO ${id(r.owner)}', current_database());
+END
+$$;
+
+-- The owner owns the schema and everything in it, also what was migrated
+-- before as another role.
+CREATE SCHEMA IF NOT EXISTS ${S} AUTHORIZATION ${id(r.owner)};
+ALTER SCHEMA ${S} OWNER TO ${id(r.owner)};
+DO $$
+DECLARE
+  o record;
+BEGIN
+  FOR o IN
+    SELECT c.oid::regclass AS name,
+           CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind
+    FROM pg_class c
+    WHERE c.relnamespace = ${lit(S)}::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+      AND c.relowner <> ${lit(id(r.owner))}::regrole
+      -- a sequence of an identity column follows its table
+      AND NOT (c.relkind = 'S' AND EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype IN ('a', 'i')))
+  LOOP
+    EXECUTE format('ALTER %s %s OWNER TO %I', o.kind, o.name, ${lit(r.owner)});
+  END LOOP;
+  FOR o IN
+    SELECT p.oid::regprocedure AS name FROM pg_proc p
+    WHERE p.pronamespace = ${lit(S)}::regnamespace AND p.proowner <> ${lit(id(r.owner))}::regrole
+  LOOP
+    EXECUTE format('ALTER ROUTINE %s OWNER TO %I', o.name, ${lit(r.owner)});
+  END LOOP;
+END
+$$;
+
+-- Nobody else reaches the schema.
+REVOKE ALL ON SCHEMA ${S} FROM PUBLIC;
+GRANT USAGE ON SCHEMA ${S} TO ${users};
+
+DO $$
+DECLARE
+  o record;
+BEGIN
+  IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
+     OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL THEN
+    RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
+    RETURN;
+  END IF;
+
+  -- Start from nothing, so a rerun also takes back what is no longer needed
+  -- (revoking a table privilege revokes its column privileges too).
+  REVOKE ALL ON ALL TABLES IN SCHEMA ${S} FROM PUBLIC, ${users};
+  REVOKE ALL ON ALL SEQUENCES IN SCHEMA ${S} FROM PUBLIC, ${users};
+  REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${S} FROM PUBLIC, ${users};
+
+  -- producer: one INSERT … RETURNING * of the new rows (hence SELECT on tasks),
+  -- the queue registry, and unique locks (an expired lock is deleted in the
+  -- same statement). No UPDATE, no DELETE of tasks.
+  GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
+  GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
+  GRANT SELECT (queue, key, expires_at), INSERT (queue, key, task_id, expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.producer)};
+
+  -- worker: claims and fenced writes (tasks: UPDATE of the lease, state,
+  -- error and result columns only, never a payload), completion without
+  -- retention, the janitor, archive trimming and aggregation (DELETE), the
+  -- forwarder and recoverer, the scheduler and aggregator's enqueues, the
+  -- server registry, stats (queues: the totals only, never paused).
+  -- unique_locks: UPDATE of one column only because the janitor's
+  -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
+  GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}), UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT (name), UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT, UPDATE (status, heartbeat_at, expires_at), DELETE ON ${t('servers')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT, UPDATE (processed, failed), DELETE ON ${t('daily_stats')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT, UPDATE, DELETE ON ${t('scheduler_entries')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT, UPDATE (task_id), DELETE ON ${t('scheduler_events')} TO ${id(r.worker)};
+
+  -- inspector: reads everything, payloads included (task ls / inspect show them).
+  GRANT SELECT ON ALL TABLES IN SCHEMA ${S} TO ${id(r.inspector)};
+  -- queue_stats calls queue_counts(), which reads tasks as the caller.
+  GRANT EXECUTE ON FUNCTION ${t('queue_counts(text)')} TO ${id(r.monitor)}, ${id(r.inspector)};
+
+  -- monitor: every column of every table and view except the contents of
+  -- tasks and cron entries; a statement that reads one fails with 42501.
+  FOR o IN
+    SELECT c.relname, string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols
+    FROM pg_class c
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE c.relnamespace = ${lit(S)}::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm')
+      AND (c.relname::text, a.attname::text) NOT IN (${contentFilter})
+    GROUP BY c.relname
+  LOOP
+    EXECUTE format('GRANT SELECT (%s) ON %I.%I TO %I', o.cols, ${lit(schema)}, o.relname, ${lit(r.monitor)});
+  END LOOP;
+
+  -- admin (a member of inspector): the Inspector's actions. Task transitions
+  -- and payload updates of scheduled tasks, deletions (with the unique locks
+  -- they release), cancellation, pause, queue removal with its stats.
+  GRANT UPDATE (${ADMIN_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.admin)};
+  GRANT UPDATE (paused), DELETE ON ${t('queues')} TO ${id(r.admin)};
+  GRANT DELETE ON ${t('unique_locks')} TO ${id(r.admin)};
+  GRANT DELETE ON ${t('daily_stats')} TO ${id(r.admin)};
+END
+$$;
+
+COMMIT;
+`;
+}
