@@ -4,7 +4,10 @@
  * (PGASYNQ_SRC names its index.ts), so every measurement of one run measures
  * the same code even while src/ is being edited; the working tree's
  * ../../src/index.ts when PGASYNQ_SRC is unset (measure.ts run by hand, or
- * run.ts --live). Default settings except `concurrency`: ours must be fast untuned.
+ * run.ts --live). Default settings except `concurrency` and `prefetch`, tuned
+ * as graphile-worker is (its localQueue of 500 is our prefetch of 500: claims
+ * larger than the free slots, held leased until a slot frees).
+ * PGASYNQ_PREFETCH=0 measures the defaults.
  */
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
@@ -13,6 +16,7 @@ import { instrumentPool } from '../lib/instrument.js';
 import type { Adapter, ClaimObserver, Payload, TaskHandler, Workers } from './types.js';
 
 const SCHEMA = 'bench_pgasynq';
+const PREFETCH = Number(process.env.PGASYNQ_PREFETCH ?? 500);
 
 /**
  * A pool like the one pgasynq makes for itself (same size and options), whose
@@ -37,7 +41,7 @@ export async function create(): Promise<Adapter> {
   const admin = (): pg.Pool => (pool ??= adminPool());
   let client: InstanceType<Pgasynq['Client']> | undefined;
   const start = async (opts: { concurrency: number; handler: TaskHandler; pool?: pg.Pool }): Promise<Workers> => {
-    const server = new Server({ connectionString: DATABASE_URL, schema: SCHEMA, concurrency: opts.concurrency, ...(opts.pool ? { pool: opts.pool } : {}) });
+    const server = new Server({ connectionString: DATABASE_URL, schema: SCHEMA, concurrency: opts.concurrency, prefetch: PREFETCH, ...(opts.pool ? { pool: opts.pool } : {}) });
     await server.start((task) => opts.handler(task.payload as Payload));
     return {
       stop: async () => {

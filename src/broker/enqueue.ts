@@ -2,10 +2,13 @@
  * Enqueue: one statement for any number of tasks, so enqueueMany is one round
  * trip and all-or-nothing. The unique locks, the queue registry, the rows and
  * one NOTIFY per (channel, queue) are all written by that statement.
+ * Locks and rows go in in key order, not the caller's: two enqueueMany calls
+ * holding the same ids or unique keys in different orders would otherwise
+ * deadlock on each other's uncommitted keys (fault test F17).
  */
 import { sql } from 'kysely';
 import { DuplicateTaskError, TaskIdConflictError } from '../errors.js';
-import type { TaskInfo, TaskRecord } from '../task.js';
+import type { TaskInfo, TaskRecord, TaskState } from '../task.js';
 import type { Db, Transactional } from './db.js';
 import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
 
@@ -28,7 +31,7 @@ function toJsonRows(records: TaskRecord[]): string {
 }
 
 export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
-  const query = sql<TaskRow>`
+  const query = sql<Inserted>`
     WITH input AS (
       SELECT i.id, i.queue, i.type, i.payload, decode(i.payload_hex, 'hex') AS payload_bytes, i.headers, i.max_retry,
              i.timeout_ms, i.deadline, i.unique_key, i.unique_ttl_ms, i.group_key, i.retention_ms, i.process_at,
@@ -56,6 +59,7 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
       INSERT INTO ${db.table('unique_locks')} (queue, key, task_id, expires_at)
       SELECT queue, unique_key, id, greatest(due, now()) + unique_ttl_ms * interval '1 millisecond'
       FROM routed WHERE unique_key IS NOT NULL AND (SELECT count(*) FROM expired_locks) >= 0
+      ORDER BY queue, unique_key
       RETURNING 1
     ),
     registered AS (
@@ -67,22 +71,67 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
       SELECT queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout_ms * interval '1 millisecond',
              deadline, unique_key, group_key, retention_ms * interval '1 millisecond',
              CASE state WHEN 'pending' THEN now() WHEN 'scheduled' THEN due END
-      FROM routed ORDER BY ord
+      FROM routed ORDER BY queue, id
       RETURNING *
     ),
     notified AS (
       SELECT pg_notify(CASE WHEN s.pending THEN ${db.channels.tasks} ELSE ${db.channels.delayed} END, s.queue)
       FROM (SELECT DISTINCT state = 'pending', queue FROM t WHERE state <> 'aggregating') s(pending, queue)
     )
-    SELECT ${taskColumns} FROM t WHERE (SELECT count(*) FROM notified) >= 0`;
-  let rows: TaskRow[];
+    SELECT t.queue, t.id, t.state, (extract(epoch FROM t.run_at) * 1000)::float8 AS run_at_ms,
+           (extract(epoch FROM t.enqueued_at) * 1000)::float8 AS enqueued_at_ms
+    FROM t WHERE (SELECT count(*) FROM notified) >= 0`;
+  let rows: Inserted[];
   try {
     rows = await db.run(query, tx, 'enqueue');
   } catch (err) {
     throw translateConflict(err, records);
   }
   const byKey = new Map(rows.map((r) => [`${r.queue}\0${r.id}`, r]));
-  return records.map((r) => toTaskInfo(byKey.get(`${r.queue}\0${r.id}`) as TaskRow));
+  return records.map((r) => insertedInfo(r, byKey.get(`${r.queue}\0${r.id}`)!));
+}
+
+/** What only the database knows of a task it just inserted: the rest is the record. */
+interface Inserted {
+  queue: string;
+  id: string;
+  state: TaskState;
+  run_at_ms: number | null;
+  enqueued_at_ms: number;
+}
+
+/**
+ * The TaskInfo of a task just inserted, from its record and what the insert
+ * returned: reading the whole row back cost more than the insert (bulk
+ * enqueues spent most of their time parsing timestamps and payloads they had
+ * just sent). The payload is decoded from the JSON that was sent, so it is a
+ * copy, as from any read; jsonb may order its keys differently.
+ */
+function insertedInfo(r: TaskRecord, row: Inserted): TaskInfo {
+  return {
+    id: r.id,
+    queue: r.queue,
+    type: r.type,
+    payload: r.payload.bytes ? Buffer.from(r.payload.bytes) : r.payload.json === null ? null : JSON.parse(r.payload.json),
+    state: row.state,
+    maxRetry: r.maxRetry,
+    retried: 0,
+    lastError: null,
+    lastFailedAt: null,
+    timeout: r.timeoutMs,
+    deadline: r.deadline,
+    group: r.group,
+    nextProcessAt: row.state === 'aggregating' || row.run_at_ms === null ? null : new Date(row.run_at_ms),
+    isOrphaned: false,
+    retention: r.retentionMs,
+    completedAt: null,
+    result: null,
+    headers: { ...r.headers },
+    enqueuedAt: new Date(row.enqueued_at_ms),
+    startedAt: null,
+    leaseOwner: null,
+    leaseExpiresAt: null,
+  };
 }
 
 /** Maps PostgreSQL's unique violations to the errors asynq users know. */

@@ -2,7 +2,7 @@
  * The server registry and the processed/failed counters.
  */
 import { sql } from 'kysely';
-import type { Db } from './db.js';
+import { transaction, type Db } from './db.js';
 
 export interface ServerRecord {
   id: string;
@@ -34,21 +34,36 @@ export interface StatsDelta {
   failed: number;
 }
 
-/** Adds counts to today's (UTC, database clock) row of each queue and to the queues' totals. */
+/**
+ * Adds counts to today's (UTC, database clock) row of each queue and to the
+ * queues' totals, in one transaction. Every server flushes its own queues in
+ * its own order, so rows are locked in a fixed order instead: the queues rows
+ * first, by name (as deleteQueue does, then that queue's stats), then the
+ * daily_stats rows, by name. Two flushes over the same queues then wait for
+ * each other instead of deadlocking, which they did when each locked rows in
+ * the order its counts happened to arrive (fault test F17).
+ */
 export async function addStats(db: Db, deltas: readonly StatsDelta[]): Promise<void> {
   if (deltas.length === 0) return;
-  await db.run(sql`
-    WITH d AS (
-      SELECT * FROM unnest(${deltas.map((d) => d.queue)}::text[], ${deltas.map((d) => d.processed)}::bigint[], ${deltas.map((d) => d.failed)}::bigint[])
-        AS d(queue, processed, failed)
-    ),
-    totals AS (
+  const sorted = [...deltas].sort((a, b) => (a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0));
+  const d = sql`unnest(${sorted.map((x) => x.queue)}::text[], ${sorted.map((x) => x.processed)}::bigint[], ${sorted.map((x) => x.failed)}::bigint[])
+        WITH ORDINALITY AS d(queue, processed, failed, ord)`;
+  await transaction(db, async (trx) => {
+    await db.run(
+      sql`
       UPDATE ${db.table('queues')} q SET processed_total = q.processed_total + d.processed, failed_total = q.failed_total + d.failed
-      FROM d WHERE q.name = d.queue
-    )
-    INSERT INTO ${db.table('daily_stats')} AS s (queue, day, processed, failed)
-    SELECT queue, (now() AT TIME ZONE 'UTC')::date, processed, failed FROM d
-    ON CONFLICT (queue, day) DO UPDATE SET processed = s.processed + excluded.processed, failed = s.failed + excluded.failed`);
+      FROM ${d}, (SELECT name FROM ${db.table('queues')} WHERE name = ANY(${sorted.map((x) => x.queue)}::text[]) ORDER BY name FOR UPDATE) l
+      WHERE q.name = d.queue AND l.name = d.queue`,
+      trx,
+    );
+    await db.run(
+      sql`
+      INSERT INTO ${db.table('daily_stats')} AS s (queue, day, processed, failed)
+      SELECT queue, (now() AT TIME ZONE 'UTC')::date, processed, failed FROM ${d} ORDER BY d.ord
+      ON CONFLICT (queue, day) DO UPDATE SET processed = s.processed + excluded.processed, failed = s.failed + excluded.failed`,
+      trx,
+    );
+  });
 }
 
 /** Deletes daily stats older than `days` days. */

@@ -12,6 +12,16 @@ import * as v from '../validate.js';
 export interface ServerConfig extends ConnectionOptions {
   /** Tasks run at once. @defaultValue os.availableParallelism() */
   concurrency?: number;
+  /**
+   * Tasks claimed ahead of free slots and held leased until a slot frees
+   * (graphile-worker's local queue). With many short tasks a claim then
+   * brings a batch rather than the few slots that happen to be free. Held
+   * tasks count as active (their leases are heartbeated), start in claim
+   * order, and go back to pending at once on stop or shutdown without using
+   * a retry. Keep it 0 when tasks are long: a held task waits for this
+   * server's slots while another server may be idle. @defaultValue 0
+   */
+  prefetch?: number;
   /** Queues to serve, with priority weights. @defaultValue { default: 1 } */
   queues?: Record<string, number>;
   /** Always take higher-priority queues first, rather than weighted-random order. @defaultValue false */
@@ -51,11 +61,21 @@ export interface ServerConfig extends ConnectionOptions {
   recoverInterval?: number;
   /** How long past its expiry a lease must be before it is recovered (skew allowance; 0: none). @defaultValue 30 s */
   recoverCutoff?: number;
+  /**
+   * A connection string used only for LISTEN (wake-ups on new work), when
+   * `connectionString` goes through a transaction-pooling proxy such as
+   * pgbouncer with pool_mode=transaction, where LISTEN cannot work: point it
+   * at PostgreSQL directly, or at a session-mode pool. Without it the server
+   * probes its own connection at start; if LISTEN does not work there it
+   * logs one warning and polls every taskCheckInterval. Not with `embedded`.
+   * @defaultValue the pool's own connection settings
+   */
+  listenConnectionString?: string;
 }
 
 const KEYS = [
-  'connectionString', 'pool', 'schema', 'logger', 'embedded',
-  'concurrency', 'queues', 'strictPriority', 'retryDelay', 'isFailure', 'errorHandler', 'healthCheck',
+  'connectionString', 'pool', 'schema', 'logger', 'embedded', 'preparedStatements', 'listenConnectionString',
+  'concurrency', 'prefetch', 'queues', 'strictPriority', 'retryDelay', 'isFailure', 'errorHandler', 'healthCheck',
   'healthCheckInterval', 'shutdownTimeout', 'delayedTaskCheckInterval', 'groupGracePeriod', 'groupMaxDelay',
   'groupMaxSize', 'groupAggregator', 'janitorInterval', 'janitorBatchSize', 'taskCheckInterval',
   'leaseDuration', 'heartbeatInterval', 'recoverInterval', 'recoverCutoff',
@@ -64,6 +84,7 @@ const KEYS = [
 export interface ResolvedServerConfig {
   readonly logger: Logger;
   readonly concurrency: number;
+  readonly prefetch: number;
   readonly queues: Readonly<Record<string, number>>;
   readonly strictPriority: boolean;
   readonly retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
@@ -86,6 +107,19 @@ export interface ResolvedServerConfig {
   readonly leaseTrust: number;
   readonly recoverInterval: number;
   readonly recoverCutoff: number;
+  readonly listenConnectionString: string | undefined;
+}
+
+/** A connection string for LISTEN: a postgres:// URL or key=value pairs, never shown with its password. */
+function validateListenConnectionString(c: ServerConfig): string | undefined {
+  const cs: unknown = c.listenConnectionString;
+  if (cs === undefined) return undefined;
+  if (typeof cs !== 'string' || cs.trim() === '') throw new ConfigError('listenConnectionString', 'must be a non-empty connection string');
+  if (!/^postgres(ql)?:\/\//.test(cs) && !cs.includes('=')) {
+    throw new ConfigError('listenConnectionString', 'must be a postgres:// URL or key=value pairs');
+  }
+  if (c.embedded !== undefined) throw new ConfigError('listenConnectionString', 'cannot be used with embedded (it listens in process)');
+  return cs;
 }
 
 function validateQueues(input: unknown): Record<string, number> {
@@ -120,6 +154,7 @@ export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
   return Object.freeze({
     logger: (c.logger as Logger | undefined) ?? silentLogger,
     concurrency: c.concurrency === undefined ? availableParallelism() : v.integer(c.concurrency, 'concurrency', 1, 10_000, ConfigError),
+    prefetch: c.prefetch === undefined ? 0 : v.integer(c.prefetch, 'prefetch', 0, 10_000, ConfigError),
     queues: Object.freeze(c.queues === undefined ? { default: 1 } : validateQueues(c.queues)),
     strictPriority: c.strictPriority === undefined ? false : v.boolean(c.strictPriority, 'strictPriority', ConfigError),
     retryDelay: fn<ResolvedServerConfig['retryDelay']>('retryDelay'),
@@ -141,5 +176,6 @@ export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
     leaseTrust: leaseDuration - margin,
     recoverInterval: dur('recoverInterval', 60_000, 10),
     recoverCutoff: dur('recoverCutoff', 30_000),
+    listenConnectionString: validateListenConnectionString(c),
   });
 }

@@ -3,8 +3,13 @@
  * handlers, and records each outcome with one fenced write.
  *
  * Modes: idle → claiming (start) → draining (stopClaiming) → idle. Only the
- * claim loop adds to `leases`; only a finished worker removes its own entry;
- * the heartbeater reads `leases` and marks leases lost.
+ * claim loop adds to `leases`; only a finished worker (or the give-back of
+ * held tasks at stop) removes an entry; the heartbeater reads `leases` and
+ * marks leases lost.
+ *
+ * With `prefetch`, a claim may bring more tasks than there are free slots:
+ * the extra ones wait in `#held`, leased and heartbeated like running ones,
+ * and start the moment a slot frees, without a round trip.
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
@@ -23,7 +28,7 @@ import {
 import type { Logger } from '../logger.js';
 import type { Handler, TaskContext } from '../mux.js';
 import { decodePayload, encodePayload } from '../payload.js';
-import { safeRetryDelay } from '../retry.js';
+import { lastErrorText, safeRetryDelay, warnInvalidRetryDelay } from '../retry.js';
 import { Task } from '../task.js';
 import { MAX_DURATION_MS } from '../validate.js';
 import { Batcher } from './batcher.js';
@@ -34,6 +39,8 @@ import type { StatsCollector } from './stats.js';
 export interface ProcessorConfig {
   serverId: string;
   concurrency: number;
+  /** Tasks claimed ahead of free slots, held leased until one frees. */
+  prefetch: number;
   queues: Readonly<Record<string, number>>;
   strictPriority: boolean;
   taskCheckInterval: number;
@@ -70,6 +77,8 @@ export class Processor {
   readonly #failer: Batcher<Failure, Set<string>>;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
   #running = 0;
+  /** Claimed tasks waiting for a slot (prefetch), in claim order. */
+  #held: { row: ClaimedRow; lease: Lease; claimedAt: number }[] = [];
   #claiming = false;
   #loop: Promise<void> | undefined;
   /** Set by a notification or a freed slot; the loop claims again before sleeping. */
@@ -109,11 +118,34 @@ export class Processor {
     this.#wake?.();
   }
 
-  /** Stops claiming; running tasks go on. Resolves once the claim loop has exited. */
+  /**
+   * Stops claiming; running tasks go on, held ones go back to pending.
+   * Resolves once the claim loop has exited and the held tasks are back.
+   */
   async stopClaiming(): Promise<void> {
     this.#claiming = false;
     this.#poke();
     await this.#loop;
+    await this.#giveBackHeld();
+  }
+
+  /** Returns the held (never started) tasks to the front of pending, fenced, without using a retry. */
+  async #giveBackHeld(): Promise<void> {
+    const held = this.#held.splice(0);
+    if (held.length === 0) return;
+    const leases = held.map((h) => h.lease);
+    try {
+      await requeue(this.#db, leases);
+    } catch (err) {
+      this.#logger.warn({ err, tasks: leases.length }, 'could not give back held tasks; the recoverer will');
+    }
+    for (const lease of leases) this.#forget(lease);
+  }
+
+  #forget(lease: Lease): void {
+    lease.release();
+    this.leases.delete(lease.key);
+    if (this.leases.size === 0) for (const fn of this.#idle.splice(0)) fn();
   }
 
   /**
@@ -140,11 +172,17 @@ export class Processor {
   }
 
   async #claimLoop(): Promise<void> {
+    const { concurrency, prefetch } = this.#cfg;
     while (this.#claiming) {
-      const free = this.#cfg.concurrency - this.#running;
-      if (free <= 0) {
-        // Every slot is busy: wait for one to free. A pending hint must not end this
-        // wait at once, or the loop would spin and starve the event loop.
+      const capacity = concurrency + prefetch;
+      // Tasks whose outcome is still being written hold their leases too. Without a
+      // cap on them, claims would outrun a database slower than the handlers, and
+      // every heartbeat would extend a growing crowd of finished tasks.
+      const free = Math.min(capacity - this.#running - this.#held.length, 2 * capacity - this.leases.size);
+      // Refill the held tasks once half of them have started: fewer, larger claims.
+      if (free <= 0 || this.#held.length > prefetch / 2) {
+        // Nothing to claim for: wait for a slot to free. A pending hint must not end
+        // this wait at once, or the loop would spin and starve the event loop.
         await this.#sleep(this.#cfg.taskCheckInterval, true);
         continue;
       }
@@ -164,9 +202,9 @@ export class Processor {
       for (const row of rows) {
         const lease = new Lease({ queue: row.queue, id: row.id, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
         this.leases.set(lease.key, lease);
-        this.#running++;
-        void this.#run(row, lease);
+        this.#held.push({ row, lease, claimedAt: sentAt });
       }
+      this.#dispatch();
       if (rows.length < free) {
         // asynq sleeps interval/2 + rand[0, interval) when the queues are empty.
         await this.#sleep(this.#cfg.taskCheckInterval / 2 + Math.random() * this.#cfg.taskCheckInterval);
@@ -192,37 +230,50 @@ export class Processor {
     });
   }
 
-  async #run(row: ClaimedRow, lease: Lease): Promise<void> {
+  /** Starts held tasks in the free slots. */
+  #dispatch(): void {
+    while (this.#running < this.#cfg.concurrency && this.#held.length > 0) {
+      const { row, lease, claimedAt } = this.#held.shift()!;
+      this.#running++;
+      void this.#run(row, lease, claimedAt);
+    }
+  }
+
+  async #run(row: ClaimedRow, lease: Lease, claimedAt: number): Promise<void> {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
-    const timers = this.#armTimeouts(row, lease);
+    const timers = this.#armTimeouts(row, lease, claimedAt);
     const outcome = await this.#invoke(task, this.#context(row, lease), lease.signal);
     for (const t of timers) clearTimeout(t);
-    // The slot is free once the handler settled: the next claim overlaps this outcome's
-    // write, which still holds (and heartbeats) the lease until it lands.
+    // The slot is free once the handler settled: a held task starts in it now, and the
+    // next claim overlaps this outcome's write, which still holds (and heartbeats) the
+    // lease until it lands.
     this.#running--;
     lease.settled = true;
+    if (this.#claiming) this.#dispatch();
     this.#poke();
     try {
       await this.#finish(row, lease, task, outcome);
     } catch (err) {
       this.#logger.error({ err, task: { id: row.id, queue: row.queue } }, 'could not record the outcome; the recoverer will');
     } finally {
-      lease.release();
-      this.leases.delete(lease.key);
-      if (this.leases.size === 0) for (const fn of this.#idle.splice(0)) fn();
+      this.#forget(lease);
       this.#poke();
     }
   }
 
-  /** Timeout and deadline, on the worker's monotonic timers (the deadline measured on the database clock at claim). */
-  #armTimeouts(row: ClaimedRow, lease: Lease): NodeJS.Timeout[] {
+  /**
+   * Timeout and deadline, on the worker's monotonic timers. The timeout runs
+   * from the handler's start; the deadline was measured on the database
+   * clock at the claim, so the time the task was held counts against it.
+   */
+  #armTimeouts(row: ClaimedRow, lease: Lease, claimedAt: number): NodeJS.Timeout[] {
     const timers: NodeJS.Timeout[] = [];
     const after = (ms: number, message: string) => {
       if (ms <= 0) lease.abort(new TaskTimeoutError(message));
       else timers.push(setTimeout(() => lease.abort(new TaskTimeoutError(message)), Math.min(ms, MAX_DURATION_MS)));
     };
     if (row.timeout_ms > 0) after(row.timeout_ms, `task timeout of ${row.timeout_ms} ms exceeded`);
-    if (row.deadline_in_ms !== null) after(row.deadline_in_ms, 'task deadline exceeded');
+    if (row.deadline_in_ms !== null) after(row.deadline_in_ms - (performance.now() - claimedAt), 'task deadline exceeded');
     return timers;
   }
 
@@ -326,9 +377,9 @@ export class Processor {
     const delayMs = archive
       ? 0
       : safeRetryDelay(this.#cfg.retryDelay && (() => this.#cfg.retryDelay!(row.retried, error, task)), row.retried, (value) =>
-          this.#logger.warn({ value: String(value), type: row.type }, 'retryDelay returned an invalid delay; using the default'),
+          warnInvalidRetryDelay(this.#logger, row.type, value),
         );
-    const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: error.message || error.name };
+    const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
     if ((await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure))) && counts) {
       this.#stats.processed(queue);
       this.#stats.failed(queue);
