@@ -152,6 +152,8 @@ export class Task<P = unknown> {
 /** @internal What the broker inserts for one task: options merged, defaults applied, payload encoded. */
 export interface TaskRecord {
   id: string;
+  /** The id was given (taskId), so it may collide with another enqueue's; a generated one cannot. */
+  idGiven: boolean;
   queue: string;
   type: string;
   payload: EncodedPayload;
@@ -189,6 +191,7 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
   const queue = o.queue ?? DEFAULT_QUEUE;
   return {
     id: o.taskId ?? randomUUID(),
+    idGiven: o.taskId !== undefined,
     queue,
     type: task.type,
     payload: task.encoded,

@@ -512,6 +512,17 @@ describe('enqueueMany', () => {
     assert.equal(new Set(infos.map((i) => `${i.queue}/${i.id}`)).size, 20);
   });
 
+  test('tasks of one batch run in the caller\'s order, given ids and unique keys included', async () => {
+    // Given ids go in in key order (lock order), so their FIFO number must come from the caller's order.
+    const given = ['z-3', 'a-1', 'm-2', 'b-0'].map((taskId, i) => new Task('fifo:given', { i }, { queue: 'fifo_given', taskId }));
+    const unique = [3, 1, 2, 0].map((n, i) => new Task('fifo:unique', { n, i }, { queue: 'fifo_unique', unique: 60_000 }));
+    for (const [queue, tasks] of [['fifo_given', given], ['fifo_unique', unique]] as const) {
+      const infos = await client.enqueueMany([...tasks]);
+      const order = await db.query<{ id: string }>('SELECT id FROM {{schema}}.tasks WHERE queue = $1 AND state = $2 ORDER BY run_at, seq', [queue, 'pending']);
+      assert.deepEqual(order.map((r) => r.id), infos.map((i) => i.id), queue);
+    }
+  });
+
   test('enqueueMany options apply to every task and override the Task options', async () => {
     const tasks = [new Task('many:o', 1, { queue: 'many_x', maxRetry: 1 }), new Task('many:o', 2)];
     const infos = await client.enqueueMany(tasks, { queue: 'many_y', retention: 5_000 });

@@ -131,6 +131,11 @@ export class Db {
     };
   }
 
+  /** The schema-qualified name of one of our tables as text, for functions that take a name (pg_get_serial_sequence). */
+  qualified(name: string): string {
+    return `"${this.schema}".${name}`;
+  }
+
   /** The schema-qualified name of one of our tables, quoted. */
   table(name: string): RawBuilder<unknown> {
     return sql.id(this.schema, name);

@@ -2,8 +2,8 @@
  * Enqueue: one statement for any number of tasks, so enqueueMany is one round
  * trip and all-or-nothing. The unique locks, the queue registry, the rows and
  * one NOTIFY per (channel, queue) are all written by that statement.
- * Locks and rows go in in key order, not the caller's: two enqueueMany calls
- * holding the same ids or unique keys in different orders would otherwise
+ * Given ids and unique keys go in in key order, not the caller's: two
+ * enqueueMany calls holding the same ones in different orders would otherwise
  * deadlock on each other's uncommitted keys (fault test F17).
  */
 import { sql } from 'kysely';
@@ -30,7 +30,31 @@ function toJsonRows(records: TaskRecord[]): string {
   return `[${parts.join(',')}]`;
 }
 
+const TASK_COLUMNS = sql`queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at`;
+const TASK_VALUES = sql`queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout_ms * interval '1 millisecond',
+  deadline, unique_key, group_key, retention_ms * interval '1 millisecond', CASE state WHEN 'pending' THEN now() WHEN 'scheduled' THEN due END`;
+
+/** Rows in the caller's order; the identity numbers them (seq orders tasks due at the same instant: FIFO). */
+const insertInCallerOrder = (db: Db) => sql`
+      INSERT INTO ${db.table('tasks')} (${TASK_COLUMNS})
+      SELECT ${TASK_VALUES} FROM routed ORDER BY ord
+      RETURNING *`;
+
+/**
+ * Rows in key order, numbered in the caller's order: a volatile function in
+ * the select list runs after the sort. For batches with given ids or unique
+ * keys, which another enqueue may hold in another order (see the header).
+ */
+const insertInKeyOrder = (db: Db) => sql`
+      INSERT INTO ${db.table('tasks')} (${TASK_COLUMNS}, seq) OVERRIDING SYSTEM VALUE
+      SELECT ${TASK_VALUES}, seq
+      FROM (SELECT r.*, nextval(pg_get_serial_sequence(${db.qualified('tasks')}, 'seq')) AS seq FROM routed r ORDER BY r.ord) n
+      ORDER BY queue, id
+      RETURNING *`;
+
 export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
+  // Generated ids and no unique keys: nothing another enqueue could hold, so no lock order to keep.
+  const keyed = records.length > 1 && records.some((r) => r.idGiven || r.uniqueKey !== null);
   const query = sql<Inserted>`
     WITH input AS (
       SELECT i.id, i.queue, i.type, i.payload, decode(i.payload_hex, 'hex') AS payload_bytes, i.headers, i.max_retry,
@@ -65,15 +89,7 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     registered AS (
       INSERT INTO ${db.table('queues')} (name) SELECT DISTINCT queue FROM routed ON CONFLICT DO NOTHING
     ),
-    t AS (
-      INSERT INTO ${db.table('tasks')} (queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout,
-                                        deadline, unique_key, group_key, retention, run_at)
-      SELECT queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout_ms * interval '1 millisecond',
-             deadline, unique_key, group_key, retention_ms * interval '1 millisecond',
-             CASE state WHEN 'pending' THEN now() WHEN 'scheduled' THEN due END
-      FROM routed ORDER BY queue, id
-      RETURNING *
-    ),
+    t AS (${keyed ? insertInKeyOrder(db) : insertInCallerOrder(db)}),
     notified AS (
       SELECT pg_notify(CASE WHEN s.pending THEN ${db.channels.tasks} ELSE ${db.channels.delayed} END, s.queue)
       FROM (SELECT DISTINCT state = 'pending', queue FROM t WHERE state <> 'aggregating') s(pending, queue)
@@ -83,7 +99,7 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     FROM t WHERE (SELECT count(*) FROM notified) >= 0`;
   let rows: Inserted[];
   try {
-    rows = await db.run(query, tx, 'enqueue');
+    rows = await db.run(query, tx, keyed ? 'enqueue-keyed' : 'enqueue');
   } catch (err) {
     throw translateConflict(err, records);
   }

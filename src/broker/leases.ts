@@ -100,6 +100,7 @@ export interface Completion extends LeaseKey {
  */
 export async function complete(db: Db, items: readonly Completion[], trx?: Transaction<any>): Promise<{ queue: string; id: string }[]> {
   if (items.length === 0) return [];
+  if (!items.some((i) => i.keep)) return deleteCompleted(db, items, trx);
   const fenced = sql`(
     SELECT t.queue, t.id, h.keep FROM ${db.table('tasks')} t
     JOIN unnest(${items.map((l) => l.queue)}::text[], ${items.map((l) => l.id)}::text[],
@@ -129,6 +130,33 @@ export async function complete(db: Db, items: readonly Completion[], trx?: Trans
     SELECT queue, id FROM finished`,
     trx,
     'complete',
+  );
+}
+
+/**
+ * complete() when no task is kept (retention 0, the common case): a plain
+ * fenced DELETE. Without the separate FOR UPDATE pass each row is written
+ * once, not locked and then deleted. Rows are locked as the plan meets them:
+ * the leases go in sorted by (queue, id) and the plan is a nested loop over
+ * them, so this meets rows in the same order as every other batch statement.
+ */
+async function deleteCompleted(db: Db, items: readonly Completion[], trx?: Transaction<any>): Promise<{ queue: string; id: string }[]> {
+  const sorted = [...items].sort((a, b) => (a.queue === b.queue ? (a.id < b.id ? -1 : a.id > b.id ? 1 : 0) : a.queue < b.queue ? -1 : 1));
+  return db.run(
+    sql<{ queue: string; id: string }>`
+    WITH deleted AS (
+      DELETE FROM ${db.table('tasks')} t
+      USING unnest(${sorted.map((l) => l.queue)}::text[], ${sorted.map((l) => l.id)}::text[], ${sorted.map((l) => l.token)}::uuid[]) AS h(queue, id, token)
+      WHERE t.queue = h.queue AND t.id = h.id AND t.lease_token = h.token AND t.state = 'active'
+      RETURNING t.queue, t.id, t.unique_key
+    ),
+    unlocked AS (
+      DELETE FROM ${db.table('unique_locks')} l USING deleted f
+      WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+    )
+    SELECT queue, id FROM deleted`,
+    trx,
+    'complete-delete',
   );
 }
 

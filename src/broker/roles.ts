@@ -82,7 +82,7 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
 ];
 
 /** What an enqueue writes (enqueue.ts insertTasks): the rest are defaults or the worker's. */
-const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at';
+const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at, seq';
 /** What the worker's statements change about a task (leases.ts, maintenance.ts): never its identity or payload. */
 const WORKER_TASK_COLUMNS =
   'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
@@ -219,6 +219,8 @@ BEGIN
   -- same statement). No UPDATE, no DELETE of tasks.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
   GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
+  -- enqueue numbers a batch's tasks in the caller's order with nextval() on the identity's sequence
+  EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I, %I', pg_get_serial_sequence(${lit(`${S}.tasks`)}, 'seq'), ${lit(r.producer)}, ${lit(r.worker)});
   GRANT SELECT (queue, key, expires_at), INSERT (queue, key, task_id, expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.producer)};
 
   -- worker: claims and fenced writes (tasks: UPDATE of the lease, state,
