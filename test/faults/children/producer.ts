@@ -1,0 +1,104 @@
+/**
+ * A producer process of the fault suite: enqueues COUNT tasks at RATE per
+ * second and keeps the acknowledgement log OUTSIDE the database: an id is
+ * appended to ACK_FILE only after enqueue() resolved (its COMMIT returned),
+ * with an fsync every 100 ids and at the end. A database that loses
+ * acknowledged enqueues cannot hide it by losing the log as well.
+ *
+ * env:
+ *   DATABASE_URL, SCHEMA, ACK_FILE
+ *   COUNT       tasks to enqueue (default 100)
+ *   RATE        tasks per second; 0 = as fast as INFLIGHT allows (default 50)
+ *   INFLIGHT    enqueues in flight at once (default 4)
+ *   TYPE        task type (default tx)
+ *   MAX_RETRY   (default 3)
+ *   MS_MIN, MS_MAX  when set, each task's payload is {ms} drawn from this range
+ *
+ * stdout: {"event":"ready"}, {"event":"error","id","code","message"} for every
+ * rejected enqueue (never a silent drop), {"event":"done","acked","errors"}.
+ * SIGTERM: stop, fsync the log, print done, exit 0.
+ */
+import { randomUUID } from 'node:crypto';
+import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
+import { Client, Task } from '../../../src/index.js';
+
+const env = (k: string, d = ''): string => process.env[k] ?? d;
+const say = (o: object): void => void process.stdout.write(`${JSON.stringify(o)}\n`);
+const count = Number(env('COUNT', '100'));
+const rate = Number(env('RATE', '50'));
+const inflight = Number(env('INFLIGHT', '4'));
+const type = env('TYPE', 'tx');
+const maxRetry = Number(env('MAX_RETRY', '3'));
+const msMin = env('MS_MIN');
+const msMax = env('MS_MAX', msMin);
+
+// If the harness dies without its teardown, don't linger: exit when the parent is gone.
+const parent = process.ppid;
+setInterval(() => {
+  try {
+    process.kill(parent, 0);
+  } catch {
+    process.exit(99);
+  }
+}, 1000).unref();
+
+process.on('unhandledRejection', (err) => {
+  say({ event: 'unhandledRejection', message: String((err as Error)?.stack ?? err) });
+  process.stderr.write(`unhandledRejection: ${String((err as Error)?.stack ?? err)}\n`);
+  process.exit(70);
+});
+
+const client = new Client({ connectionString: env('DATABASE_URL'), schema: env('SCHEMA') });
+const fd = openSync(env('ACK_FILE'), 'a');
+let acked = 0;
+let errors = 0;
+let stopping = false;
+
+function ack(id: string): void {
+  writeSync(fd, `${id}\n`);
+  if (++acked % 100 === 0) fsyncSync(fd);
+}
+
+async function one(): Promise<void> {
+  const id = randomUUID();
+  const payload = msMin === '' ? {} : { ms: Number(msMin) + Math.random() * (Number(msMax) - Number(msMin)) };
+  try {
+    // Retention keeps completed rows, so the oracle can see every acknowledged task's end state.
+    await client.enqueue(new Task(type, payload), { taskId: id, maxRetry, retention: 3_600_000 });
+    ack(id);
+  } catch (err) {
+    errors++;
+    const e = err as { code?: string; message?: string };
+    say({ event: 'error', id, code: e.code ?? null, message: String(e.message ?? err).slice(0, 200) });
+    // A refused connection fails at once: don't spin through the schedule.
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+function finish(): void {
+  fsyncSync(fd);
+  closeSync(fd);
+  say({ event: 'done', acked, errors });
+}
+
+process.on('SIGTERM', () => {
+  stopping = true;
+});
+
+say({ event: 'ready' });
+const t0 = performance.now();
+const running = new Set<Promise<void>>();
+for (let i = 0; i < count && !stopping; i++) {
+  if (rate > 0) {
+    const due = t0 + (i * 1000) / rate;
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  }
+  while (running.size >= inflight) await Promise.race(running);
+  const p = one().finally(() => running.delete(p));
+  running.add(p);
+}
+await Promise.all(running);
+finish();
+await client.close().catch(() => {});
+process.exit(0);

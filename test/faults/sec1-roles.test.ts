@@ -1,0 +1,359 @@
+/**
+ * SEC1 (R24): the least-privilege roles of `pgasynq roles`, on a throwaway
+ * cluster (roles are cluster-global). The SQL is printed by the CLI, as a
+ * user would get it, applied before and after the owner migrates, and once
+ * more (idempotent). Then each role does its job through the real library
+ * and CLI, and every statement beyond it fails with SQLSTATE 42501.
+ */
+import assert from 'node:assert/strict';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, test } from 'node:test';
+import { sql } from 'kysely';
+import pg from 'pg';
+import { Client, DuplicateTaskError, Inspector, Scheduler, Server, Task, migrate, roleSetupSql, type Logger } from '../../src/index.js';
+import { run } from '../../src/cli/program.js';
+import { runNode, waitFor } from '../helpers.js';
+import { startCluster, type Cluster } from './cluster.js';
+
+const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+const S = 'sec1';
+const KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
+type Kind = (typeof KINDS)[number];
+
+let cluster: Cluster;
+let su: pg.Pool;
+const pools = new Map<Kind, pg.Pool>();
+const url = (kind: Kind) => `postgres://pgasynq_${kind}_login@127.0.0.1:${cluster.port}/postgres`;
+const as = (kind: Kind, text: string, values?: unknown[]) => pools.get(kind)!.query(text.replaceAll('{{S}}', `"${S}"`), values);
+const cli = (kind: Kind, ...args: string[]) => runNode([MAIN, '--database-url', url(kind), '--schema', S, ...args]);
+
+/**
+ * The same CLI in this process (program.ts run(), what main.ts calls): child
+ * processes cost seconds each on a loaded machine, so only `roles` and the
+ * inspector's `stats`, the commands SEC1 names, run as children.
+ */
+async function cliHere(kind: Kind, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = '';
+  let stderr = '';
+  const code = await run(['--database-url', url(kind), '--schema', S, ...args], {
+    out: { write: (s: string) => (stdout += s) },
+    err: { write: (s: string) => (stderr += s) },
+    env: {},
+  });
+  return { code, stdout, stderr };
+}
+
+/** Rejects with SQLSTATE 42501 (insufficient_privilege), and nothing else. */
+async function refused(p: Promise<unknown>, what: string): Promise<void> {
+  await assert.rejects(
+    p,
+    (err: { code?: string; message?: string }) => {
+      assert.equal(err?.code, '42501', `${what}: expected SQLSTATE 42501, got ${err?.code}: ${err?.message}`);
+      return true;
+    },
+    what,
+  );
+}
+
+/** DDL and TRUNCATE: nobody but the owner. */
+async function refusesDdl(kind: Kind): Promise<void> {
+  for (const stmt of [
+    'CREATE TABLE {{S}}.evil (a int)',
+    'ALTER TABLE {{S}}.tasks ADD COLUMN evil int',
+    'CREATE INDEX evil ON {{S}}.tasks (type)',
+    'DROP TABLE {{S}}.daily_stats',
+    'DROP VIEW {{S}}.queue_stats',
+    'TRUNCATE {{S}}.tasks',
+    'TRUNCATE {{S}}.queues CASCADE',
+    'CREATE SCHEMA evil',
+  ]) {
+    await refused(as(kind, stmt), `${kind}: ${stmt}`);
+  }
+}
+
+/** Records warnings and errors, so a background component's 42501 cannot go unseen. */
+function captureLogger(lines: { msg: string | undefined; code: unknown; err: string }[]): Logger {
+  const push = (obj: object, msg?: string) => {
+    const err = (obj as { err?: { code?: unknown; message?: string } }).err;
+    lines.push({ msg, code: err?.code, err: err?.message ?? '' });
+  };
+  const logger: Logger = { debug() {}, info() {}, warn: push, error: push, child: () => logger };
+  return logger;
+}
+
+before(async () => {
+  // As a user would: print the SQL with the CLI (it needs no database: while the
+  // cluster starts), apply it as a superuser before the first migrate (roles and
+  // schema only), migrate as the owner, apply it again.
+  const [started, printed] = await Promise.all([startCluster(), runNode([MAIN, '--schema', S, 'roles', '--logins'])]);
+  cluster = started;
+  su = new pg.Pool({ connectionString: cluster.connectionString, max: 2 });
+  assert.equal(printed.code, 0, printed.stderr);
+  assert.equal(printed.stdout, roleSetupSql({ schema: S, logins: true }));
+  await su.query(printed.stdout);
+  await migrate({ connectionString: `postgres://pgasynq_owner_login@127.0.0.1:${cluster.port}/postgres`, schema: S });
+  await su.query(printed.stdout);
+  await su.query(printed.stdout); // a rerun changes nothing and fails nothing
+  for (const kind of KINDS) pools.set(kind, new pg.Pool({ connectionString: url(kind), max: 2 }));
+});
+
+after(async () => {
+  await Promise.all([...pools.values()].map((p) => p.end().catch(() => {})));
+  await su?.end().catch(() => {});
+  cluster?.destroy();
+});
+
+describe('SEC1 roles', () => {
+  test('the owner owns every object; a login without a pgasynq role cannot reach the schema', async () => {
+    const { rows } = await su.query<{ name: string; owner: string }>(
+      `SELECT relname::text AS name, relowner::regrole::text AS owner FROM pg_class WHERE relnamespace = $1::text::regnamespace
+       UNION ALL SELECT proname::text, proowner::regrole::text FROM pg_proc WHERE pronamespace = $1::text::regnamespace
+       UNION ALL SELECT nspname, nspowner::regrole::text FROM pg_namespace WHERE nspname = $1::text`,
+      [S],
+    );
+    assert.ok(rows.length > 20);
+    assert.deepEqual(rows.filter((r) => r.owner !== 'pgasynq_owner'), []);
+    // DDL is the owner's: what the next migration will do.
+    await as('owner', 'CREATE TABLE {{S}}.scratch (a int); DROP TABLE {{S}}.scratch');
+
+    await su.query('CREATE ROLE nobody LOGIN');
+    const nobody = new pg.Client({ connectionString: `postgres://nobody@127.0.0.1:${cluster.port}/postgres` });
+    await nobody.connect();
+    try {
+      await refused(nobody.query(`SELECT count(*) FROM "${S}".queues`), 'nobody: SELECT queues');
+      await refused(nobody.query(`SELECT * FROM "${S}".queue_stats`), 'nobody: SELECT queue_stats');
+    } finally {
+      await nobody.end();
+    }
+  });
+
+  test('producer: enqueue, enqueueMany, unique and scheduled tasks, in its own transaction; nothing more', async () => {
+    const client = new Client({ connectionString: url('producer'), schema: S });
+    try {
+      const one = await client.enqueue(new Task('email:send', { to: 'a@example.com' }), { queue: 'sec1' });
+      assert.equal(one.state, 'pending');
+      const many = await client.enqueueMany([new Task('a', { n: 1 }), new Task('b', { n: 2 })], { queue: 'sec1' });
+      assert.deepEqual(many.map((t) => t.type), ['a', 'b']);
+      await client.enqueue(new Task('u', { k: 1 }), { queue: 'sec1', unique: 60_000 });
+      await assert.rejects(client.enqueue(new Task('u', { k: 1 }), { queue: 'sec1', unique: 60_000 }), DuplicateTaskError);
+      const later = await client.enqueue(new Task('later', { x: 1 }), { queue: 'adm', processIn: 3_600_000, taskId: 'sched-1' });
+      assert.equal(later.state, 'scheduled');
+      // The caller's transaction (a pg client: the named prepared statement path).
+      const c = await pools.get('producer')!.connect();
+      try {
+        await c.query('BEGIN');
+        await client.enqueue(new Task('in-tx', null), { queue: 'sec1', tx: c });
+        await c.query('COMMIT');
+      } finally {
+        c.release();
+      }
+    } finally {
+      await client.close();
+    }
+    await refusesDdl('producer');
+    await refused(as('producer', "UPDATE {{S}}.tasks SET state = 'archived' WHERE false"), 'producer: UPDATE tasks');
+    await refused(as('producer', 'UPDATE {{S}}.tasks SET payload = NULL WHERE false'), 'producer: UPDATE payload');
+    await refused(as('producer', 'DELETE FROM {{S}}.tasks WHERE false'), 'producer: DELETE tasks');
+    await refused(
+      as('producer', "INSERT INTO {{S}}.tasks (queue, id, type, state, lease_owner) VALUES ('q', 'x', 't', 'pending', 'me')"),
+      'producer: INSERT a lease column',
+    );
+    await refused(as('producer', 'UPDATE {{S}}.queues SET paused = true WHERE false'), 'producer: pause a queue');
+    await refused(as('producer', 'DELETE FROM {{S}}.queues WHERE false'), 'producer: DELETE queues');
+    await refused(as('producer', 'SELECT * FROM {{S}}.servers'), 'producer: SELECT servers');
+  });
+
+  test('worker: a Server (retries, ctx.transaction, writeResult, groups, recoverer, janitor) and a Scheduler; nothing more', async () => {
+    const producer = new Client({ connectionString: url('producer'), schema: S });
+    const seen = new Map<string, number>();
+    const failedOnce = new Set<string>();
+    const logs: { msg: string | undefined; code: unknown; err: string }[] = [];
+    const server = new Server({
+      connectionString: url('worker'),
+      schema: S,
+      queues: { work: 1 },
+      concurrency: 4,
+      taskCheckInterval: 100,
+      delayedTaskCheckInterval: 100,
+      retryDelay: () => 0,
+      leaseDuration: 3000,
+      heartbeatInterval: 300,
+      recoverInterval: 200,
+      recoverCutoff: 0,
+      janitorInterval: 100,
+      groupGracePeriod: 100,
+      groupAggregator: (group, tasks) => new Task('agg', { group, n: tasks.length }),
+      shutdownTimeout: 1000,
+      logger: captureLogger(logs),
+    });
+    const scheduler = new Scheduler({ connectionString: url('worker'), schema: S, heartbeatInterval: 300 });
+    try {
+      await server.start(async (task, ctx) => {
+        seen.set(task.type, (seen.get(task.type) ?? 0) + 1);
+        if (task.type === 'flaky' && !failedOnce.has(ctx.taskId)) {
+          failedOnce.add(ctx.taskId);
+          throw new Error('first attempt fails');
+        }
+        if (task.type === 'tx') await ctx.transaction(async (trx) => sql`SELECT 1`.execute(trx));
+        if (task.type === 'result') await ctx.writeResult({ done: true });
+      });
+      await producer.enqueueMany([new Task('ok', null), new Task('flaky', null), new Task('tx', null)], { queue: 'work' });
+      await producer.enqueue(new Task('result', null), { queue: 'work', retention: 3_600_000, taskId: 'kept' });
+      await producer.enqueue(new Task('short', null), { queue: 'work', retention: 1, taskId: 'short' });
+      await producer.enqueueMany([new Task('member', { i: 1 }), new Task('member', { i: 2 })], { queue: 'work', group: 'g' });
+      // A task whose worker died: an expired lease for the recoverer.
+      await su.query(
+        `INSERT INTO "${S}".tasks (queue, id, type, state, lease_owner, lease_token, lease_expires_at, started_at, max_retry)
+         VALUES ('work', 'orphan', 'orphan', 'active', 'gone', gen_random_uuid(), now() - interval '1 minute', now() - interval '2 minutes', 3)`,
+      );
+      scheduler.register('@every 1s', new Task('cron', null), { queue: 'work' });
+      await scheduler.start();
+
+      await waitFor(
+        () => ['ok', 'tx', 'result', 'short', 'agg', 'orphan', 'cron'].every((t) => seen.has(t)) && seen.get('flaky') === 2,
+        20_000,
+        `every task type processed (seen: ${JSON.stringify([...seen])})`,
+      );
+      // The janitor removed the short-retention task; the kept one has its result.
+      await waitFor(async () => (await su.query(`SELECT 1 FROM "${S}".tasks WHERE id = 'short'`)).rowCount === 0, 5000, 'janitor');
+      const kept = await su.query(`SELECT state, result FROM "${S}".tasks WHERE id = 'kept'`);
+      assert.deepEqual(kept.rows[0], { state: 'completed', result: { done: true } });
+    } finally {
+      await scheduler.shutdown();
+      await server.shutdown();
+      await producer.close();
+    }
+    // Stats flushed at shutdown, the server row removed: both worker writes.
+    const stats = await su.query(`SELECT processed FROM "${S}".daily_stats WHERE queue = 'work'`);
+    assert.ok(Number(stats.rows[0]?.processed) >= 8);
+    assert.equal((await su.query(`SELECT 1 FROM "${S}".servers`)).rowCount, 0);
+    assert.deepEqual(logs.filter((l) => l.code === '42501' || /permission denied/.test(l.err)), [], 'no component was refused');
+
+    await refusesDdl('worker');
+    await refused(as('worker', "UPDATE {{S}}.tasks SET payload = '{}' WHERE false"), 'worker: UPDATE payload');
+    await refused(as('worker', 'UPDATE {{S}}.tasks SET max_retry = 0 WHERE false'), 'worker: UPDATE max_retry');
+    await refused(as('worker', 'UPDATE {{S}}.queues SET paused = true WHERE false'), 'worker: pause a queue');
+    await refused(as('worker', 'DELETE FROM {{S}}.queues WHERE false'), 'worker: DELETE queues');
+    const inspector = new Inspector({ connectionString: url('worker'), schema: S });
+    try {
+      await refused(inspector.pauseQueue('work'), 'worker: Inspector.pauseQueue');
+    } finally {
+      await inspector.close();
+    }
+  });
+
+  test('inspector: CLI stats, queue ls, task ls, task inspect and every Inspector read; no mutation', async () => {
+    const pending = (await su.query<{ id: string }>(`SELECT id FROM "${S}".tasks WHERE queue = 'sec1' AND type = 'email:send'`)).rows[0]!.id;
+    // The child runs while the in-process checks do.
+    const child = cli('inspector', '--json', 'stats');
+    const queues = await cliHere('inspector', '--json', 'queue', 'ls');
+    const list = await cliHere('inspector', '--json', 'task', 'ls', '--queue', 'sec1', '--state', 'pending');
+    const inspect = await cliHere('inspector', '--json', 'task', 'inspect', 'sec1', pending);
+    const human = await cliHere('inspector', 'stats');
+    const stats = await child;
+    for (const r of [stats, queues, list, inspect, human]) assert.equal(r.code, 0, r.stderr);
+    assert.match(human.stdout, /Tasks by state/);
+    const infos = JSON.parse(stats.stdout) as { queue: string; pending: number }[];
+    assert.deepEqual(infos.map((q) => q.queue).sort(), ['adm', 'sec1', 'work']);
+    assert.equal(infos.find((q) => q.queue === 'sec1')?.pending, 5);
+    assert.deepEqual((JSON.parse(queues.stdout) as string[]).sort(), ['adm', 'sec1', 'work']);
+    assert.equal((JSON.parse(list.stdout) as unknown[]).length, 5);
+    assert.deepEqual((JSON.parse(inspect.stdout) as { payload: unknown }).payload, { to: 'a@example.com' });
+
+    const i = new Inspector({ connectionString: url('inspector'), schema: S });
+    try {
+      assert.equal((await i.getQueueInfo('work')).queue, 'work');
+      assert.equal((await i.history('work', 2)).length, 2);
+      assert.equal((await i.getTaskInfo('work', 'kept')).state, 'completed');
+      assert.equal((await i.listCompletedTasks('work')).length, 1);
+      assert.equal((await i.listScheduledTasks('adm')).length, 1);
+      await i.listArchivedTasks('work');
+      await i.listAggregatingTasks('work', 'g');
+      await i.groups('work');
+      await i.servers();
+      await i.schedulerEntries();
+      const events = await su.query<{ entry_id: string }>(`SELECT entry_id FROM "${S}".scheduler_events LIMIT 1`);
+      assert.ok((await i.listSchedulerEnqueueEvents(events.rows[0]!.entry_id)).length >= 1);
+
+      await refused(i.pauseQueue('sec1'), 'inspector: pauseQueue');
+      await refused(i.deleteTask('sec1', pending), 'inspector: deleteTask');
+      await refused(i.archiveTask('sec1', pending), 'inspector: archiveTask');
+      await refused(i.runTask('adm', 'sched-1'), 'inspector: runTask');
+      await refused(i.cancelProcessing(pending), 'inspector: cancelProcessing');
+      await refused(i.deleteAllPendingTasks('sec1'), 'inspector: deleteAllPendingTasks');
+      await refused(i.deleteQueue('adm', true), 'inspector: deleteQueue');
+    } finally {
+      await i.close();
+    }
+    await refusesDdl('inspector');
+    await refused(as('inspector', "INSERT INTO {{S}}.queues (name) VALUES ('x')"), 'inspector: INSERT');
+    await refused(as('inspector', 'DELETE FROM {{S}}.tasks WHERE false'), 'inspector: DELETE tasks');
+    await refused(as('inspector', "UPDATE {{S}}.tasks SET state = 'pending' WHERE false"), 'inspector: UPDATE tasks');
+  });
+
+  test('monitor: stats and counts without payloads; reading a payload is refused', async () => {
+    const stats = await cliHere('monitor', '--json', 'stats');
+    const list = await cliHere('monitor', 'task', 'ls', '--queue', 'sec1', '--state', 'pending');
+    assert.equal(stats.code, 0, stats.stderr);
+    assert.equal((JSON.parse(stats.stdout) as unknown[]).length, 3);
+    assert.equal(list.code, 1, list.stdout);
+    assert.match(list.stderr, /permission denied for table tasks/);
+
+    const i = new Inspector({ connectionString: url('monitor'), schema: S });
+    try {
+      assert.deepEqual((await i.queues()).sort(), ['adm', 'sec1', 'work']);
+      assert.equal((await i.getQueueInfo('sec1')).pending, 5);
+      await i.history('work', 1);
+      await i.groups('work');
+      await refused(i.getTaskInfo('work', 'kept'), 'monitor: getTaskInfo');
+      await refused(i.listPendingTasks('sec1'), 'monitor: listPendingTasks');
+      await refused(i.servers(), 'monitor: servers (their tasks carry payloads)');
+      await refused(i.pauseQueue('sec1'), 'monitor: pauseQueue');
+    } finally {
+      await i.close();
+    }
+    const counts = await as('monitor', "SELECT state, count(*)::int AS n FROM {{S}}.tasks WHERE queue = 'sec1' GROUP BY state");
+    assert.deepEqual(counts.rows, [{ state: 'pending', n: 5 }]);
+    await as('monitor', 'SELECT * FROM {{S}}.queue_stats');
+    await as('monitor', 'SELECT * FROM {{S}}.active_tasks');
+    for (const col of ['payload', 'payload_bytes', 'headers', 'result', 'result_bytes']) {
+      await refused(as('monitor', `SELECT ${col} FROM {{S}}.tasks`), `monitor: SELECT ${col}`);
+    }
+    await refused(as('monitor', 'SELECT * FROM {{S}}.tasks'), 'monitor: SELECT *');
+    await refused(as('monitor', 'SELECT payload FROM {{S}}.scheduler_entries'), 'monitor: SELECT cron payload');
+    await refusesDdl('monitor');
+  });
+
+  test('admin: every Inspector action; no DDL, no enqueue, no worker columns', async () => {
+    const i = new Inspector({ connectionString: url('admin'), schema: S });
+    try {
+      await i.updateTaskPayload('adm', 'sched-1', { x: 2 });
+      await i.runTask('adm', 'sched-1');
+      await i.archiveTask('adm', 'sched-1');
+      await i.runTask('adm', 'sched-1');
+      await i.pauseQueue('adm');
+      await i.unpauseQueue('adm');
+      assert.equal(await i.cancelProcessing('none-active'), 0);
+      assert.equal(await i.archiveAllPendingTasks('adm'), 1);
+      assert.equal(await i.runAllArchivedTasks('adm'), 1);
+      await i.deleteTask('adm', 'sched-1');
+      assert.equal(await i.deleteAllCompletedTasks('work'), 1);
+      const pending = await i.listPendingTasks('sec1');
+      assert.equal(pending.length, 5);
+      await i.archiveTask('sec1', pending[0]!.id);
+      assert.equal(await i.deleteAllArchivedTasks('sec1'), 1);
+      await i.deleteQueue('adm');
+      assert.deepEqual((await i.queues()).sort(), ['sec1', 'work']);
+    } finally {
+      await i.close();
+    }
+    await refusesDdl('admin');
+    await refused(
+      as('admin', "INSERT INTO {{S}}.tasks (queue, id, type, state, run_at) VALUES ('q', 'x', 't', 'pending', now())"),
+      'admin: enqueue by INSERT',
+    );
+    await refused(as('admin', 'UPDATE {{S}}.tasks SET retried = 0 WHERE false'), 'admin: UPDATE retried');
+    await refused(as('admin', 'UPDATE {{S}}.queues SET processed_total = 0 WHERE false'), 'admin: UPDATE totals');
+    await refused(as('admin', 'DELETE FROM {{S}}.servers WHERE false'), 'admin: DELETE servers');
+  });
+});
