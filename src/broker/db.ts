@@ -115,14 +115,7 @@ export class Db {
       });
       this.#ownsPool = true;
     }
-    // An idle client that loses its connection emits 'error' on the pool; without a
-    // listener that would crash the process. The next checkout reconnects.
-    this.pool.on('error', () => {});
-    // A checked-out client whose connection dies between two statements (a transaction
-    // waiting on its caller: ctx.transaction, the recoverer's) emits 'error' with no
-    // listener, since the pool listens to idle clients only: that would crash the
-    // process. Swallow it; the client's next query fails and the pool discards it.
-    if (this.embedded === undefined) this.pool.on('connect', (client: pg.PoolClient) => void client.on('error', () => {}));
+    guardPool(this.pool, this.embedded === undefined);
     this.kysely = new Kysely<any>({ dialect: new PostgresDialect({ pool: this.pool }) });
     this.channels = {
       tasks: `${this.schema}_tasks`,
@@ -179,6 +172,24 @@ export class Db {
     this.#closed = true;
     if (this.#ownsPool) await this.pool.end();
   }
+}
+
+const GUARDED = Symbol('pgasynq.guarded');
+
+/**
+ * Keeps a lost connection from crashing the process, once per pool (a
+ * borrowed pool may back many Clients and Servers: one listener each would
+ * pile up). An idle client that loses its connection emits 'error' on the
+ * pool; a checked-out client whose connection dies between two statements (a
+ * transaction waiting on its caller: ctx.transaction, the recoverer's) emits
+ * it on itself, where pg-pool does not listen. Swallowed: the next query on
+ * that client fails, and the pool discards it.
+ */
+function guardPool(pool: pg.Pool & { [GUARDED]?: true }, clients: boolean): void {
+  if (pool[GUARDED]) return;
+  pool[GUARDED] = true;
+  pool.on('error', () => {});
+  if (clients) pool.on('connect', (client: pg.PoolClient) => void client.on('error', () => {}));
 }
 
 function isKyselyExecutor(tx: Transactional): tx is Transaction<any> {
