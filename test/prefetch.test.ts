@@ -1,0 +1,140 @@
+/**
+ * ServerConfig.prefetch: claims beyond the free slots, held leased until a
+ * slot frees, given back at stop without using a retry.
+ */
+import assert from 'node:assert/strict';
+import { after, afterEach, before, describe, test } from 'node:test';
+import { Client, ConfigError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let client: Client;
+const running: Server[] = [];
+
+before(async () => {
+  db = await testDb('t_prefetch');
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+});
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((s) => s.shutdown()));
+  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+});
+after(async () => {
+  await client.close();
+  await db.close();
+});
+
+async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig): Promise<Server> {
+  const server = new Server({
+    connectionString: db.connectionString,
+    schema: db.schema,
+    taskCheckInterval: 50,
+    leaseDuration: 1000,
+    heartbeatInterval: 200,
+    recoverInterval: 100,
+    recoverCutoff: 0,
+    shutdownTimeout: 200,
+    ...config,
+  });
+  running.push(server);
+  await server.start(handler);
+  return server;
+}
+
+const enqueueN = (n: number, opts = {}) => client.enqueueMany(Array.from({ length: n }, (_, i) => new Task('held', { i })), opts);
+
+describe('prefetch', () => {
+  test('a claim holds up to concurrency + prefetch tasks; no more than concurrency run', { timeout: 30_000 }, async () => {
+    await enqueueN(20);
+    const release = deferred();
+    let runningNow = 0;
+    let most = 0;
+    await startServer(
+      async () => {
+        most = Math.max(most, ++runningNow);
+        await release.promise;
+        runningNow--;
+      },
+      { concurrency: 2, prefetch: 3 },
+    );
+    await waitFor(async () => (await countByState(db)).active === 5, 10_000, '5 active');
+    assert.equal((await countByState(db)).pending, 15);
+    // Held tasks keep their leases past several lease durations (heartbeats) and are never rescued.
+    await new Promise((r) => setTimeout(r, 2500));
+    assert.deepEqual(await countByState(db), { active: 5, pending: 15 });
+    assert.equal(most, 2);
+    release.resolve();
+    await waitFor(async () => Object.keys(await countByState(db)).length === 0, 10_000, 'all done');
+    assert.equal(most, 2);
+  });
+
+  test('held tasks start in claim order as slots free', { timeout: 30_000 }, async () => {
+    const infos = await enqueueN(12);
+    const started: number[] = [];
+    await startServer(
+      async (task) => {
+        started.push((task.payload as { i: number }).i);
+        await new Promise((r) => setTimeout(r, 5));
+      },
+      { concurrency: 1, prefetch: 4 },
+    );
+    await waitFor(() => started.length === infos.length, 10_000, 'every task started');
+    assert.deepEqual(started, infos.map((_, i) => i));
+  });
+
+  test('stop gives held tasks back to pending at once, their retries unused', { timeout: 30_000 }, async () => {
+    await enqueueN(6);
+    const release = deferred();
+    const server = await startServer(() => release.promise, { concurrency: 1, prefetch: 4 });
+    await waitFor(async () => (await countByState(db)).active === 5, 10_000, '5 active');
+    await server.stop();
+    // One is running; the four held ones are pending again, untouched, with no lease.
+    assert.deepEqual(await countByState(db), { active: 1, pending: 5 });
+    const back = await db.query('SELECT retried, lease_token, error_msg FROM {{schema}}.tasks WHERE state = $1', ['pending']);
+    assert.ok(back.every((r) => r.retried === 0 && r.lease_token === null && r.error_msg === null));
+    release.resolve();
+    await server.shutdown();
+    assert.deepEqual(await countByState(db), { pending: 5 });
+  });
+
+  test('the time a task was held counts against its deadline, not its timeout', { timeout: 30_000 }, async () => {
+    await client.enqueueMany([new Task('block')]);
+    const [late] = await client.enqueueMany([new Task('late')], { deadline: new Date(Date.now() + 1500) });
+    await client.enqueueMany([new Task('timed')], { timeout: 1000 });
+    const ran = new Map<string, string>();
+    const gate = deferred();
+    await startServer(
+      async (task, ctx) => {
+        if (task.type === 'block') return gate.promise;
+        const aborted = new Promise<string>((resolve) => ctx.signal.addEventListener('abort', () => resolve((ctx.signal.reason as Error).name)));
+        const done = new Promise<string>((resolve) => setTimeout(() => resolve('ran 300 ms'), 300));
+        ran.set(task.type, await Promise.race([aborted, done]));
+      },
+      { concurrency: 1, prefetch: 2, retryDelay: () => 60_000 },
+    );
+    // Both wait behind the blocker for 1.8 s: past the deadline, longer than the timeout.
+    await waitFor(async () => (await countByState(db)).active === 3, 10_000, 'all three claimed');
+    await new Promise((r) => setTimeout(r, 1800));
+    gate.resolve();
+    // The timeout runs from the handler's start: the held task runs in full.
+    await waitFor(() => ran.get('timed'), 10_000, 'timed ran');
+    assert.equal(ran.get('timed'), 'ran 300 ms');
+    // The deadline passed while the task was held: it fails without its handler running.
+    const row = await waitFor(
+      async () => (await db.query('SELECT error_msg FROM {{schema}}.tasks WHERE id = $1 AND state = $2', [late!.id, 'retry']))[0],
+      10_000,
+      'late to retry',
+    );
+    assert.match(row.error_msg, /deadline/);
+    assert.equal(ran.has('late'), false);
+  });
+
+  test('prefetch must be an integer in [0, 10000]', () => {
+    for (const prefetch of [-1, 1.5, 10_001, '5']) {
+      assert.throws(
+        () => new Server({ connectionString: db.connectionString, prefetch: prefetch as number }),
+        (err: unknown) => err instanceof ConfigError && err.field === 'prefetch',
+      );
+    }
+  });
+});
