@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
-import { Client, ConfigError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Client, ConfigError, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
 import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -24,7 +24,7 @@ after(async () => {
   await db.close();
 });
 
-async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig): Promise<Server> {
+async function startServer(handler: Handler, config: ServerConfig): Promise<Server> {
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
