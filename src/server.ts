@@ -16,8 +16,9 @@ import { untilTerminated } from './signals.js';
 import { hostname } from 'node:os';
 import { Db } from './broker/db.js';
 import { createNotifier } from './broker/notifier.js';
+import { missingMigrations } from './broker/migrations.js';
 import { deleteServer } from './broker/servers.js';
-import { ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
+import { FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
 import { ServeMux, type Handler } from './mux.js';
 import { Forwarder } from './server/forwarder.js';
 import { Healthchecker } from './server/healthcheck.js';
@@ -116,6 +117,7 @@ export class Server {
     if (this.#status !== 'new') throw new ValidationError('server', `cannot start: it is ${this.#status}`);
     const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : handler;
     if (typeof fn !== 'function') throw new ValidationError('handler', 'must be a ServeMux or a function');
+    await this.#checkSchema();
     this.#status = 'active';
     const p = (this.#parts = this.wire(fn));
     await p.notifier.start();
@@ -127,6 +129,20 @@ export class Server {
     p.aggregator?.start();
     p.healthchecker?.start();
     this.#statsTimer = setInterval(() => p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'stats flush failed')), STATS_FLUSH_MS);
+  }
+
+  /**
+   * Refuses to start on a schema that lacks migrations this version needs:
+   * its statements would fail on every claim instead. A database that cannot
+   * be reached is not refused: the components retry until it answers.
+   */
+  async #checkSchema(): Promise<void> {
+    const missing = await missingMigrations(this.#db).catch(() => []);
+    if (missing.length > 0) {
+      throw new FailedPreconditionError(
+        `schema "${this.#db.schema}" lacks migration${missing.length > 1 ? 's' : ''} ${missing.join(', ')}: run \`pgasynq migrate\` (or migrate()) before starting servers`,
+      );
+    }
   }
 
   /** Starts, then shuts down gracefully on SIGTERM or SIGINT; resolves after the shutdown. */

@@ -3,6 +3,7 @@ import { after, afterEach, before, describe, test } from 'node:test';
 import {
   Client,
   ConfigError,
+  FailedPreconditionError,
   HandlerNotFoundError,
   RevokeTask,
   ServeMux,
@@ -12,6 +13,7 @@ import {
   TaskTimeoutError,
   ValidationError,
   defaultRetryDelay,
+  migrate,
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
@@ -513,6 +515,25 @@ describe('configuration', () => {
       );
     });
   }
+
+  test('start refuses a schema that lacks migrations, naming them; an up-to-date one starts', { timeout: 30_000 }, async () => {
+    const schema = `${db.schema}_old`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    await migrate({ connectionString: db.connectionString, schema, to: '0002_views' });
+    const server = new Server({ connectionString: db.connectionString, schema });
+    await assert.rejects(server.start(() => {}), (err: unknown) => {
+      assert.ok(err instanceof FailedPreconditionError);
+      assert.match(err.message, /schema "t_server\w*_old" lacks migration 0003_active_index: run `pgasynq migrate`/);
+      return true;
+    });
+    assert.equal(server.status, 'new');
+    assert.equal((await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".servers`)).rows[0].n, 0, 'nothing registered');
+    await migrate({ connectionString: db.connectionString, schema });
+    await server.start(() => {});
+    assert.equal(server.status, 'active');
+    await server.shutdown();
+    await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+  });
 
   test('ConfigError is a ValidationError', { timeout: 30_000 }, () => {
     assert.ok(new ConfigError('x', 'y') instanceof ValidationError);

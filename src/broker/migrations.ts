@@ -83,3 +83,12 @@ export async function appliedMigrations(db: Db): Promise<Map<string, Date>> {
   const rows = (await db.pool.query<{ name: string; applied_at: Date }>(`SELECT name, applied_at FROM "${db.schema}".migrations`)).rows;
   return new Map(rows.map((r) => [r.name, r.applied_at]));
 }
+
+/**
+ * The shipped migrations not applied to the schema, in order. An empty
+ * schema (no migrations table) lacks them all.
+ */
+export async function missingMigrations(db: Db): Promise<string[]> {
+  const [all, applied] = await Promise.all([loadMigrations(), appliedMigrations(db)]);
+  return all.map((m) => m.name).filter((name) => !applied.has(name));
+}
