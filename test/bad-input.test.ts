@@ -34,7 +34,6 @@
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
-import pg from 'pg';
 import * as lib from '../src/index.js';
 import {
   Client,
@@ -51,36 +50,17 @@ import {
   type ServerConfig,
   type TaskInfo,
 } from '../src/index.js';
-import { DATABASE_URL, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { DATABASE_URL, countedPool, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const MIB = 1_048_576;
 
 let db: TestDb;
 /** The counted pool every object under test runs on. */
-let pool: pg.Pool;
-/** connect() and query() calls on `pool`: any SQL sent moves it. */
-let sent = 0;
+let pool: ReturnType<typeof countedPool>;
 let client: Client;
 let inspector: Inspector;
 
-/** A real pool to the test database whose connect() and query() calls are counted. */
-function countedPool(): pg.Pool {
-  const p = new pg.Pool({ connectionString: DATABASE_URL, max: 3 });
-  const query = p.query.bind(p) as (...args: unknown[]) => unknown;
-  const connect = p.connect.bind(p) as (...args: unknown[]) => unknown;
-  Object.assign(p, {
-    query: (...args: unknown[]) => {
-      sent++;
-      return query(...args);
-    },
-    connect: (...args: unknown[]) => {
-      sent++;
-      return connect(...args);
-    },
-  });
-  return p;
-}
 
 /** Row counts of every table a refused call could have written to. */
 async function snapshot(): Promise<Record<string, number>> {
@@ -449,7 +429,6 @@ const ROWS: Row[] = [
 before(async () => {
   db = await testDb('bad_input');
   pool = countedPool();
-  pool.setMaxListeners(200); // every Client, Inspector, Scheduler and Server borrowing it adds an error listener
   client = new Client({ pool, schema: db.schema });
   inspector = new Inspector({ pool, schema: db.schema });
 });
@@ -476,9 +455,9 @@ describe('§6 bad input: the typed error, a message naming field and rule, no SQ
     test(`#${row.n} ${row.surface}: ${row.input} → ${row.error}`, { timeout: 60_000 }, async () => {
       await row.setup?.();
       const before = await snapshot();
-      const sentBefore = sent;
+      const sentBefore = pool.sent;
       const seen = await row.attempt();
-      const sentByAttempt = sent - sentBefore;
+      const sentByAttempt = pool.sent - sentBefore;
 
       assert.equal(seen.name, row.error, `expected ${row.error}, got ${seen.name}: ${seen.message}`);
       assert.match(seen.message, row.message);
@@ -532,9 +511,9 @@ describe('§6 accepted safely', () => {
   test('the Inspector applies its maxPayloadBytes to updateTaskPayload, before any SQL', async () => {
     const info = await client.enqueue(new Task('upd', { a: 1 }), { processIn: 3_600_000 });
     const small = new Inspector({ pool, schema: db.schema, maxPayloadBytes: 10 });
-    const sentBefore = sent;
+    const sentBefore = pool.sent;
     await assert.rejects(small.updateTaskPayload(info.queue, info.id, 'x'.repeat(20)), (err: unknown) => err instanceof lib.PayloadTooLargeError && /^payload is 22 bytes as JSON; the limit is 10 \(option maxPayloadBytes\)$/.test(err.message));
-    assert.equal(sent, sentBefore);
+    assert.equal(pool.sent, sentBefore);
     await small.updateTaskPayload(info.queue, info.id, 'x'.repeat(8));
     assert.equal((await inspector.getTaskInfo(info.queue, info.id)).payload, 'x'.repeat(8));
   });

@@ -23,7 +23,7 @@ import {
   type EnqueueOptions,
   type TaskInfo,
 } from '../src/index.js';
-import { testDb, waitFor, countByState, type TestDb } from './helpers.js';
+import { caught, countByState, testDb, waitFor, type TestDb } from './helpers.js';
 
 const SCHEMA = 't_client';
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
@@ -104,16 +104,6 @@ async function countIn(queue: string): Promise<number> {
 function near(actual: Date | null | undefined, expectedMs: number, toleranceMs = 5_000, what = 'instant'): void {
   assert.ok(actual instanceof Date, `${what} is a Date (got ${String(actual)})`);
   assert.ok(Math.abs(actual.getTime() - expectedMs) <= toleranceMs, `${what} ${actual.toISOString()} is within ${toleranceMs} ms of ${new Date(expectedMs).toISOString()}`);
-}
-
-/** The error `fn` rejects with (or throws synchronously). */
-async function caught(fn: () => unknown): Promise<unknown> {
-  try {
-    await fn();
-  } catch (err) {
-    return err;
-  }
-  assert.fail('expected an error');
 }
 
 // ---------------------------------------------------------------------------

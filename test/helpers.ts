@@ -2,6 +2,7 @@
  * Test support: every test file gets its own schema on the one test database,
  * so files run in parallel and the `schema` option is exercised everywhere.
  */
+import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -90,4 +91,34 @@ export function runNode(args: string[], env: Record<string, string> = {}): Promi
     child.on('error', reject);
     child.on('close', (code) => resolve({ code, stdout, stderr }));
   });
+}
+
+/** A real pool to the test database that counts its connect() and query() calls: any SQL sent moves `sent`. */
+export function countedPool(): pg.Pool & { readonly sent: number } {
+  const p = new pg.Pool({ connectionString: DATABASE_URL, max: 3 });
+  let sent = 0;
+  const query = p.query.bind(p) as (...args: unknown[]) => unknown;
+  const connect = p.connect.bind(p) as (...args: unknown[]) => unknown;
+  Object.assign(p, {
+    query: (...args: unknown[]) => {
+      sent++;
+      return query(...args);
+    },
+    connect: (...args: unknown[]) => {
+      sent++;
+      return connect(...args);
+    },
+  });
+  Object.defineProperty(p, 'sent', { get: () => sent });
+  return p as pg.Pool & { readonly sent: number };
+}
+
+/** The error `fn` rejects with (or throws synchronously); fails the test when it succeeds. */
+export async function caught(fn: () => unknown): Promise<unknown> {
+  try {
+    await fn();
+  } catch (err) {
+    return err;
+  }
+  assert.fail('expected an error');
 }

@@ -37,42 +37,15 @@ import {
 } from '../src/index.js';
 import { parseSchedule } from '../src/cron.js';
 import { lastErrorText } from '../src/retry.js';
-import { DATABASE_URL, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { DATABASE_URL, caught, countedPool, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const MIB = 1_048_576;
 
 let db: TestDb;
-let pool: pg.Pool;
-let sent = 0;
+let pool: ReturnType<typeof countedPool>;
 
-/** A real pool to the test database whose connect() and query() calls are counted in `sent`. */
-function countedPool(): pg.Pool {
-  const p = new pg.Pool({ connectionString: DATABASE_URL, max: 3 });
-  p.setMaxListeners(200); // every object borrowing it adds an error listener
-  const query = p.query.bind(p) as (...args: unknown[]) => unknown;
-  const connect = p.connect.bind(p) as (...args: unknown[]) => unknown;
-  Object.assign(p, {
-    query: (...args: unknown[]) => {
-      sent++;
-      return query(...args);
-    },
-    connect: (...args: unknown[]) => {
-      sent++;
-      return connect(...args);
-    },
-  });
-  return p;
-}
 
-async function caught(fn: () => unknown): Promise<unknown> {
-  try {
-    await fn();
-  } catch (err) {
-    return err;
-  }
-  assert.fail('expected an error');
-}
 
 const fastServer = (config: ServerConfig): ServerConfig => ({
   connectionString: DATABASE_URL,
@@ -129,11 +102,11 @@ describe('SEC2 identifier injection', () => {
     ];
     for (const schema of BAD_SCHEMAS) {
       for (const [name, make] of entryPoints) {
-        const sentBefore = sent;
+        const sentBefore = pool.sent;
         const err = await caught(() => make(schema));
         assert.ok(err instanceof InvalidSchemaNameError, `${name}(${JSON.stringify(schema)}): ${String(err)}`);
         assert.match(err.message, /^schema (must|may)/);
-        assert.equal(sent, sentBefore, `${name}(${JSON.stringify(schema)}) sent SQL`);
+        assert.equal(pool.sent, sentBefore, `${name}(${JSON.stringify(schema)}) sent SQL`);
       }
     }
     assert.deepEqual(await relations(), before, 'no relation or schema created or dropped');
@@ -146,7 +119,7 @@ describe('SEC2 identifier injection', () => {
     const inspector = new Inspector({ pool, schema: db.schema });
     for (const bad of NASTY.filter((s) => s !== '--')) {
       const queue = `q${bad}x`;
-      const sentBefore = sent;
+      const sentBefore = pool.sent;
       for (const attempt of [
         () => client.enqueue(new Task('t'), { queue }),
         () => new Task('t', null, { queue }),
@@ -159,7 +132,7 @@ describe('SEC2 identifier injection', () => {
         assert.ok(err instanceof InvalidQueueNameError, `${JSON.stringify(queue)}: ${String(err)}`);
         assert.ok(err.message.includes(`(found ${JSON.stringify(bad[0])} at index 1)`), err.message);
       }
-      assert.equal(sent, sentBefore);
+      assert.equal(pool.sent, sentBefore);
     }
     // "-" is in the charset, so "--" is an ordinary queue name: a bind parameter, stored and read back verbatim.
     const before = await relations();
@@ -513,7 +486,7 @@ describe('SEC7 cheap rejection', () => {
     const client = new Client({ pool, schema: db.schema });
     const inspector = new Inspector({ pool, schema: db.schema });
     const small = new Client({ pool, schema: db.schema, maxPayloadBytes: 1000 });
-    const sentBefore = sent;
+    const sentBefore = pool.sent;
     for (const [attempt, message] of [
       [() => client.enqueue(new Task('big', 'x'.repeat(MIB - 1))), /^payload is 1048577 bytes as JSON; the limit is 1048576 \(option maxPayloadBytes\)$/],
       [() => client.enqueue(new Task('big', new Uint8Array(MIB + 1))), /^payload is 1048577 bytes; the limit is 1048576 \(option maxPayloadBytes\)$/],
@@ -525,7 +498,7 @@ describe('SEC7 cheap rejection', () => {
       assert.ok(err instanceof PayloadTooLargeError, String(err));
       assert.match(err.message, message);
     }
-    assert.equal(sent, sentBefore, 'no SQL sent');
+    assert.equal(pool.sent, sentBefore, 'no SQL sent');
   });
 
   test('a 10 KB cron string is refused before parsing, in well under 10 ms', (t) => {
