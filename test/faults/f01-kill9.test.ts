@@ -19,7 +19,7 @@ test('F01 worker-kill9-mid-task: SIGKILL a busy worker 3 times; nothing lost, ef
   const started = await Promise.all(['w1', 'w2', 'w3'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 100, sleepMax: 500 })));
   const live = new Map<string, Child>(started.map((w) => [w.name, w]));
   h.startSampler();
-  const producer = await h.spawnProducer({ count: 300, rate: 25, maxRetry: MAX_RETRY });
+  const producer = await h.spawnProducer({ count: 300, rate: 25, maxRetry: MAX_RETRY, scheduled: 0.2 });
 
   const recoveries: Promise<number>[] = [];
   const respawns: Promise<void>[] = [];
@@ -68,6 +68,7 @@ test('F01 worker-kill9-mid-task: SIGKILL a busy worker 3 times; nothing lost, ef
     }),
   );
   assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
+  assert.ok(c.scheduled >= 20, `I6 checked ${c.scheduled} scheduled tasks`);
   assert.ok(heldAtKill >= KILLS, 'every victim held tasks when killed');
   assert.ok(c.dupExternal > 0, 'the killed attempts ran again');
   for (const r of recovery) assert.ok(r <= BOUND_S + 2, `recovery ${r} s within B = ${BOUND_S} s (+2 s for a loaded machine)`);

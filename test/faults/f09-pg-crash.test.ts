@@ -21,7 +21,7 @@ test('F09 postgres-crash-immediate: 3 crashes under load; no acknowledged task l
   const harness = h;
   const workers = await Promise.all(['w1', 'w2'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 100, sleepMax: 500 })));
   h.startSampler();
-  const producer = await h.spawnProducer({ count: 600, rate: 20, maxRetry: MAX_RETRY });
+  const producer = await h.spawnProducer({ count: 600, rate: 20, maxRetry: MAX_RETRY, scheduled: 0.2 });
   await waitFor(async () => Object.keys(await harness.openStarts()).length === 2, 30_000, 'both workers running tasks', 50);
   const restarts: Date[] = [];
   const restartMs: number[] = [];

@@ -3,7 +3,7 @@
  * cluster, a migrated schema with the oracle tables beside it, child
  * processes (workers, producers) it spawns, signals and respawns, an
  * acknowledgement log kept outside the database, a sampler for I4, the
- * invariant checks I1–I5 (I7, I8 for other tests) in SQL, and one JSON line
+ * invariant checks I1–I6 (I7, I8 for other tests) in SQL, and one JSON line
  * of figures per test in results/reliability-results.jsonl.
  *
  *   const h = await createHarness('f01');
@@ -225,6 +225,8 @@ export interface ProducerOptions {
   inflight?: number;
   type?: string;
   maxRetry?: number;
+  /** Share of tasks (0–1) enqueued 0.5–2 s ahead, their due time recorded for I6. */
+  scheduled?: number;
   /** Each task's handler sleeps a duration drawn from [msMin, msMax] ms. */
   msMin?: number;
   msMax?: number;
@@ -253,6 +255,9 @@ export interface Checks {
   overRetried: number;
   /** I5 */
   tokenMismatches: number;
+  /** I6: executions that started before their task's requested due time, of `scheduled` such tasks. */
+  earlyStarts: number;
+  scheduled: number;
   /** I4: from the sampler. */
   stuckMaxS: number | null;
   stuckSamples: number;
@@ -343,6 +348,8 @@ CREATE TABLE {{schema}}.h_exec (id bigserial PRIMARY KEY, task_id text NOT NULL,
   at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE INDEX ON {{schema}}.h_exec (task_id);
 CREATE INDEX ON {{schema}}.h_exec (attempt);
+-- the requested due time of tasks enqueued for later (database clock), for I6
+CREATE TABLE {{schema}}.h_sched (task_id text PRIMARY KEY, process_at timestamptz NOT NULL);
 -- stuck-active / uniqueness samples taken every 500 ms by the harness
 CREATE TABLE {{schema}}.h_samples (at timestamptz NOT NULL DEFAULT clock_timestamp(), stuck int NOT NULL,
   stuck_max_s double precision, uniq_violations int NOT NULL);
@@ -433,6 +440,7 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         INFLIGHT: String(opts.inflight ?? 4),
         TYPE: opts.type ?? 'tx',
         MAX_RETRY: String(opts.maxRetry ?? 3),
+        SCHEDULED: String(opts.scheduled ?? 0),
       };
       if (opts.msMin !== undefined) {
         env.MS_MIN = String(opts.msMin);
@@ -571,6 +579,9 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         SELECT count(*)::int AS mismatch FROM {{schema}}.h_effects e
         WHERE e.lease_token IS NULL OR NOT EXISTS (
           SELECT 1 FROM {{schema}}.h_exec x WHERE x.attempt = e.attempt AND x.phase = 'start' AND x.lease_token = e.lease_token)`);
+      const early = await one(`
+        SELECT (SELECT count(*)::int FROM {{schema}}.h_exec x JOIN {{schema}}.h_sched d USING (task_id) WHERE x.phase = 'start' AND x.at < d.process_at) AS early,
+               (SELECT count(*)::int FROM {{schema}}.h_sched) AS scheduled`);
       const s = await one(
         'SELECT max(stuck_max_s)::float8 AS stuck_max_s, coalesce(max(stuck), 0)::int AS stuck, coalesce(max(uniq_violations), 0)::int AS uniq, count(*)::int AS samples FROM {{schema}}.h_samples',
       );
@@ -594,6 +605,8 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         maxAttempts: max_attempts,
         overRetried: over,
         tokenMismatches: mismatch,
+        earlyStarts: early.early,
+        scheduled: early.scheduled,
         stuckMaxS: round(s.stuck_max_s),
         stuckSamples: s.stuck,
         samples: s.samples,
@@ -639,6 +652,8 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         unfinished: c.unfinished,
         missing_effects: c.missingEffects,
         token_mismatches: c.tokenMismatches,
+        early_starts: c.earlyStarts,
+        scheduled: c.scheduled,
         states: c.states,
         ...extra,
       };
@@ -685,6 +700,7 @@ export function assertInvariants(c: Checks, opts: { maxRetry: number; stuckBound
   if (c.missingEffects !== 0) problems.push(`I2: ${c.missingEffects} completed tasks without their effect`);
   if (c.maxAttempts > opts.maxRetry + 1) problems.push(`I3: a task ran ${c.maxAttempts} times (max ${opts.maxRetry + 1})`);
   if (c.overRetried !== 0) problems.push(`I3: ${c.overRetried} tasks with retried > max_retry`);
+  if (c.earlyStarts !== 0) problems.push(`I6: ${c.earlyStarts} executions started before their task was due`);
   if (c.tokenMismatches !== 0) problems.push(`I5: ${c.tokenMismatches} effects committed under another attempt's lease`);
   const bound = opts.stuckBoundS ?? ORACLE_BOUND_S;
   if (c.stuckMaxS !== null && c.stuckMaxS > bound) problems.push(`I4: a task stayed active ${c.stuckMaxS} s after its last extension (bound ${bound} s)`);

@@ -13,6 +13,8 @@
  *   TYPE        task type (default tx)
  *   MAX_RETRY   (default 3)
  *   MS_MIN, MS_MAX  when set, each task's payload is {ms} drawn from this range
+ *   SCHEDULED   share of tasks (0–1) enqueued with processIn 0.5–2 s; their due time
+ *               (TaskInfo.nextProcessAt, database clock) goes to h_sched for I6
  *
  * stdout: {"event":"ready"}, {"event":"error","id","code","message"} for every
  * rejected enqueue (never a silent drop), {"event":"done","acked","errors"}.
@@ -20,6 +22,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
+import pg from 'pg';
 import { Client, Task } from '../../../src/index.js';
 
 const env = (k: string, d = ''): string => process.env[k] ?? d;
@@ -31,6 +34,7 @@ const type = env('TYPE', 'tx');
 const maxRetry = Number(env('MAX_RETRY', '3'));
 const msMin = env('MS_MIN');
 const msMax = env('MS_MAX', msMin);
+const scheduledShare = Number(env('SCHEDULED', '0'));
 
 // If the harness dies without its teardown, don't linger: exit when the parent is gone.
 const parent = process.ppid;
@@ -49,6 +53,8 @@ process.on('unhandledRejection', (err) => {
 });
 
 const client = new Client({ connectionString: env('DATABASE_URL'), schema: env('SCHEMA') });
+const oracle = new pg.Pool({ connectionString: env('DATABASE_URL'), max: 2 });
+oracle.on('error', () => {});
 const fd = openSync(env('ACK_FILE'), 'a');
 let acked = 0;
 let errors = 0;
@@ -64,8 +70,12 @@ async function one(): Promise<void> {
   const payload = msMin === '' ? {} : { ms: Number(msMin) + Math.random() * (Number(msMax) - Number(msMin)) };
   try {
     // Retention keeps completed rows, so the oracle can see every acknowledged task's end state.
-    await client.enqueue(new Task(type, payload), { taskId: id, maxRetry, retention: 3_600_000 });
+    const processIn = Math.random() < scheduledShare ? 500 + Math.random() * 1500 : undefined;
+    const info = await client.enqueue(new Task(type, payload), { taskId: id, maxRetry, retention: 3_600_000, ...(processIn ? { processIn } : {}) });
     ack(id);
+    // Recorded after the commit, before the task can be due (≥ 0.5 s later).
+    // A failure here (the database crashed after the commit) leaves that task out of I6, nothing more.
+    if (processIn) await oracle.query(`INSERT INTO "${env('SCHEMA')}".h_sched (task_id, process_at) VALUES ($1, $2)`, [id, info.nextProcessAt]).catch(() => {});
   } catch (err) {
     errors++;
     const e = err as { code?: string; message?: string };
