@@ -108,7 +108,7 @@ after(async () => {
     profile: 'fast',
     notes:
       'two `pgasynq migrate` processes at once, 3 rounds: one applies each migration, the other no-ops; a server through migrate down/up of ' +
-      'the newest migration and of all of them: no crash, nothing lost or doubled while the tables stand, resumes after; no version check (gap)',
+      'the newest migration and of all of them: no crash, nothing lost or doubled while the tables stand, resumes after; a running server is not told of the change (Server.start refuses an older schema)',
     ...figures,
   });
 });
