@@ -50,6 +50,9 @@ export interface ExpiredLease {
   headers: Record<string, string>;
   retried: number;
   max_retry: number;
+  lease_owner: string;
+  /** The lease ran out impossibly far in the future (R8): a clock or data problem, not a dead worker. */
+  implausible: boolean;
 }
 
 /**
@@ -67,7 +70,9 @@ export async function recoverExpired(
   return transaction(db, async (trx) => {
     const expired = await db.run(
       sql<ExpiredLease>`
-      SELECT queue, id, type, payload, payload_bytes, headers, retried, max_retry FROM ${db.table('tasks')}
+      SELECT queue, id, type, payload, payload_bytes, headers, retried, max_retry, lease_owner,
+             lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
+      FROM ${db.table('tasks')}
       WHERE state = 'active' AND lease_owner IS NOT NULL -- always true; lets tasks_active_idx serve
         AND (lease_expires_at < now() - ${opts.cutoffMs}::float8 * interval '1 millisecond'
              OR lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')

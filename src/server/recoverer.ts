@@ -56,8 +56,10 @@ export class Recoverer {
     for (;;) {
       const counts = { retried: 0, archived: 0 };
       const queues: string[] = [];
+      const implausible: { queue: string; id: string; owner: string }[] = [];
       const done = await recoverExpired(this.#db, { cutoffMs: this.#cfg.recoverCutoff, leaseMs: this.#cfg.leaseDuration, limit: BATCH }, (t) => {
         queues.push(t.queue);
+        if (t.implausible) implausible.push({ queue: t.queue, id: t.id, owner: t.lease_owner });
         if (t.retried >= t.max_retry) return { archive: true, delayMs: 0 };
         const task = Task.restore(t.type, decodePayload(t.payload, t.payload_bytes), t.headers);
         const retryDelay = this.#cfg.retryDelay;
@@ -68,6 +70,12 @@ export class Recoverer {
           ),
         };
       });
+      if (implausible.length > 0) {
+        this.#logger.warn(
+          { tasks: implausible.length, sample: implausible.slice(0, 5) },
+          'recovered leases that ran out impossibly far in the future: a clock or data problem, not a dead worker',
+        );
+      }
       counts.retried = done.retried;
       counts.archived = done.archived;
       for (const q of queues) {

@@ -140,6 +140,18 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
 
   // 8 servers at once: their recoverers start immediately and tick every 100 ms.
   let handled = 0;
+  // R8: the recoverers warn about the far-future leases they rescue, with how many.
+  let implausibleWarned = 0;
+  const noop = () => {};
+  const logger = {
+    debug: noop,
+    info: noop,
+    error: noop,
+    warn: (obj: object, msg?: string) => {
+      if (msg?.includes('impossibly far in the future')) implausibleWarned += (obj as { tasks: number }).tasks;
+    },
+    child: () => logger,
+  };
   const started = performance.now();
   for (let i = 0; i < SERVERS; i++) {
     servers.push(
@@ -153,6 +165,7 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
         recoverInterval: 100,
         recoverCutoff: CUTOFF_MS,
         retryDelay: () => 3_600_000,
+        logger,
       }),
     );
   }
@@ -187,6 +200,8 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
   const byServers = metrics.reduce((s, m) => s + m.recovered + m.archivedByRecoverer, 0);
   assert.equal(byServers, RESCUED, 'the servers counted a different number of recoveries');
   assert.equal(handled, 0, 'no handler may run: the servers serve an empty queue');
+  const farRows = CATEGORIES.filter((c) => c.name.startsWith('far_')).reduce((n, c) => n + c.n, 0);
+  assert.equal(implausibleWarned, farRows, 'every far-future lease was reported as such, once');
 
   // The boundary table, per category.
   for (const c of CATEGORIES) {
