@@ -393,7 +393,9 @@ describe('processes', () => {
   for (const signal of ['SIGTERM', 'SIGINT'] as const) {
     test(`server.run() shuts down gracefully on ${signal}: the running task goes back to pending`, { timeout: 30_000 }, async () => {
       await reset();
-      const worker = spawnWorker('hang', { RUN: '1' });
+      // A lease long enough that a loaded machine cannot make the worker give it up
+      // before the shutdown's requeue: this test is about the requeue, not about trust.
+      const worker = spawnWorker('hang', { RUN: '1', LEASE: '10000', HEARTBEAT: '1000' });
       await worker.next('ready');
       const info = await client.enqueue(new Task('interrupted'));
       await worker.next('started');

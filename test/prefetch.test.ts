@@ -29,8 +29,8 @@ async function startServer(handler: Handler, config: ServerConfig): Promise<Serv
     connectionString: db.connectionString,
     schema: db.schema,
     taskCheckInterval: 50,
-    leaseDuration: 1000,
-    heartbeatInterval: 200,
+    leaseDuration: 3000,
+    heartbeatInterval: 300,
     recoverInterval: 100,
     recoverCutoff: 0,
     shutdownTimeout: 200,
@@ -59,8 +59,8 @@ describe('prefetch', () => {
     );
     await waitFor(async () => (await countByState(db)).active === 5, 10_000, '5 active');
     assert.equal((await countByState(db)).pending, 15);
-    // Held tasks keep their leases past several lease durations (heartbeats) and are never rescued.
-    await new Promise((r) => setTimeout(r, 2500));
+    // Held tasks keep their leases past two lease durations (heartbeats) and are never rescued.
+    await new Promise((r) => setTimeout(r, 6500));
     assert.deepEqual(await countByState(db), { active: 5, pending: 15 });
     assert.equal(most, 2);
     release.resolve();
