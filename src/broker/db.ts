@@ -202,9 +202,14 @@ export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>
 }
 
 /** A transaction whose commit waits for the WAL flush whatever the session says: for users' writes. */
-export function durableTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+export function durableTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>, idleLimitMs?: number): Promise<T> {
   return db.kysely.transaction().execute(async (trx) => {
-    if (!db.embedded) await sql`SET LOCAL synchronous_commit = on`.execute(trx);
+    if (!db.embedded) {
+      await sql`SET LOCAL synchronous_commit = on`.execute(trx);
+      // A holder that stalls (frozen, its event loop blocked) would otherwise keep its rows
+      // locked, and the recoverer skips locked rows: PostgreSQL ends such a session instead.
+      if (idleLimitMs !== undefined) await sql.raw(`SET LOCAL idle_in_transaction_session_timeout = ${Math.ceil(idleLimitMs)}`).execute(trx);
+    }
     return fn(trx);
   });
 }

@@ -327,7 +327,7 @@ export class Processor {
         const done = await complete(this.#db, [{ queue: lease.queue, id: lease.id, token: lease.token, keep: row.retention_ms > 0 }], trx);
         if (done.length !== 1) throw new LeaseExpiredError();
         return value;
-      });
+      }, this.#cfg.leaseDuration);
       lease.completedInTransaction = true;
       return result;
     } catch (err) {
