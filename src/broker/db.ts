@@ -205,10 +205,12 @@ export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>
 export function durableTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>, idleLimitMs?: number): Promise<T> {
   return db.kysely.transaction().execute(async (trx) => {
     if (!db.embedded) {
-      await sql`SET LOCAL synchronous_commit = on`.execute(trx);
-      // A holder that stalls (frozen, its event loop blocked) would otherwise keep its rows
-      // locked, and the recoverer skips locked rows: PostgreSQL ends such a session instead.
-      if (idleLimitMs !== undefined) await sql.raw(`SET LOCAL idle_in_transaction_session_timeout = ${Math.ceil(idleLimitMs)}`).execute(trx);
+      // One round trip for both settings, local to this transaction. A holder that stalls
+      // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
+      // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
+      const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
+      await sql`SELECT set_config('synchronous_commit', 'on', true),
+                       set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`.execute(trx);
     }
     return fn(trx);
   });
