@@ -30,7 +30,12 @@ export interface TaskContext {
   transaction<T>(fn: (trx: Transaction<any>) => Promise<T>): Promise<T>;
 }
 
-export type Handler = (task: Task, ctx: TaskContext) => Promise<void> | void;
+/**
+ * Handles one task. `P` is the payload type the handler expects: pgasynq does
+ * not check it at run time (a payload is whatever JSON was enqueued), so a
+ * handler that may see old or foreign payloads should validate them.
+ */
+export type Handler<P = unknown> = (task: Task<P>, ctx: TaskContext) => Promise<void> | void;
 export type Middleware = (next: Handler) => Handler;
 
 export class ServeMux {
@@ -38,12 +43,16 @@ export class ServeMux {
   readonly #middleware: Middleware[] = [];
   #sorted: [string, Handler][] = [];
 
-  /** Routes tasks whose type starts with `pattern` (the longest matching pattern wins). */
-  handle(pattern: string, handler: Handler): this {
+  /**
+   * Routes tasks whose type starts with `pattern` (the longest matching pattern wins).
+   * @example mux.handle('email:', async (task: Task<WelcomeEmail>, ctx) => send(task.payload.address))
+   */
+  handle<P = unknown>(pattern: string, handler: Handler<P>): this {
     if (typeof pattern !== 'string' || pattern.trim() === '') throw new ValidationError('pattern', 'must be a non-empty string');
     if (typeof handler !== 'function') throw new ValidationError('handler', 'must be a function');
     if (this.#routes.has(pattern)) throw new ValidationError('pattern', `"${pattern}" is already registered`);
-    this.#routes.set(pattern, handler);
+    // The payload type is the handler's promise to itself: tasks are stored untyped.
+    this.#routes.set(pattern, handler as Handler);
     this.#sorted = [...this.#routes].sort((a, b) => b[0].length - a[0].length);
     return this;
   }

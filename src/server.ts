@@ -112,10 +112,10 @@ export class Server {
   }
 
   /** Starts processing with `handler` (a ServeMux or a function). */
-  async start(handler: ServeMux | Handler): Promise<void> {
+  async start<P = unknown>(handler: ServeMux | Handler<P>): Promise<void> {
     if (this.#status === 'closed') throw new ServerClosedError();
     if (this.#status !== 'new') throw new ValidationError('server', `cannot start: it is ${this.#status}`);
-    const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : handler;
+    const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : (handler as Handler);
     if (typeof fn !== 'function') throw new ValidationError('handler', 'must be a ServeMux or a function');
     await this.#checkSchema();
     this.#status = 'active';
@@ -146,7 +146,7 @@ export class Server {
   }
 
   /** Starts, then shuts down gracefully on SIGTERM or SIGINT; resolves after the shutdown. */
-  async run(handler: ServeMux | Handler): Promise<void> {
+  async run<P = unknown>(handler: ServeMux | Handler<P>): Promise<void> {
     await this.start(handler);
     await untilTerminated();
     await this.shutdown();
