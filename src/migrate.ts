@@ -40,10 +40,15 @@ export async function migrate(opts: ConnectionOptions & { to?: string } = {}): P
   });
 }
 
-/** Rolls back the newest applied migration. Resolves to its name, or null when none was applied. */
-export async function migrateDown(opts: ConnectionOptions = {}): Promise<string | null> {
+/**
+ * Rolls back the newest applied migration. Resolves to its name, or null when none was applied.
+ * Rejects with FailedPreconditionError, changing nothing, when the rollback would drop a table
+ * that holds rows (tasks, history), unless `force` is true.
+ */
+export async function migrateDown(opts: ConnectionOptions & { force?: boolean } = {}): Promise<string | null> {
+  if (opts.force !== undefined && typeof opts.force !== 'boolean') throw new InvalidOptionError('force', `must be a boolean (got ${typeof opts.force})`);
   const all = await loadMigrations();
-  return withDb(opts, (db) => revertLastMigration(db, all));
+  return withDb(opts, (db) => revertLastMigration(db, all, opts.force ?? false));
 }
 
 /** Every shipped migration and whether it is applied. */

@@ -114,6 +114,25 @@ describe('pgasynq migrate', () => {
     assert.notEqual(tasks.rows[0].t, null, 'the tables are back after up');
   });
 
+  test('down refuses to drop tables that hold tasks unless --force', async () => {
+    const schema = 't_cli_down';
+    await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    json(await inSchema(schema, '--json', 'migrate', 'up'));
+    // Rolling back the views and the index drops no data: no question asked.
+    for (const name of ALL.slice(1).reverse()) assert.equal(ok(await inSchema(schema, 'migrate', 'down')), `reverted ${name}\n`);
+    await pool.query(`INSERT INTO "${schema}".queues (name) VALUES ('default')`);
+    await pool.query(`INSERT INTO "${schema}".tasks (id, queue, type, state, run_at) VALUES ('a', 'default', 't', 'pending', now()), ('b', 'default', 't', 'pending', now())`);
+    const refused = await inSchema(schema, 'migrate', 'down');
+    assert.equal(refused.code, 1, refused.stderr);
+    assert.equal(refused.stdout, '');
+    assert.match(refused.stderr, /would drop tasks \(2 rows\), queues \(1 row\): pass --force/);
+    assert.deepEqual(await recorded(schema), ['0001_initial'], 'nothing rolled back');
+    assert.equal((await pool.query(`SELECT count(*)::int AS n FROM "${schema}".tasks`)).rows[0].n, 2, 'the tasks are still there');
+    assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down', '--force')), { reverted: '0001_initial' });
+    assert.equal((await pool.query(`SELECT to_regclass('"${schema}".tasks')::text AS t`)).rows[0].t, null);
+    await pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+  });
+
   test('DATABASE_URL from the environment when no --database-url', async () => {
     const r = await cli(['--schema', ENV_SCHEMA, '--json', 'migrate'], { DATABASE_URL });
     assert.deepEqual(json(r), { applied: ALL });

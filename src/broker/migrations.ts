@@ -5,6 +5,7 @@
  */
 import { readdir, readFile } from 'node:fs/promises';
 import type pg from 'pg';
+import { FailedPreconditionError } from '../errors.js';
 import type { Db } from './db.js';
 
 export interface MigrationFile {
@@ -64,16 +65,43 @@ export function applyMigration(db: Db, m: MigrationFile): Promise<boolean> {
   });
 }
 
-/** Rolls back the newest applied migration; returns its name, or null when none is applied. */
-export function revertLastMigration(db: Db, all: MigrationFile[]): Promise<string | null> {
+/**
+ * Rolls back the newest applied migration; returns its name, or null when none is applied.
+ * Unless `force`, refuses (FailedPreconditionError) when the rollback would drop a table
+ * that holds rows: a `migrate down` typed by mistake must not delete queued tasks.
+ */
+export function revertLastMigration(db: Db, all: MigrationFile[], force = false): Promise<string | null> {
   return lockedTransaction(db, async (client, applied) => {
     const last = all.filter((m) => applied.has(m.name)).at(-1);
     if (!last) return null;
     if (last.down === null) throw new Error(`migration ${last.name} cannot be rolled back (no down file)`);
+    if (!force) {
+      const held = await populatedTables(client, db, last.down);
+      if (held.length > 0) {
+        throw new FailedPreconditionError(
+          `rolling back ${last.name} would drop ${held.map((t) => `${t.table} (${t.rows} row${t.rows === 1 ? '' : 's'})`).join(', ')}: pass --force (force: true) to drop them anyway`,
+        );
+      }
+    }
     await client.query(render(db, last.down));
     await client.query(`DELETE FROM "${db.schema}".migrations WHERE name = $1`, [last.name]);
     return last.name;
   });
+}
+
+/** The tables a down script drops that hold rows, with how many (at most 1,000 counted). */
+async function populatedTables(client: pg.PoolClient, db: Db, down: string): Promise<{ table: string; rows: number }[]> {
+  const dropped = [...down.matchAll(/DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?\{\{schema\}\}\.([a-z_][a-z0-9_]*)/gi)].map((m) => m[1] as string);
+  const held: { table: string; rows: number }[] = [];
+  for (const table of dropped) {
+    const exists = await client.query<{ t: string | null }>('SELECT to_regclass($1)::text AS t', [`"${db.schema}".${table}`]);
+    if (exists.rows[0]?.t == null) continue;
+    // Bounded: a table of millions of tasks needs no exact count to be refused.
+    const { rows } = await client.query<{ n: number }>(`SELECT count(*)::int AS n FROM (SELECT 1 FROM "${db.schema}".${table} LIMIT 1000) s`);
+    const n = rows[0]?.n ?? 0;
+    if (n > 0) held.push({ table, rows: n });
+  }
+  return held;
 }
 
 /** Names and times of applied migrations; empty when the schema does not exist yet. */

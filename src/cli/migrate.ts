@@ -15,7 +15,8 @@ export function registerMigrate(program: CliProgram, ctx: CliContext): void {
     .command('migrate')
     .description('apply pending migrations (up), roll back the newest one (down), or list them (status)')
     .addArgument(new Argument('[action]', 'what to do').choices(ACTIONS).default('up' as const))
-    .action(async (action) => {
+    .option('--force', 'down: drop tables even when they hold tasks')
+    .action(async (action, opts) => {
       const conn = ctx.connection();
       switch (action) {
         case 'up': {
@@ -24,7 +25,7 @@ export function registerMigrate(program: CliProgram, ctx: CliContext): void {
           return;
         }
         case 'down': {
-          const reverted = await migrateDown(conn);
+          const reverted = await migrateDown({ ...conn, force: opts.force === true });
           ctx.emit({ reverted }, () => (reverted === null ? 'nothing to roll back' : `reverted ${reverted}`));
           return;
         }

@@ -224,7 +224,7 @@ test('F31: a server through migrate down/up: nothing lost or doubled while the t
     // Phase 2: every migration rolled back (the tables and their tasks are gone), then re-applied.
     await drained(2, 10_000);
     const downStarted = performance.now();
-    for (let name = await retried(() => migrateDown(conn)); name !== null; name = await retried(() => migrateDown(conn))) {
+    for (let name = await retried(() => migrateDown({ ...conn, force: true })); name !== null; name = await retried(() => migrateDown({ ...conn, force: true }))) {
       // each rollback in its own transaction, newest first
     }
     await sleep(1500);
