@@ -15,10 +15,13 @@ describe('pgasynq demo', () => {
     const r = await runNode(['src/cli/main.ts', '--json', 'demo', '--tasks', '60', '--concurrency', '8']);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /embedded database/);
-    const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as { processed: number; unfinished: number; archived: number };
+    const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<'enqueued' | 'processed' | 'digests' | 'mergedIntoDigests' | 'unfinished' | 'archived', number>;
     assert.equal(summary.unfinished, 0);
     assert.equal(summary.archived, 1, 'the poison task is archived');
     assert.ok(summary.processed >= 50, `processed ${summary.processed}`);
+    assert.ok(summary.digests > 0 && summary.mergedIntoDigests > summary.digests, JSON.stringify(summary));
+    // Every enqueued task is accounted for: run, merged into a digest, or archived.
+    assert.equal(summary.processed - summary.digests + summary.mergedIntoDigests + summary.archived, summary.enqueued, JSON.stringify(summary));
   });
 });
 

@@ -48,7 +48,16 @@ function tasks(n: number): Task[] {
   return out;
 }
 
-function handlers(counters: { processed: number; firstAt: number | null }, started: number): ServeMux {
+interface DemoCounters {
+  /** Handlers that succeeded, digests included. */
+  processed: number;
+  /** Digest tasks the group aggregator made, and the events merged into them. */
+  digests: number;
+  merged: number;
+  firstAt: number | null;
+}
+
+function handlers(counters: DemoCounters, started: number): ServeMux {
   const done = () => {
     counters.processed++;
     counters.firstAt ??= performance.now() - started;
@@ -70,7 +79,11 @@ function handlers(counters: { processed: number; firstAt: number | null }, start
     })
     .handle('report:generate', (_t, ctx) => sleep(between(50, 150), ctx.signal))
     .handle('reminder:send', (_t, ctx) => sleep(between(5, 20), ctx.signal))
-    .handle('digest:send', (_t, ctx) => sleep(between(10, 30), ctx.signal))
+    .handle('digest:send', async (task: Task<{ events: number }>, ctx) => {
+      await sleep(between(10, 30), ctx.signal);
+      counters.digests++;
+      counters.merged += task.payload.events;
+    })
     .handle('import:parse', () => {
       throw new SkipRetry('malformed CSV on line 3: archived, not retried');
     });
@@ -127,10 +140,14 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
         conn = { connectionString: ctx.connection().connectionString, schema: explicit ? ctx.globals.schema : 'pgasynq_demo' };
       }
       const where = useEmbedded ? 'embedded database' : `schema "${conn.schema}"`;
+      if (!useEmbedded) {
+        const flag = conn.schema === 'pgasynq' ? '' : ` --schema ${conn.schema}`;
+        out.write(`using schema "${conn.schema}" of the configured database${conn.schema === 'pgasynq_demo' ? ' (--schema to choose another)' : ''}: \`pgasynq${flag} stats\` shows it afterwards\n`);
+      }
       await migrate(conn);
       const client = new Client(conn);
       const inspector = new Inspector(conn);
-      const counters = { processed: 0, firstAt: null as number | null };
+      const counters: DemoCounters = { processed: 0, digests: 0, merged: 0, firstAt: null };
       const server = new Server({
         ...conn,
         queues: QUEUES,
@@ -185,24 +202,41 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
         rows = await snapshot(inspector);
         const left = unfinished(rows);
         const archived = rows.reduce((n, r) => n + r.counts.archived, 0);
+        const enqueued = opts.tasks + 1;
         const summary = {
+          enqueued,
           processed: counters.processed,
+          mergedIntoDigests: counters.merged,
+          digests: counters.digests,
           archived,
           unfinished: left,
           seconds: Number(elapsed.toFixed(2)),
           tasksPerSecond: Math.round(burst && burst.seconds > 0 ? burst.processed / burst.seconds : counters.processed / elapsed),
           firstTaskMs: counters.firstAt === null ? null : Math.round(counters.firstAt + (started - t0)),
         };
+        // Every enqueued task ends one way: its handler succeeded, the group aggregator merged
+        // it into a digest (a new task, processed too), it was archived, or it is unfinished.
+        const ownProcessed = counters.processed - counters.digests;
         ctx.emit(summary, () => [
           '',
-          `${summary.processed} tasks processed in ${summary.seconds} s (${summary.tasksPerSecond} tasks/s while a backlog waited), ${archived} archived, ${left} unfinished`,
+          `${enqueued} tasks enqueued: ${ownProcessed} processed, ${counters.merged} merged by the group aggregator into ${counters.digests} digest tasks (processed too), ${archived} archived, ${left} unfinished`,
+          `${summary.processed} handlers succeeded in ${summary.seconds} s (${summary.tasksPerSecond} tasks/s while a backlog waited); every webhook failed its first attempt and succeeded on retry`,
           `first task processed ${summary.firstTaskMs} ms after the demo started`,
           '',
-          'The same state in SQL (psql, or any client):',
-          `  SELECT queue, state, count(*) FROM ${conn.schema}.tasks GROUP BY 1, 2 ORDER BY 1, 2;`,
-          `  SELECT * FROM ${conn.schema}.queue_stats;`,
-          `  SELECT queue, id, type, error_msg FROM ${conn.schema}.tasks WHERE state = 'archived';`,
-          `  SELECT * FROM ${conn.schema}.daily_stats;`,
+          ...(useEmbedded
+            ? [
+                'This ran on an in-process database, gone now that the demo ended. To read the same state',
+                'in SQL (psql, or any client), run the demo against PostgreSQL:',
+                '  DATABASE_URL=postgres://user:password@host:5432/db npx pgasynq demo',
+              ]
+            : [
+                'The same state in SQL (psql, or any client):',
+                `  SELECT queue, state, count(*) FROM ${conn.schema}.tasks GROUP BY 1, 2 ORDER BY 1, 2;`,
+                `  SELECT * FROM ${conn.schema}.queue_stats;`,
+                `  SELECT queue, id, type, error_msg FROM ${conn.schema}.tasks WHERE state = 'archived';`,
+                `  SELECT * FROM ${conn.schema}.daily_stats;`,
+                `or: npx pgasynq${conn.schema === 'pgasynq' ? '' : ` --schema ${conn.schema}`} stats`,
+              ]),
         ]);
         if (left > 0 && !stopping) throw new Error(`${left} tasks were still unfinished after --duration ${opts.duration} s`);
       } finally {
