@@ -17,6 +17,8 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
+import { Db } from '../src/broker/db.js';
+import { claim } from '../src/broker/leases.js';
 import { queueOrder } from '../src/server/queues.js';
 import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
@@ -373,6 +375,24 @@ describe('queues', () => {
     await server.shutdown();
     const heavy = order.slice(0, 200).filter((q) => q === 'heavy').length / 200;
     assert.ok(heavy > 0.6 && heavy < 0.9, `heavy share ${heavy} should be near 0.75`);
+  });
+
+  test('a claim takes the queues in the order it is given, whatever the plan', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueueMany(Array.from({ length: 5 }, (_, i) => new Task('w', i, { queue: 'heavy' })));
+    await client.enqueueMany(Array.from({ length: 5 }, (_, i) => new Task('w', i, { queue: 'light' })));
+    const broker = new Db({ connectionString: db.connectionString, schema: db.schema });
+    try {
+      for (const order of [['light', 'heavy'], ['heavy', 'light'], ['light', 'heavy'], ['heavy', 'light']]) {
+        const rows = await claim(broker, order, 2, 'order-test', 60_000);
+        assert.deepEqual(rows.map((r) => r.queue), [order[0], order[0]], `claim in order ${order}`);
+      }
+      // One task is left in each queue: the claim empties the first and goes on into the next.
+      const rest = await claim(broker, ['light', 'heavy'], 3, 'order-test', 60_000);
+      assert.deepEqual(rest.map((r) => r.queue), ['light', 'heavy']);
+    } finally {
+      await broker.close();
+    }
   });
 
   test('queueOrder: weighted order starts with each queue in proportion to its weight', { timeout: 30_000 }, () => {

@@ -52,6 +52,9 @@ export async function claim(db: Db, queues: readonly string[], limit: number, ow
         ORDER BY t.run_at, t.seq
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) c
+      -- The queues' order is the weighted shuffle: without ORDER BY a hash anti-join may
+      -- reorder them. unnest WITH ORDINALITY is already in ord order, so this costs no sort.
+      ORDER BY q.ord
       LIMIT ${limit}
     )
     UPDATE ${db.table('tasks')} t
