@@ -309,7 +309,7 @@ export async function serveMetrics(inspector: Inspector, extra: MetricsHandlerOp
     const message = err instanceof Error ? err.message : String(err);
     res.statusCode = 500;
     res.setHeader('Content-Type', 'text/plain; charset=utf-8');
-    res.end(`metrics collection failed: ${message.replace(/postgres(?:ql)?:\/\/\S+/g, (u) => redact(u))}\n`);
+    res.end(`metrics collection failed: ${redact(message)}\n`);
   }
 }
 

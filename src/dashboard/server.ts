@@ -312,7 +312,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
       const status = (err as { status?: number }).status ?? (err instanceof URIError ? 400 : statusOf(err));
       if (status >= 500) log.error({ err }, 'dashboard request failed');
       const message = err instanceof Error ? err.message : String(err);
-      sendError(req, res, status, message.replace(/postgres(?:ql)?:\/\/\S+/g, (u) => redact(u)));
+      sendError(req, res, status, redact(message));
     }
   }
 
