@@ -14,6 +14,7 @@ import { existsSync } from 'node:fs';
 import { request } from 'node:http';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
+import pg from 'pg';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import { Client, Inspector, Scheduler, Server, Task, createDashboard, metricsHandler, renderPrometheus, serverMetrics, type Dashboard, type QueueInfo } from '../src/index.js';
 import { testDb, waitFor, type TestDb } from './helpers.js';
@@ -257,14 +258,58 @@ describe('HTTP', () => {
   });
 
   test('hide-payloads: no payload, result or worker payload leaves the server', async () => {
-    for (const path of ['/queues/default?state=pending', '/queues/default/tasks/mail-07', '/queues/critical?state=completed', '/queues/critical/tasks/hook-4', '/queues/low/tasks/blob', '/servers', '/schedulers', '/api/overview']) {
+    const pages = ['/queues/default?state=pending', '/queues/default/tasks/mail-07', '/queues/critical?state=completed', '/queues/critical/tasks/hook-4', '/queues/low/tasks/blob', '/servers', '/schedulers', '/api/overview'];
+    // Headers, last errors and results often repeat what the payload held: hidden too.
+    pages.push('/queues/critical?state=retry', '/queues/critical?state=archived', '/queues/critical/tasks/hook-0', '/queues/critical/tasks/hook-2', '/queues/low/tasks/xss');
+    for (const path of pages) {
       const r = await http(port.hid, 'GET', path);
       assert.equal(r.status, 200, path);
-      for (const secret of ['user7@example.com', 'user0@example.com', '"status"', '&quot;status&quot;', '68 65 6c 6c 6f', 'kind', '&quot;n&quot;']) {
+      for (const secret of ['user7@example.com', 'user0@example.com', '"status"', '&quot;status&quot;', '68 65 6c 6c 6f', 'kind', '&quot;n&quot;', 'HTTP 503', 'from upstream', 'connection refused', 'x-request-id', 'req-7', 'onload']) {
         assert.ok(!r.body.includes(secret), `${path} leaks ${secret}`);
       }
     }
+    for (const path of ['/queues/default/tasks/mail-07', '/queues/critical/tasks/hook-0', '/queues/critical?state=retry']) {
+      assert.match((await http(port.hid, 'GET', path)).body, /hidden/i, `${path} says what it hides`);
+    }
     assert.match((await http(port.dash, 'GET', '/queues/default/tasks/mail-07')).body, /user7@example\.com/, 'shown without the flag');
+    assert.match((await http(port.dash, 'GET', '/queues/default/tasks/mail-07')).body, /req-7/, 'headers shown without the flag');
+    assert.match((await http(port.dash, 'GET', '/queues/critical?state=retry')).body, /HTTP 503/, 'errors shown without the flag');
+  });
+
+  test('list pages read previews, not whole rows: a page over 0.6 MB payloads stays small', { timeout: 120_000 }, async () => {
+    // Bytes the dashboard's own pool reads from PostgreSQL, over every connection it opened.
+    const pool = new pg.Pool({ connectionString: db.connectionString, max: 4 });
+    const clients: pg.PoolClient[] = [];
+    pool.on('connect', (c) => void clients.push(c));
+    const bytesRead = () => clients.reduce((n, c) => n + (c as unknown as { connection: { stream: { bytesRead: number } } }).connection.stream.bytesRead, 0);
+    const big = createDashboard({ pool, schema: db.schema });
+    const blob = 'x'.repeat(600_000);
+    const ids = (from: number, to: number) => Array.from({ length: to - from }, (_, i) => `big-${from + i}`);
+    await client.enqueueMany(ids(0, 30).map((id) => new Task('big:blob', { blob, id }, { queue: 'big', taskId: id, headers: { h: blob.slice(0, 50_000) } })));
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '1 hour', retried = 1, error_msg = repeat('e', 600000), last_failed_at = now() WHERE queue = 'big' AND id = ANY($1)`, [ids(15, 20)]);
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 day', result = payload WHERE queue = 'big' AND id = ANY($1)`, [ids(20, 25)]);
+    // Active, leased to the live server (its heartbeat does not know them; the lease outlasts the test).
+    await db.query(
+      `UPDATE {{schema}}.tasks SET state = 'active', lease_owner = $2, lease_expires_at = now() + interval '1 hour', lease_token = gen_random_uuid(), started_at = now() WHERE queue = 'big' AND id = ANY($1)`,
+      [ids(25, 30), server.id],
+    );
+    try {
+      const p = (await big.listen(0)).port;
+      for (const path of ['/queues/big?state=pending&size=1000', '/queues/big?state=retry&size=1000', '/queues/big?state=completed&size=1000', '/queues/big?state=active&size=1000', '/queues/big?state=pending&search=blob', '/servers']) {
+        const before = bytesRead();
+        const r = await http(p, 'GET', path);
+        const read = bytesRead() - before;
+        assert.equal(r.status, 200, `${path}: ${r.body.slice(0, 300)}`);
+        assert.ok(read < 1_000_000, `${path} read ${read} bytes from PostgreSQL`);
+        assert.ok(r.body.length < 500_000, `${path} sent ${r.body.length} characters`);
+      }
+      assert.match((await http(p, 'GET', '/queues/big?state=pending')).body, /big-0/, 'the rows are there');
+    } finally {
+      await big.close();
+      await pool.end();
+      await db.query(`DELETE FROM {{schema}}.tasks WHERE queue = 'big'`);
+      await db.query(`DELETE FROM {{schema}}.queues WHERE name = 'big'`);
+    }
   });
 
   test('/api/overview: counts and samples, no payloads', async () => {
