@@ -16,6 +16,7 @@ import type { TaskState } from '../task.js';
 import { historyChart, type DayCounts } from './charts.js';
 import { clip, duration, errorRate, instant, num, preview, relative } from './format.js';
 import { html, jsonForScript, type Html } from './html.js';
+import { localPath } from './security.js';
 import type { QueueSampler } from './sampler.js';
 
 /** What every page needs besides the Inspector's data. */
@@ -210,8 +211,7 @@ export function tokenPage(): Html {
 /** Asks again before a destructive action when the browser ran no script (app.js asks with confirm()). */
 export function confirmPage(ctx: PageContext, fields: Record<string, string[]>, question: string): Html {
   const inputs = Object.entries(fields).flatMap(([k, vs]) => (k === 'csrf' || k === 'confirmed' ? [] : vs.map((v) => html`<input type="hidden" name="${k}" value="${v}">`)));
-  const wanted = fields.back?.[0] ?? '/';
-  const back = wanted.startsWith('/') && !wanted.startsWith('//') && !wanted.includes('\\') ? wanted : '/';
+  const back = localPath(fields.back?.[0]);
   return layout(
     ctx,
     'Confirm',
