@@ -418,6 +418,28 @@ describe('HTTP', () => {
     }
   });
 
+  test('invisible and direction characters in types, headers and payloads are shown as \\u{…} escapes, never raw', async () => {
+    const RLO = '\u202E';
+    const ZWSP = '\u200B';
+    await client.enqueue(new Task(`invoice${RLO}fdp.exe`, { note: `a${ZWSP}b` }, { queue: 'bidi', taskId: 'bidi-1', headers: { [`h${ZWSP}`]: `v${RLO}` } }));
+    try {
+      const raw = /[\u061C\u200B-\u200F\u202A-\u202E\u2060-\u2069\uFEFF]/;
+      for (const path of ['/queues/bidi?state=pending', '/queues/bidi/tasks/bidi-1', '/']) {
+        const r = await http(port.dash, 'GET', path);
+        assert.equal(r.status, 200, path);
+        assert.doesNotMatch(r.body, raw, `${path} holds a raw invisible character`);
+      }
+      const list = (await http(port.dash, 'GET', '/queues/bidi?state=pending')).body;
+      assert.ok(list.includes('invoice\\u{202E}fdp.exe'), 'the type, its override shown');
+      assert.ok(list.includes('a\\u{200B}b'), 'the payload preview');
+      const task = (await http(port.dash, 'GET', '/queues/bidi/tasks/bidi-1')).body;
+      assert.ok(task.includes('invoice\\u{202E}fdp.exe') && task.includes('h\\u{200B}') && task.includes('v\\u{202E}'), 'type and headers on the task page');
+    } finally {
+      await inspector.deleteTask('bidi', 'bidi-1');
+      await inspector.deleteQueue('bidi');
+    }
+  });
+
   test('/api/overview: counts and samples, no payloads', async () => {
     const r = await http(port.dash, 'GET', '/api/overview');
     assert.match(String(r.headers['content-type']), /^application\/json/);
