@@ -411,3 +411,12 @@ export async function listTaskPreviews(
 export async function listServerPreviews(inspector: Inspector, hide: boolean): Promise<ServerPreview[]> {
   return read.listServerPreviews(openDb(inspector), v.boolean(hide, 'hide'));
 }
+
+/**
+ * @internal /metrics' estimates of a queue, not part of the public API:
+ * broker queueFootprint (mean task size per state over a sample, orphaned
+ * active tasks), measured in PostgreSQL.
+ */
+export async function queueFootprint(inspector: Inspector, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+  return read.queueFootprint(openDb(inspector), v.queueName(queue), states, v.integer(sample, 'sample', 1, 1000));
+}

@@ -337,7 +337,7 @@ describe('HTTP', () => {
     }
   });
 
-  test('list pages read previews, not whole rows: a page over 0.6 MB payloads stays small', { timeout: 120_000 }, async () => {
+  test('list pages and /metrics read previews and sizes, not whole rows: a page over 0.6 MB payloads stays small', { timeout: 120_000 }, async () => {
     // Bytes the dashboard's own pool reads from PostgreSQL, over every connection it opened.
     const pool = new pg.Pool({ connectionString: db.connectionString, max: 4 });
     const clients: pg.PoolClient[] = [];
@@ -356,7 +356,7 @@ describe('HTTP', () => {
     );
     try {
       const p = (await big.listen(0)).port;
-      for (const path of ['/queues/big?state=pending&size=1000', '/queues/big?state=retry&size=1000', '/queues/big?state=completed&size=1000', '/queues/big?state=active&size=1000', '/queues/big?state=pending&search=blob', '/servers']) {
+      for (const path of ['/queues/big?state=pending&size=1000', '/queues/big?state=retry&size=1000', '/queues/big?state=completed&size=1000', '/queues/big?state=active&size=1000', '/queues/big?state=pending&search=blob', '/servers', '/metrics']) {
         const before = bytesRead();
         const r = await http(p, 'GET', path);
         const read = bytesRead() - before;

@@ -130,6 +130,37 @@ export async function listTaskPreviews(db: Db, queue: string, state: TaskState, 
   return { queueFound: rows.length > 0, value: rows.filter((r) => r.id != null).map(toTaskPreview) };
 }
 
+/**
+ * What /metrics estimates about a queue, measured in PostgreSQL so that no
+ * payload leaves it: for each of `states`, the mean size in bytes of up to
+ * `sample` of its tasks (payload and result as JSON text or bytes, last error,
+ * headers, id, type: the fields TaskInfo carries), and the number of active
+ * tasks whose lease expired (orphans no recoverer has taken yet).
+ */
+export async function queueFootprint(db: Db, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+  const rows = await db.run(sql<{ state: TaskState | null; mean: number }>`
+    SELECT s.state, avg(
+             coalesce(octet_length(t.payload::text), octet_length(t.payload_bytes), 4)
+           + coalesce(octet_length(t.result::text), octet_length(t.result_bytes), 0)
+           + coalesce(octet_length(t.error_msg), 0) + octet_length(t.headers::text)
+           + octet_length(t.id) + octet_length(t.type))::float8 AS mean
+    FROM unnest(${states}::text[]) AS s(state)
+    CROSS JOIN LATERAL (
+      SELECT * FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.state = s.state LIMIT ${sample}
+    ) t
+    GROUP BY s.state
+    UNION ALL
+    SELECT NULL, count(*)::float8 FROM ${db.table('tasks')} t
+    WHERE t.queue = ${queue} AND t.state = 'active' ${ACTIVE_INDEXED} AND t.lease_expires_at < now()`);
+  const meanBytes = new Map<TaskState, number>();
+  let orphaned = 0;
+  for (const r of rows) {
+    if (r.state === null) orphaned = r.mean;
+    else meanBytes.set(r.state, r.mean);
+  }
+  return { meanBytes, orphaned };
+}
+
 /** The groups of a queue's aggregating tasks with their sizes, by group name. */
 export async function listGroups(db: Db, queue: string): Promise<InQueue<GroupInfo[]>> {
   const rows = await db.run(sql<{ group: string | null; size: number }>`
