@@ -323,7 +323,7 @@ describe('HTTP', () => {
       await named.close();
       await any.close();
     }
-    for (const bad of [['dash.example:8080'], ['bad host'], [''], 'dash.example', [1], ['http://x']] as unknown[]) {
+    for (const bad of [['dash.example:8080'], ['a:80'], ['[::1]:80'], ['bad host'], [''], 'dash.example', [1], ['http://x'], []] as unknown[]) {
       const err = ((): unknown => {
         try {
           createDashboard({ ...conn, allowedHosts: bad as string[] });
@@ -594,7 +594,7 @@ describe('pgasynq dash', () => {
       named.child.kill('SIGTERM');
       assert.equal(await named.exit, 0, named.stderr());
     }
-    const bad = runDash(['dash', '--port', '0', '--allowed-hosts', 'dash.example:8080']);
+    const bad = runDash(['dash', '--port', '0', '--allowed-hosts', 'dash.example,a:80']);
     assert.equal(await bad.exit, 2);
     assert.match(bad.stderr(), /--allowed-hosts/);
   });

@@ -30,6 +30,7 @@
  */
 import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { isIPv6 } from 'node:net';
 import { hostname } from 'node:os';
 import { ConfigError } from '../errors.js';
 
@@ -116,8 +117,13 @@ export function isWildcard(host: string): boolean {
   return h === '' || h === '0.0.0.0' || /^[0:]+$/.test(h);
 }
 
-/** A DNS name (underscores too: container names) or an IPv4 address, or an IPv6 address in brackets. */
-const HOST_NAME = /^(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*$|^\[[0-9a-f:.]+\]$/;
+/** A DNS name (underscores too: container names) or an IPv4 address. */
+const HOST_NAME = /^(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*$/;
+
+/** A host name as normalHost() writes it: a DNS name, an IPv4 address, or an IPv6 address in brackets. */
+function validHost(name: string): boolean {
+  return name.startsWith('[') ? name.endsWith(']') && isIPv6(name.slice(1, -1)) : name.length <= 253 && HOST_NAME.test(name);
+}
 
 /** A host name as a Host header carries it: lower case, no final dot, an IPv6 address in brackets. */
 function normalHost(name: string): string {
@@ -134,7 +140,7 @@ export function allowedHostsOption(value: unknown, field = 'allowedHosts'): read
   if (!Array.isArray(value) || value.length === 0) throw new ConfigError(field, "must be '*' or a non-empty array of host names");
   return value.map((h: unknown, i) => {
     const name = typeof h === 'string' ? normalHost(h) : '';
-    if (name.length > 253 || !HOST_NAME.test(name)) {
+    if (!validHost(name)) {
       throw new ConfigError(`${field}[${i}]`, `must be a host name or IP address without port or scheme, like dash.example.com or 10.0.0.5 (got ${typeof h === 'string' ? JSON.stringify(h.slice(0, 100)) : typeof h})`);
     }
     return name;
