@@ -8,6 +8,8 @@
  */
 import { Db, type ConnectionOptions } from './broker/db.js';
 import * as read from './broker/inspector-read.js';
+import type { ServerPreview } from './broker/inspector-read.js';
+import type { TaskPreview } from './broker/rows.js';
 import * as write from './broker/inspector-write.js';
 import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './errors.js';
 import { encodePayload, maxPayloadBytesOption } from './payload.js';
@@ -36,6 +38,9 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
   return { limit: size, offset: (page - 1) * size };
 }
 
+/** An Inspector's pool, for the dashboard's reads at the end of this file: set by the class's static block, which alone sees #db. */
+let openDb: (inspector: Inspector) => Db;
+
 /** Inspector options: the connection, and the payload size cap. */
 export interface InspectorOptions extends ConnectionOptions {
   /** Largest payload updateTaskPayload writes, as the Client's option. @defaultValue 1,048,576 (1 MiB) */
@@ -61,6 +66,10 @@ export interface InspectorOptions extends ConnectionOptions {
 export class Inspector {
   readonly #db: Db;
   readonly #maxPayloadBytes: number;
+
+  static {
+    openDb = (inspector) => inspector.#open();
+  }
 
   constructor(opts: InspectorOptions = {}) {
     this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
@@ -369,4 +378,45 @@ export class Inspector {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+// ------------------------------------------------------------------ the dashboard's reads
+
+/** Largest page of previews the dashboard may ask for (its biggest page size). */
+export const MAX_PREVIEW_PAGE_SIZE = 500;
+
+/**
+ * @internal The dashboard's task lists, not part of the public API (the
+ * Inspector's lists return whole TaskInfo): a page of a queue's tasks in
+ * `state` as previews cut short in PostgreSQL (rows.ts TaskPreview), at most
+ * MAX_PREVIEW_PAGE_SIZE of them. `hide`: no payload, result or last error at all.
+ * Rejects as the Inspector's lists do (QueueNotFoundError, ValidationError).
+ */
+export async function listTaskPreviews(
+  inspector: Inspector,
+  queue: string,
+  state: TaskState,
+  opts: { page: number; pageSize: number; group?: string | undefined; hide: boolean },
+): Promise<TaskPreview[]> {
+  const q = v.queueName(queue);
+  const g = state === 'aggregating' ? v.groupName(opts.group) : undefined;
+  const page = v.integer(opts.page, 'page', 1, MAX_PAGE);
+  const size = v.integer(opts.pageSize, 'pageSize', 1, MAX_PREVIEW_PAGE_SIZE);
+  const r = await read.listTaskPreviews(openDb(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide'));
+  if (!r.queueFound) throw new QueueNotFoundError(q);
+  return r.value;
+}
+
+/** @internal The dashboard's servers: servers() with payload previews (null when `hide`), not part of the public API. */
+export async function listServerPreviews(inspector: Inspector, hide: boolean): Promise<ServerPreview[]> {
+  return read.listServerPreviews(openDb(inspector), v.boolean(hide, 'hide'));
+}
+
+/**
+ * @internal /metrics' estimates of a queue, not part of the public API:
+ * broker queueFootprint (mean task size per state over a sample, orphaned
+ * active tasks), measured in PostgreSQL.
+ */
+export async function queueFootprint(inspector: Inspector, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+  return read.queueFootprint(openDb(inspector), v.queueName(queue), states, v.integer(sample, 'sample', 1, 1000));
 }

@@ -61,7 +61,7 @@ const TRUNCATED = '… [truncated]';
  *
  * - an Error gives its message (its name when the message is empty); any other
  *   value gives `non-Error thrown: "boom"` (see coerceError);
- * - the password of any postgres:// URL in it is masked;
+ * - passwords in it are masked (redact(): URLs, password= and sslpassword=);
  * - NUL characters, which a PostgreSQL text column cannot hold, become U+FFFD;
  * - it is cut to MAX_LAST_ERROR_BYTES bytes of UTF-8 (never inside a
  *   character), ending in "… [truncated]".
@@ -69,7 +69,7 @@ const TRUNCATED = '… [truncated]';
 export function lastErrorText(thrown: unknown, maxBytes = MAX_LAST_ERROR_BYTES): string {
   const err = coerceError(thrown);
   let text = typeof err.message === 'string' && err.message !== '' ? err.message : String(err.name || 'Error');
-  if (text.includes('://')) text = redact(text);
+  text = redact(text);
   text = text.replaceAll('\0', '\uFFFD');
   if (!text.isWellFormed()) text = text.toWellFormed();
   if (Buffer.byteLength(text) <= maxBytes) return text;

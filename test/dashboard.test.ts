@@ -10,12 +10,16 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { request } from 'node:http';
+import { createServer, request } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
+import pg from 'pg';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
-import { Client, Inspector, Scheduler, Server, Task, createDashboard, metricsHandler, renderPrometheus, serverMetrics, type Dashboard, type QueueInfo } from '../src/index.js';
+import { Client, ConfigError, Inspector, Scheduler, Server, Task, createDashboard, metricsHandler, renderPrometheus, serverMetrics, type Dashboard, type QueueInfo } from '../src/index.js';
 import { testDb, waitFor, type TestDb } from './helpers.js';
 
 const CHROMIUM = '/usr/bin/chromium';
@@ -257,14 +261,183 @@ describe('HTTP', () => {
   });
 
   test('hide-payloads: no payload, result or worker payload leaves the server', async () => {
-    for (const path of ['/queues/default?state=pending', '/queues/default/tasks/mail-07', '/queues/critical?state=completed', '/queues/critical/tasks/hook-4', '/queues/low/tasks/blob', '/servers', '/schedulers', '/api/overview']) {
+    const pages = ['/queues/default?state=pending', '/queues/default/tasks/mail-07', '/queues/critical?state=completed', '/queues/critical/tasks/hook-4', '/queues/low/tasks/blob', '/servers', '/schedulers', '/api/overview'];
+    // Headers, last errors and results often repeat what the payload held: hidden too.
+    pages.push('/queues/critical?state=retry', '/queues/critical?state=archived', '/queues/critical/tasks/hook-0', '/queues/critical/tasks/hook-2', '/queues/low/tasks/xss');
+    for (const path of pages) {
       const r = await http(port.hid, 'GET', path);
       assert.equal(r.status, 200, path);
-      for (const secret of ['user7@example.com', 'user0@example.com', '"status"', '&quot;status&quot;', '68 65 6c 6c 6f', 'kind', '&quot;n&quot;']) {
+      for (const secret of ['user7@example.com', 'user0@example.com', '"status"', '&quot;status&quot;', '68 65 6c 6c 6f', 'kind', '&quot;n&quot;', 'HTTP 503', 'from upstream', 'connection refused', 'x-request-id', 'req-7', 'onload']) {
         assert.ok(!r.body.includes(secret), `${path} leaks ${secret}`);
       }
     }
+    for (const path of ['/queues/default/tasks/mail-07', '/queues/critical/tasks/hook-0', '/queues/critical?state=retry']) {
+      assert.match((await http(port.hid, 'GET', path)).body, /hidden/i, `${path} says what it hides`);
+    }
     assert.match((await http(port.dash, 'GET', '/queues/default/tasks/mail-07')).body, /user7@example\.com/, 'shown without the flag');
+    assert.match((await http(port.dash, 'GET', '/queues/default/tasks/mail-07')).body, /req-7/, 'headers shown without the flag');
+    assert.match((await http(port.dash, 'GET', '/queues/critical?state=retry')).body, /HTTP 503/, 'errors shown without the flag');
+  });
+
+  test('mounted in your own server it answers only to loopback names and this machine; a refused Host does nothing (DNS rebinding)', async () => {
+    const mounted = createDashboard(conn);
+    const srv = createServer(mounted);
+    await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+    const p = (srv.address() as AddressInfo).port;
+    await client.enqueue(new Task('rebind:victim', null, { queue: 'rebind', taskId: 'victim' }));
+    try {
+      assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
+      assert.equal((await http(p, 'GET', '/queues/rebind', { host: `evil.example:${p}` })).status, 421);
+      for (const host of [`localhost:${p}`, `127.0.0.1:${p}`, `[::1]:${p}`, `${hostname()}:${p}`]) {
+        assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
+      }
+      // The attack: a page of evil.example, now resolving to this machine, posts with a CSRF token it read.
+      const { cookie, csrf } = await session(p);
+      const del = form({ csrf, do: 'delete:one:victim', queue: 'rebind', state: 'pending', confirmed: '1', back: '/' });
+      const r = await http(p, 'POST', '/action', { host: `evil.example:${p}`, origin: `http://evil.example:${p}`, cookie, 'content-type': FORM }, del);
+      assert.equal(r.status, 421);
+      assert.equal((await inspector.getTaskInfo('rebind', 'victim')).state, 'pending', 'nothing was deleted');
+    } finally {
+      srv.closeAllConnections();
+      srv.close();
+      await mounted.close();
+      await inspector.deleteTask('rebind', 'victim');
+      await inspector.deleteQueue('rebind');
+    }
+  });
+
+  test('allowedHosts adds names to the loopback ones; "*" is an explicit opt-in; bad values are ConfigErrors', async () => {
+    const named = createDashboard({ ...conn, allowedHosts: ['Dash.Example', '10.1.2.3', '::2', 'my_service'] });
+    const any = createDashboard({ ...conn, allowedHosts: '*' });
+    try {
+      const p = (await named.listen(0)).port;
+      for (const host of [`dash.example:${p}`, `DASH.example.:${p}`, `10.1.2.3:${p}`, `[::2]:${p}`, `my_service:${p}`, `localhost:${p}`, `127.0.0.1:${p}`]) {
+        assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
+      }
+      for (const host of [`evil.example:${p}`, `dash.example.evil.example:${p}`, `10.1.2.4:${p}`]) {
+        assert.equal((await http(p, 'GET', '/', { host })).status, 421, host);
+      }
+      const q = (await any.listen(0)).port;
+      assert.equal((await http(q, 'GET', '/', { host: `evil.example:${q}` })).status, 200);
+    } finally {
+      await named.close();
+      await any.close();
+    }
+    for (const bad of [['dash.example:8080'], ['a:80'], ['[::1]:80'], ['bad host'], [''], 'dash.example', [1], ['http://x'], []] as unknown[]) {
+      const err = ((): unknown => {
+        try {
+          createDashboard({ ...conn, allowedHosts: bad as string[] });
+        } catch (e) {
+          return e;
+        }
+        return undefined;
+      })();
+      assert.ok(err instanceof ConfigError, `${JSON.stringify(bad)}: ${String(err)}`);
+      assert.match(err.message, /^allowedHosts(\[\d\])? must/);
+    }
+  });
+
+  test('list pages and /metrics read previews and sizes, not whole rows: a page over 0.6 MB payloads stays small', { timeout: 120_000 }, async () => {
+    // Bytes the dashboard's own pool reads from PostgreSQL, over every connection it opened.
+    const pool = new pg.Pool({ connectionString: db.connectionString, max: 4 });
+    const clients: pg.PoolClient[] = [];
+    pool.on('connect', (c) => void clients.push(c));
+    const bytesRead = () => clients.reduce((n, c) => n + (c as unknown as { connection: { stream: { bytesRead: number } } }).connection.stream.bytesRead, 0);
+    const big = createDashboard({ pool, schema: db.schema });
+    const blob = 'x'.repeat(600_000);
+    const ids = (from: number, to: number) => Array.from({ length: to - from }, (_, i) => `big-${from + i}`);
+    await client.enqueueMany(ids(0, 30).map((id) => new Task('big:blob', { blob, id }, { queue: 'big', taskId: id, headers: { h: blob.slice(0, 50_000) } })));
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '1 hour', retried = 1, error_msg = repeat('e', 600000), last_failed_at = now() WHERE queue = 'big' AND id = ANY($1)`, [ids(15, 20)]);
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 day', result = payload WHERE queue = 'big' AND id = ANY($1)`, [ids(20, 25)]);
+    // Active, leased to the live server (its heartbeat does not know them; the lease outlasts the test).
+    await db.query(
+      `UPDATE {{schema}}.tasks SET state = 'active', lease_owner = $2, lease_expires_at = now() + interval '1 hour', lease_token = gen_random_uuid(), started_at = now() WHERE queue = 'big' AND id = ANY($1)`,
+      [ids(25, 30), server.id],
+    );
+    try {
+      const p = (await big.listen(0)).port;
+      for (const path of ['/queues/big?state=pending&size=1000', '/queues/big?state=retry&size=1000', '/queues/big?state=completed&size=1000', '/queues/big?state=active&size=1000', '/queues/big?state=pending&search=blob', '/servers', '/metrics']) {
+        const before = bytesRead();
+        const r = await http(p, 'GET', path);
+        const read = bytesRead() - before;
+        assert.equal(r.status, 200, `${path}: ${r.body.slice(0, 300)}`);
+        assert.ok(read < 1_000_000, `${path} read ${read} bytes from PostgreSQL`);
+        assert.ok(r.body.length < 500_000, `${path} sent ${r.body.length} characters`);
+      }
+      assert.match((await http(p, 'GET', '/queues/big?state=pending')).body, /big-0/, 'the rows are there');
+    } finally {
+      await big.close();
+      await pool.end();
+      await db.query(`DELETE FROM {{schema}}.tasks WHERE queue = 'big'`);
+      await db.query(`DELETE FROM {{schema}}.queues WHERE name = 'big'`);
+    }
+  });
+
+  test('redirects stay on this dashboard: the token login and an action\u2019s back target are normalised before they are checked', async () => {
+    const onSite = /^\/(?![/\\])/;
+    for (const path of ['/.//evil.example/', '/%2e//evil.example/', '/./\\evil.example/', '/..//evil.example/x', '//evil.example/']) {
+      const r = await http(port.tok, 'GET', `${path}?token=${TOKEN}`);
+      assert.equal(r.status, 303, path);
+      assert.match(String(r.headers.location), onSite, `${path} → ${r.headers.location}`);
+    }
+    const { cookie, csrf } = await session(port.dash);
+    const origin = `http://127.0.0.1:${port.dash}`;
+    for (const back of ['/.//evil.example/', '/%2e//evil.example/x', '/./\\evil.example/', '/\\evil.example', '\\\\evil.example', 'http://evil.example/', '/..//evil.example']) {
+      const r = await http(port.dash, 'POST', '/action', { 'content-type': FORM, cookie, origin }, form({ csrf, do: 'resume', queue: 'cron', back }));
+      assert.equal(r.status, 303, back);
+      assert.match(String(r.headers.location), onSite, `${back} → ${r.headers.location}`);
+      const ask = await http(port.dash, 'POST', '/action', { 'content-type': FORM, cookie, origin }, form({ csrf, do: 'pause', queue: 'cron', back }));
+      assert.equal(ask.status, 200);
+      const cancel = /<a class="btn" href="([^"]*)">Cancel<\/a>/.exec(ask.body)?.[1];
+      assert.ok(cancel !== undefined && new URL(cancel, origin).origin === origin && onSite.test(new URL(cancel, origin).pathname), `${back}: Cancel goes to ${cancel}`);
+    }
+    assert.equal((await inspector.getQueueInfo('cron')).paused, false);
+    const here = await http(port.dash, 'POST', '/action', { 'content-type': FORM, cookie, origin }, form({ csrf, do: 'resume', queue: 'cron', back: '/queues/cron?state=pending' }));
+    assert.match(String(here.headers.location), /^\/queues\/cron\?state=pending&flash=/, 'a path of this dashboard is kept');
+  });
+
+  test('the session cookie is drawn at random per login, is not a function of the token, and only this dashboard honours it', async () => {
+    const a = cookiesOf(await http(port.tok, 'GET', `/?token=${TOKEN}`));
+    const b = cookiesOf(await http(port.tok, 'GET', `/?token=${TOKEN}`));
+    assert.match(a, /^pgasynq_auth=/);
+    assert.notEqual(a, b, 'two logins, two cookies');
+    const hash = createHash('sha256').update(`pgasynq-dashboard:${TOKEN}`).digest('hex');
+    for (const c of [a, b]) {
+      assert.ok(!c.includes(TOKEN) && !c.includes(hash), c);
+      assert.equal((await http(port.tok, 'GET', '/', { cookie: c })).status, 200);
+    }
+    assert.equal((await http(port.tok, 'GET', '/', { cookie: `pgasynq_auth=${hash}` })).status, 401, 'a hash of the token is no session');
+    const flipped = a.slice(0, -1) + (a.endsWith('A') ? 'B' : 'A');
+    assert.equal((await http(port.tok, 'GET', '/', { cookie: flipped })).status, 401, 'a tampered cookie');
+    const other = createDashboard({ ...conn, token: TOKEN });
+    try {
+      const p = (await other.listen(0)).port;
+      assert.equal((await http(p, 'GET', '/', { cookie: a })).status, 401, 'another dashboard with the same token');
+    } finally {
+      await other.close();
+    }
+  });
+
+  test('invisible and direction characters in types, headers and payloads are shown as \\u{…} escapes, never raw', async () => {
+    const RLO = '\u202E';
+    const ZWSP = '\u200B';
+    await client.enqueue(new Task(`invoice${RLO}fdp.exe`, { note: `a${ZWSP}b` }, { queue: 'bidi', taskId: 'bidi-1', headers: { [`h${ZWSP}`]: `v${RLO}` } }));
+    try {
+      const raw = /[\u061C\u200B-\u200F\u202A-\u202E\u2060-\u2069\uFEFF]/;
+      for (const path of ['/queues/bidi?state=pending', '/queues/bidi/tasks/bidi-1', '/']) {
+        const r = await http(port.dash, 'GET', path);
+        assert.equal(r.status, 200, path);
+        assert.doesNotMatch(r.body, raw, `${path} holds a raw invisible character`);
+      }
+      const list = (await http(port.dash, 'GET', '/queues/bidi?state=pending')).body;
+      assert.ok(list.includes('invoice\\u{202E}fdp.exe'), 'the type, its override shown');
+      assert.ok(list.includes('a\\u{200B}b'), 'the payload preview');
+      const task = (await http(port.dash, 'GET', '/queues/bidi/tasks/bidi-1')).body;
+      assert.ok(task.includes('invoice\\u{202E}fdp.exe') && task.includes('h\\u{200B}') && task.includes('v\\u{202E}'), 'type and headers on the task page');
+    } finally {
+      await inspector.deleteTask('bidi', 'bidi-1');
+      await inspector.deleteQueue('bidi');
+    }
   });
 
   test('/api/overview: counts and samples, no payloads', async () => {
@@ -396,6 +569,34 @@ describe('pgasynq dash', () => {
     assert.equal((await http(p, 'GET', '/metrics')).status, 200);
     run.child.kill('SIGTERM');
     assert.equal(await run.exit, 0, run.stderr());
+  });
+
+  test('--host 0.0.0.0: answers to loopback names, this machine and the bound address only, says how to allow more; --allowed-hosts adds names', { timeout: 60_000 }, async () => {
+    const run = runDash(['--json', 'dash', '--port', '0', '--host', '0.0.0.0', '--read-only']);
+    try {
+      const line = JSON.parse((await run.out).split('\n')[0] as string) as { url: string; allowedHosts: string[] };
+      const p = Number(new URL(line.url).port);
+      assert.deepEqual(line.allowedHosts, ['localhost', '127.0.0.1', '[::1]', hostname().toLowerCase(), '0.0.0.0']);
+      assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
+      for (const host of [`127.0.0.1:${p}`, `localhost:${p}`, `${hostname()}:${p}`, `0.0.0.0:${p}`]) assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
+      await waitFor(() => /--allowed-hosts/.test(run.stderr()), 10_000, 'the hint on stderr');
+    } finally {
+      run.child.kill('SIGTERM');
+      assert.equal(await run.exit, 0, run.stderr());
+    }
+    const named = runDash(['--json', 'dash', '--port', '0', '--host', '0.0.0.0', '--read-only', '--allowed-hosts', 'dash.example, 10.1.2.3']);
+    try {
+      const line = JSON.parse((await named.out).split('\n')[0] as string) as { url: string };
+      const p = Number(new URL(line.url).port);
+      for (const host of [`dash.example:${p}`, `10.1.2.3:${p}`, `127.0.0.1:${p}`]) assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
+      assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
+    } finally {
+      named.child.kill('SIGTERM');
+      assert.equal(await named.exit, 0, named.stderr());
+    }
+    const bad = runDash(['dash', '--port', '0', '--allowed-hosts', 'dash.example,a:80']);
+    assert.equal(await bad.exit, 2);
+    assert.match(bad.stderr(), /--allowed-hosts/);
   });
 
   test('bad usage is exit 2; an unreachable database is exit 1', async () => {

@@ -37,6 +37,7 @@ import {
 } from '../src/index.js';
 import { parseSchedule } from '../src/cron.js';
 import { lastErrorText } from '../src/retry.js';
+import { redact, redactConnectionString } from '../src/broker/db.js';
 import { DATABASE_URL, caught, countedPool, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
@@ -258,8 +259,20 @@ describe('SEC3 prototype pollution', () => {
 // ---------------------------------------------------------------------------
 describe('SEC4 secrets: the database password is never in a log line, an error or CLI output', () => {
   const sentinel = `S3CRET-${randomUUID()}`;
-  const dsn = (hostPort: string) => `postgres://postgres:${sentinel}@${hostPort}/test`;
-  const LIVE = dsn('127.0.0.1:5432'); // trust auth: any password is accepted
+  const dsn = (hostPort: string) => `postgres://postgres:${sentinel}@${hostPort}/test?sslpassword=${sentinel}`;
+  /**
+   * The test database itself, with the sentinel as its sslpassword: whatever
+   * the server's authentication (trust here, a password on the embedded
+   * server), the connection works with its real password while carrying a
+   * secret of its own, which pg keeps for an encrypted client key and sends
+   * nowhere. The sentinel as the password itself is proved on the DSNs that
+   * never connect (CLOSED, BAD_PORT, BAD_HOST, and the odd passwords below).
+   */
+  const LIVE = ((): string => {
+    const u = new URL(DATABASE_URL);
+    u.searchParams.set('sslpassword', sentinel);
+    return u.href;
+  })();
   const CLOSED = dsn('127.0.0.1:1');
   const BAD_PORT = dsn('127.0.0.1:notaport');
   const BAD_HOST = dsn('no-such-host.invalid:5432');
@@ -372,7 +385,7 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
     const server = new Server(fastServer({ queues: { sec4err: 1 }, retryDelay: () => 3_600_000 }));
     await server.start(() => {
-      throw new Error(`could not reach ${LIVE}`);
+      throw new Error(`could not reach ${dsn('db.example:5432')}`);
     });
     try {
       const info = await client.enqueue(new Task('leaky'), { queue: 'sec4err' });
@@ -380,11 +393,99 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
         const r = await taskRow(info.id);
         return r?.state === 'retry' ? r : undefined;
       });
-      assert.equal(row.error_msg, 'could not reach postgres://postgres:***@127.0.0.1:5432/test');
+      assert.equal(row.error_msg, 'could not reach postgres://postgres:***@db.example:5432/test?sslpassword=***');
     } finally {
       await server.shutdown();
       await client.close();
     }
+  });
+});
+
+describe('SEC4 secrets: passwords with / ? # @ : and spaces, sslpassword, key=value strings', () => {
+  /** Each piece of a password is a marker of its own, so a leak of any part of one shows. */
+  const mark = randomUUID().slice(0, 8);
+  const piece = (letter: string) => `${letter}${mark}`;
+  const PIECES = ['A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'K'].map(piece);
+  const [A, B, C, D, E, F, G, H, K] = PIECES as [string, string, string, string, string, string, string, string, string];
+  const ODD = `${A}#${B}?${C}/${D}@${E}:${F}`;
+  /** Connection strings no server answers (port 1, or a key=value string pg cannot use), each holding secrets. */
+  const DSNS = [
+    `postgres://postgres:${ODD}@127.0.0.1:1/test`,
+    `postgres://postgres:${A}/${B}@127.0.0.1:5432/test`, // once: invalid port "A…"
+    `postgres://postgres:${C}#${D}@127.0.0.1/test`,
+    `postgres://postgres:${E}?${F}@127.0.0.1:1/test`,
+    `postgres://postgres:${A}@${B}:${C}@127.0.0.1:1/test`, // a valid URL: the last @ ends the password
+    `postgres://postgres:${D} ${E}@127.0.0.1:1/test`,
+    `postgres://postgres:${encodeURIComponent(ODD)}@127.0.0.1:1/test`,
+    `postgres://me@tenant:${F}@127.0.0.1:1/test`,
+    `postgres://postgres@127.0.0.1:1/test?sslmode=disable&sslpassword=${G}&password=${H}`,
+    `postgres://postgres:${K}@127.0.0.1:1/test?sslpassword=${encodeURIComponent(ODD)}&application_name=x`,
+    `host=127.0.0.1 port=1 user=postgres password=${A} sslpassword='${B} ${C}' dbname=test`,
+    `host=127.0.0.1 port=1 password = '${D}\\'${E}' sslpassword=${F}#${G}`,
+  ];
+  const leaks = (texts: string[]) => texts.flatMap((t) => PIECES.filter((p) => t.includes(p)).map((p) => `${p} in ${JSON.stringify(t.slice(0, 300))}`));
+
+  test('redact(): the whole password, whatever it holds; sslpassword and password in URLs and key=value strings', () => {
+    const cases: [string, string][] = [
+      [`postgres://u:${ODD}@db:5432/q`, 'postgres://u:***@db:5432/q'],
+      [`failed: postgres://u:${ODD}@db/q, retrying`, 'failed: postgres://u:***@db/q, retrying'],
+      [`postgres://me@tenant:${A}@db/q`, 'postgres://me@tenant:***@db/q'],
+      [`postgres://u:${A}@db/q?sslmode=require&sslpassword=${ODD}&application_name=x`, 'postgres://u:***@db/q?sslmode=require&sslpassword=***&application_name=x'],
+      [`postgres://u@db/q?password=${B}`, 'postgres://u@db/q?password=***'],
+      [`host=db password=${A} sslpassword='${B} ${C}' dbname=q`, 'host=db password=*** sslpassword=*** dbname=q'],
+      [`PGPASSWORD=${D} psql`, 'PGPASSWORD=*** psql'],
+      ['postgres://u@db:5432/q', 'postgres://u@db:5432/q'],
+      ['password authentication failed for user "u"', 'password authentication failed for user "u"'],
+    ];
+    for (const [input, expected] of cases) assert.equal(redact(input), expected, input);
+    for (const dsn of DSNS) assert.deepEqual(leaks([redactConnectionString(dsn)]), [], dsn);
+    assert.equal(redactConnectionString(`postgres://u:${D} ${E}@db/q`), 'postgres://u:***@db/q', 'a whole string: the password may hold a space');
+    // Linear time on text a handler controls (every stored error goes through redact()).
+    const hostile = `${'a://b:'.repeat(20_000)} ${'postgres:'.repeat(20_000)}@ ${'?password'.repeat(20_000)}`;
+    const start = performance.now();
+    redact(hostile);
+    assert.ok(performance.now() - start < 2000, 'no catastrophic backtracking');
+  });
+
+  test('library: the ConfigError or connection error of each odd DSN holds no part of a secret', { timeout: 60_000 }, async () => {
+    const seen: string[] = [];
+    const logLines: string[] = [];
+    const logger = pino({ level: 'debug' }, { write: (line: string) => void logLines.push(line) });
+    for (const dsn of DSNS) {
+      const err = await caught(async () => {
+        const c = new Client({ connectionString: dsn, logger });
+        try {
+          await c.enqueue(new Task('t'));
+        } finally {
+          await c.close();
+        }
+      });
+      seen.push(String(err), inspect(err, { depth: 8 }), JSON.stringify(err) ?? '');
+      try {
+        // Validated at construction; nothing connects until start().
+        new Server({ connectionString: DATABASE_URL, schema: db.schema, listenConnectionString: dsn });
+      } catch (e) {
+        seen.push(String(e));
+      }
+    }
+    const bad = await caught(() => new Client({ connectionString: DSNS[1] }));
+    assert.ok(bad instanceof ConfigError, String(bad));
+    assert.match((bad as Error).message, /^connectionString is not a valid URL \(postgres:\/\/postgres:\*\*\*@127\.0\.0\.1:5432\/test\): percent-encode/);
+    assert.deepEqual(leaks([...seen, ...logLines]), []);
+  });
+
+  test('CLI: no part of a secret in the output, by flag or by DATABASE_URL, with --debug', { timeout: 180_000 }, async () => {
+    const outputs: string[] = [];
+    const runs: [string[], Record<string, string>][] = DSNS.map((dsn) => [['--debug', '--database-url', dsn, 'stats'], {}]);
+    runs.push([['--debug', 'stats'], { DATABASE_URL: DSNS[0] as string }], [['--debug', '--json', 'queue', 'ls'], { DATABASE_URL: DSNS[10] as string }]);
+    runs.push([['--debug', '--database-url', 'postgres://postgres@127.0.0.1:1/test', 'stats'], { PGPASSWORD: ODD }]);
+    for (const [args, env] of runs) {
+      const r = await runNode([CLI, ...args], env);
+      assert.ok(r.code === 1 || r.code === 2, `${args.join(' ')}: exit ${r.code}; ${r.stderr}`);
+      assert.match(r.stderr, /^error: /, r.stderr);
+      outputs.push(r.stdout, r.stderr);
+    }
+    assert.deepEqual(leaks(outputs), []);
   });
 });
 

@@ -9,7 +9,7 @@ import { decodePayload } from '../payload.js';
 import type { TaskInfo, TaskState } from '../task.js';
 import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../inspector-types.js';
 import type { Db } from './db.js';
-import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
+import { previewColumns, previewOf, taskColumns, toTaskInfo, toTaskPreview, type TaskPreview, type TaskPreviewRow, type TaskRow } from './rows.js';
 
 /** A result about one queue: `queueFound` is false when the queue does not exist. */
 export interface InQueue<T> {
@@ -86,21 +86,23 @@ const LIST_ORDER: Record<TaskState, RawBuilder<unknown>> = {
   aggregating: sql`t.enqueued_at, t.seq`,
 };
 
+/** Which page of which tasks: rows `offset` to `offset + limit - 1` in LIST_ORDER, of `group` for aggregating tasks. */
+export interface TaskPage {
+  limit: number;
+  offset: number;
+  group?: string | undefined;
+}
+
 /**
- * A page of a queue's tasks in `state` (and `group`, for aggregating tasks):
- * rows `offset` to `offset + limit - 1` in LIST_ORDER. One statement: the
- * queue row is the outer side of a lateral join, so an empty page of an
- * existing queue still returns one (all-NULL) row.
+ * A page of a queue's tasks in `state`, as `columns` of a row aliased `t`.
+ * One statement: the queue row is the outer side of a lateral join, so an
+ * empty page of an existing queue still returns one (all-NULL) row, and no
+ * row at all means no such queue.
  */
-export async function listTasks(
-  db: Db,
-  queue: string,
-  state: TaskState,
-  page: { limit: number; offset: number; group?: string | undefined },
-): Promise<InQueue<TaskInfo[]>> {
+function tasksPage(db: Db, columns: RawBuilder<unknown>, queue: string, state: TaskState, page: TaskPage): RawBuilder<{ id: string | null }> {
   const order = LIST_ORDER[state];
-  const rows = await db.run(sql<TaskRow>`
-    SELECT ${taskColumns}
+  return sql<{ id: string | null }>`
+    SELECT ${columns}
     FROM ${db.table('queues')} q
     LEFT JOIN LATERAL (
       SELECT t.* FROM ${db.table('tasks')} t
@@ -109,8 +111,54 @@ export async function listTasks(
       ORDER BY ${order} LIMIT ${page.limit} OFFSET ${page.offset}
     ) t ON true
     WHERE q.name = ${queue}
-    ORDER BY ${order}`);
+    ORDER BY ${order}`;
+}
+
+/** A page of a queue's tasks in `state` as TaskInfo: whole rows, payloads and results included. */
+export async function listTasks(db: Db, queue: string, state: TaskState, page: TaskPage): Promise<InQueue<TaskInfo[]>> {
+  const rows = (await db.run(tasksPage(db, taskColumns, queue, state, page))) as unknown as TaskRow[];
   return { queueFound: rows.length > 0, value: rows.filter((r) => r.id != null).map(toTaskInfo) };
+}
+
+/**
+ * The same page as previews (the dashboard's lists): payload, result and
+ * last error cut short in PostgreSQL, no headers; with `hide`, none of the
+ * three. What one call can load is bounded by `limit` times a few kilobytes.
+ */
+export async function listTaskPreviews(db: Db, queue: string, state: TaskState, page: TaskPage, hide: boolean): Promise<InQueue<TaskPreview[]>> {
+  const rows = (await db.run(tasksPage(db, previewColumns(hide), queue, state, page))) as unknown as TaskPreviewRow[];
+  return { queueFound: rows.length > 0, value: rows.filter((r) => r.id != null).map(toTaskPreview) };
+}
+
+/**
+ * What /metrics estimates about a queue, measured in PostgreSQL so that no
+ * payload leaves it: for each of `states`, the mean size in bytes of up to
+ * `sample` of its tasks (payload and result as JSON text or bytes, last error,
+ * headers, id, type: the fields TaskInfo carries), and the number of active
+ * tasks whose lease expired (orphans no recoverer has taken yet).
+ */
+export async function queueFootprint(db: Db, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+  const rows = await db.run(sql<{ state: TaskState | null; mean: number }>`
+    SELECT s.state, avg(
+             coalesce(octet_length(t.payload::text), octet_length(t.payload_bytes), 4)
+           + coalesce(octet_length(t.result::text), octet_length(t.result_bytes), 0)
+           + coalesce(octet_length(t.error_msg), 0) + octet_length(t.headers::text)
+           + octet_length(t.id) + octet_length(t.type))::float8 AS mean
+    FROM unnest(${states}::text[]) AS s(state)
+    CROSS JOIN LATERAL (
+      SELECT * FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.state = s.state LIMIT ${sample}
+    ) t
+    GROUP BY s.state
+    UNION ALL
+    SELECT NULL, count(*)::float8 FROM ${db.table('tasks')} t
+    WHERE t.queue = ${queue} AND t.state = 'active' ${ACTIVE_INDEXED} AND t.lease_expires_at < now()`);
+  const meanBytes = new Map<TaskState, number>();
+  let orphaned = 0;
+  for (const r of rows) {
+    if (r.state === null) orphaned = r.mean;
+    else meanBytes.set(r.state, r.mean);
+  }
+  return { meanBytes, orphaned };
 }
 
 /** The groups of a queue's aggregating tasks with their sizes, by group name. */
@@ -140,30 +188,36 @@ interface ServerTaskRow {
   task_id: string | null;
   task_queue: string;
   task_type: string;
-  payload: unknown;
-  payload_bytes: Buffer | null;
   task_started_at: Date;
   lease_expires_at: Date;
   deadline: Date | null;
 }
 
 /**
- * Live servers (row not expired), oldest first, each with the tasks it holds
- * leases on: one row per (server, active task), or one row with NULL task
- * columns for an idle server. A worker's deadline is the earlier of its
- * attempt's timeout and the task's deadline, as asynq's WorkerInfo.Deadline.
+ * Live servers (row not expired), oldest first, one row per (server, active
+ * task it holds a lease on), or one row with NULL task columns for an idle
+ * server, with `payload` columns of the task. A worker's deadline is the
+ * earlier of its attempt's timeout and the task's deadline, as asynq's
+ * WorkerInfo.Deadline.
  */
-export async function listServers(db: Db): Promise<ServerInfo[]> {
-  const rows = await db.run(sql<ServerTaskRow>`
+function serverRows<P>(db: Db, payload: RawBuilder<unknown>): RawBuilder<ServerTaskRow & P> {
+  return sql<ServerTaskRow & P>`
     SELECT s.id, s.host, s.pid, s.concurrency, s.queues, s.strict_priority, s.status, s.started_at,
-           t.id AS task_id, t.queue AS task_queue, t.type AS task_type, t.payload, t.payload_bytes,
+           t.id AS task_id, t.queue AS task_queue, t.type AS task_type, ${payload},
            t.started_at AS task_started_at, t.lease_expires_at,
            least(CASE WHEN t.timeout > interval '0' THEN t.started_at + t.timeout END, t.deadline) AS deadline
     FROM ${db.table('servers')} s
     LEFT JOIN ${db.table('tasks')} t ON t.lease_owner = s.id AND t.state = 'active'
     WHERE s.expires_at > now()
-    ORDER BY s.started_at, s.id, t.started_at, t.queue, t.id`);
-  const servers = new Map<string, ServerInfo>();
+    ORDER BY s.started_at, s.id, t.started_at, t.queue, t.id`;
+}
+
+/** ServerInfo whose workers carry a payload of type P. */
+type ServerWith<P> = Omit<ServerInfo, 'activeWorkers'> & { activeWorkers: (Omit<WorkerInfo, 'payload'> & { payload: P })[] };
+
+/** Server rows grouped into servers, each worker's payload made by `payloadOf`. */
+function groupServers<R extends ServerTaskRow, P>(rows: R[], payloadOf: (r: R) => P): ServerWith<P>[] {
+  const servers = new Map<string, ServerWith<P>>();
   for (const r of rows) {
     let s = servers.get(r.id);
     if (!s) {
@@ -181,18 +235,32 @@ export async function listServers(db: Db): Promise<ServerInfo[]> {
       servers.set(r.id, s);
     }
     if (r.task_id === null) continue;
-    const worker: WorkerInfo = {
+    s.activeWorkers.push({
       taskId: r.task_id,
       queue: r.task_queue,
       type: r.task_type,
-      payload: decodePayload(r.payload, r.payload_bytes),
+      payload: payloadOf(r),
       startedAt: r.task_started_at,
       leaseExpiresAt: r.lease_expires_at,
       deadline: r.deadline,
-    };
-    s.activeWorkers.push(worker);
+    });
   }
   return [...servers.values()];
+}
+
+/** Live servers, oldest first, each with the tasks it is running and their whole payloads. */
+export async function listServers(db: Db): Promise<ServerInfo[]> {
+  const rows = await db.run(serverRows<{ payload: unknown; payload_bytes: Buffer | null }>(db, sql`t.payload, t.payload_bytes`));
+  return groupServers(rows, (r) => decodePayload(r.payload, r.payload_bytes));
+}
+
+/** A live server as the dashboard shows it: each worker's payload a preview (rows.ts previewOf), null when hidden. */
+export type ServerPreview = ServerWith<string | null>;
+
+/** listServers with payload previews: what a server runs costs a few hundred bytes per task, however large its payload. */
+export async function listServerPreviews(db: Db, hide: boolean): Promise<ServerPreview[]> {
+  const rows = await db.run(serverRows<{ payload_preview: string | null }>(db, sql`${previewOf(sql`t.payload`, sql`t.payload_bytes`, hide)} AS payload_preview`));
+  return groupServers(rows, (r) => r.payload_preview);
 }
 
 /** Cron entries of live schedulers (row not expired), by id. */

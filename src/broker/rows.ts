@@ -1,8 +1,10 @@
 /**
- * The one projection of a task row that every read returns, and its mapping
- * to TaskInfo. Statements select `taskColumns` from a row aliased `t`.
+ * The projections of a task row and their mappings: `taskColumns` → TaskInfo,
+ * what every read of the Inspector returns, and `previewColumns` →
+ * TaskPreview, what the dashboard's lists show. Statements select them from a
+ * row aliased `t`.
  */
-import { sql } from 'kysely';
+import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../payload.js';
 import type { TaskInfo, TaskState } from '../task.js';
 
@@ -67,5 +69,103 @@ export function toTaskInfo(r: TaskRow): TaskInfo {
     startedAt: r.started_at,
     leaseOwner: r.lease_owner,
     leaseExpiresAt: r.lease_expires_at,
+  };
+}
+
+/** Characters of a payload or result a preview carries: one more than a list shows, so it knows to add "…". */
+export const PREVIEW_CHARS = 201;
+/** Characters of a last error a preview carries (a list shows 120, and up to this many on hover). */
+export const ERROR_PREVIEW_CHARS = 500;
+
+/**
+ * A task as a list of the dashboard shows it: no headers, and the payload,
+ * result and last error cut short by PostgreSQL, so a page of tasks over
+ * megabyte payloads stays a few kilobytes wherever it goes (pool, process,
+ * browser). Not part of the public API: the Inspector's lists return TaskInfo.
+ */
+export interface TaskPreview {
+  id: string;
+  queue: string;
+  type: string;
+  state: TaskState;
+  maxRetry: number;
+  retried: number;
+  /** The payload's first PREVIEW_CHARS characters as JSON text, or `<n bytes> 0a1b…`; '' without one; null when hidden. */
+  payload: string | null;
+  /** As `payload`, for the result. */
+  result: string | null;
+  /** The last error's first ERROR_PREVIEW_CHARS characters; null without one, or when hidden. */
+  lastError: string | null;
+  lastFailedAt: Date | null;
+  group: string | null;
+  nextProcessAt: Date | null;
+  isOrphaned: boolean;
+  retention: number;
+  completedAt: Date | null;
+}
+
+export interface TaskPreviewRow {
+  queue: string;
+  id: string;
+  type: string;
+  state: TaskState;
+  max_retry: number;
+  retried: number;
+  payload_preview: string | null;
+  result_preview: string | null;
+  error_preview: string | null;
+  last_failed_at: Date | null;
+  group_key: string | null;
+  next_process_at: Date | null;
+  is_orphaned: boolean;
+  retention_ms: number;
+  completed_at: Date | null;
+}
+
+/**
+ * A preview of a jsonb column and its bytea twin, as text: the first
+ * PREVIEW_CHARS characters of the JSON, or the size and first 48 bytes in hex.
+ * Only bytea's first bytes are read (substring and octet_length do not
+ * detoast the whole value); jsonb is turned into text in PostgreSQL, and only
+ * the cut text leaves it. NULL when `hide` is true: then nothing leaves it.
+ */
+export function previewOf(json: RawBuilder<unknown>, bytes: RawBuilder<unknown>, hide: boolean): RawBuilder<unknown> {
+  return sql`CASE
+    WHEN ${hide}::boolean THEN NULL
+    WHEN ${bytes} IS NOT NULL THEN '<' || octet_length(${bytes}) || ' bytes> ' || encode(substring(${bytes} FROM 1 FOR 48), 'hex')
+                                   || CASE WHEN octet_length(${bytes}) > 48 THEN '…' ELSE '' END
+    ELSE coalesce(left(${json}::text, ${PREVIEW_CHARS}), '') END`;
+}
+
+/** Columns of TaskPreviewRow from a tasks row aliased `t`; `hide` leaves out payload, result and last error. */
+export function previewColumns(hide: boolean): RawBuilder<unknown> {
+  return sql`
+  t.queue, t.id, t.type, t.state, t.max_retry, t.retried,
+  ${previewOf(sql`t.payload`, sql`t.payload_bytes`, hide)} AS payload_preview,
+  ${previewOf(sql`t.result`, sql`t.result_bytes`, hide)} AS result_preview,
+  CASE WHEN ${hide}::boolean THEN NULL ELSE left(t.error_msg, ${ERROR_PREVIEW_CHARS}) END AS error_preview,
+  t.last_failed_at, t.group_key,
+  CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
+  (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
+  (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at`;
+}
+
+export function toTaskPreview(r: TaskPreviewRow): TaskPreview {
+  return {
+    id: r.id,
+    queue: r.queue,
+    type: r.type,
+    state: r.state,
+    maxRetry: r.max_retry,
+    retried: r.retried,
+    payload: r.payload_preview,
+    result: r.result_preview,
+    lastError: r.error_preview,
+    lastFailedAt: r.last_failed_at,
+    group: r.group_key,
+    nextProcessAt: r.next_process_at,
+    isOrphaned: r.is_orphaned,
+    retention: r.retention_ms,
+    completedAt: r.completed_at,
   };
 }

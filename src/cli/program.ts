@@ -13,7 +13,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from '@commander-js/extra-typings';
-import { DEFAULT_SCHEMA, redact } from '../broker/db.js';
+import { DEFAULT_SCHEMA, redact, redactConnectionString, secretsOf } from '../broker/db.js';
 import { isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { registerCron } from './cron.js';
@@ -92,26 +92,15 @@ function messageOf(err: unknown): string {
   return String(err);
 }
 
-/** The password of a connection string, raw and URL-decoded, so it can be masked in any text. */
-function secretsOf(url: string | undefined): string[] {
-  if (url === undefined) return [];
-  const raw = /^[a-z]+:\/\/[^:/@]*:([^@]*)@/i.exec(url)?.[1];
-  const kv = /(?:^|\s)password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))/.exec(url);
-  const found = [raw, kv?.[1], kv?.[2]].filter((s): s is string => s !== undefined && s !== '');
-  const decoded = found.map((s) => {
-    try {
-      return decodeURIComponent(s);
-    } catch {
-      return s;
-    }
-  });
-  return [...new Set([...found, ...decoded])].sort((a, b) => b.length - a.length);
-}
-
-/** Never lets a password reach the terminal: URLs are redacted, the password itself is masked. */
-export function sanitize(text: string, databaseUrl: string | undefined): string {
-  let out = text.replace(/postgres(?:ql)?:\/\/\S+/g, (url) => redact(url));
-  for (const secret of secretsOf(databaseUrl)) out = out.split(secret).join('***');
+/**
+ * Never lets a password reach the terminal: connection strings in the text
+ * are redacted, and the passwords of the one in use (and PGPASSWORD) are
+ * masked wherever they appear, however the text quotes them.
+ */
+export function sanitize(text: string, databaseUrl: string | undefined, env: Record<string, string | undefined> = {}): string {
+  let out = redact(text);
+  const secrets = [...secretsOf(databaseUrl), ...(env.PGPASSWORD ? [env.PGPASSWORD] : [])].sort((a, b) => b.length - a.length);
+  for (const secret of secrets) out = out.split(secret).join('***');
   return out;
 }
 
@@ -151,14 +140,14 @@ function report(err: unknown, ctx: CliContext): number {
   const usage = err instanceof UsageError || isValidationError(err);
   let message = messageOf(err);
   if (!usage && UNREACHABLE.has(codeOf(err) ?? '')) {
-    message = `cannot reach the database${url === undefined ? '' : ` at ${redact(url)}`}: ${message}`;
+    message = `cannot reach the database${url === undefined ? '' : ` at ${redactConnectionString(url)}`}: ${message}`;
   }
   // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
   if (!usage && (codeOf(err) === '42P01' || codeOf(err) === '3F000')) {
     message = `${message} (is the schema migrated? run: pgasynq${schema === undefined || schema === DEFAULT_SCHEMA ? '' : ` --schema ${schema}`} migrate)`;
   }
-  ctx.io.err.write(`error: ${oneLine(sanitize(message, url))}\n`);
+  ctx.io.err.write(`error: ${oneLine(sanitize(message, url, ctx.io.env))}\n`);
   if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');
-  if (debug && err instanceof Error && err.stack) ctx.io.err.write(`${sanitize(err.stack, url)}\n`);
+  if (debug && err instanceof Error && err.stack) ctx.io.err.write(`${sanitize(err.stack, url, ctx.io.env)}\n`);
   return usage ? EXIT_USAGE : EXIT_FAILURE;
 }

@@ -13,7 +13,7 @@
  * checked read-only mode, the Origin and the CSRF token.
  */
 import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError, QueueNotEmptyError } from '../errors.js';
-import type { Inspector } from '../inspector.js';
+import { listTaskPreviews, MAX_PREVIEW_PAGE_SIZE, type Inspector } from '../inspector.js';
 import type { TaskState } from '../task.js';
 import { num } from './format.js';
 import { ALLOWED, TAB_STATES, type TaskOp } from './pages.js';
@@ -134,11 +134,12 @@ async function all(inspector: Inspector, op: TaskOp, queue: string, state: TaskS
   };
   if (op === 'cancel') {
     // asynqmon's cancel_all: list the active tasks, then cancel each (a cancelled task stays active until its server hears).
+    // Ids only: previews with nothing of the payloads (hide), not whole rows.
     const ids: string[] = [];
     for (let page = 1; ids.length < MAX_CANCEL_ALL; page++) {
-      const tasks = await inspector.listActiveTasks(queue, { page, pageSize: 1000 });
+      const tasks = await listTaskPreviews(inspector, queue, 'active', { page, pageSize: MAX_PREVIEW_PAGE_SIZE, hide: true });
       ids.push(...tasks.map((t) => t.id));
-      if (tasks.length < 1000) break;
+      if (tasks.length < MAX_PREVIEW_PAGE_SIZE) break;
     }
     let n = 0;
     for (const id of ids) n += (await inspector.cancelProcessing(id)) > 0 ? 1 : 0;

@@ -32,8 +32,20 @@ export function instant(d: Date): string {
   return `${d.toISOString().slice(0, 19).replace('T', ' ')}Z`;
 }
 
-/** A one-line preview of a payload or result: compact JSON or "<n bytes> 0a1b…", at most `max` characters. */
-export function preview(value: unknown, max = 200): string {
+/** Text cut to at most `max` characters, the last one "…" when it was longer. */
+export function clip(text: string, max = PREVIEW_MAX): string {
+  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+}
+
+/** Characters of a preview in a list (the broker's previews carry one more, so clip() knows to add "…"). */
+export const PREVIEW_MAX = 200;
+
+/**
+ * A one-line preview of a payload or result held whole (a scheduler entry's):
+ * compact JSON or "<n bytes> 0a1b…", at most `max` characters. Task lists get
+ * theirs cut by PostgreSQL instead (broker/rows.ts previewColumns).
+ */
+export function preview(value: unknown, max = PREVIEW_MAX): string {
   let text: string;
   if (Buffer.isBuffer(value)) {
     text = `<${value.length} bytes> ${value.subarray(0, 48).toString('hex')}${value.length > 48 ? '…' : ''}`;
@@ -42,7 +54,7 @@ export function preview(value: unknown, max = 200): string {
   } else {
     text = JSON.stringify(value) ?? String(value);
   }
-  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+  return clip(text, max);
 }
 
 /** Pretty JSON for a JSON value; a hex dump (offset, hex, ASCII) for bytes, the first `maxBytes` of them. */

@@ -2,7 +2,11 @@
  * The dashboard's one escaping helper. Every page is built with the `html`
  * tagged template: each interpolated value is HTML-escaped unless it is
  * already `Html` (the output of another `html` template), so a queue name, a
- * task type, a payload, an error or a header can never become markup.
+ * task type, a payload, an error or a header can never become markup. The
+ * same escape shows characters that draw nothing or reorder the text around
+ * them (bidi overrides and isolates, zero-width and other format characters,
+ * control characters but tab and newlines, line separators) as `\u{202E}`,
+ * so a type like "invoice\u{202E}fdp.exe" cannot pass for "invoiceexe.pdf".
  * Attribute values in templates are always quoted, and the escape covers
  * both quote characters, so the same escape is right in text and attributes.
  * There is no way to mark a string as safe markup: only a template's own
@@ -20,9 +24,18 @@ export class Html {
 
 const ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;', '`': '&#96;' };
 
-/** Escapes text for HTML text and (quoted) attribute values. */
+/**
+ * Format (Cf: U+200B–200F, U+202A–202E, U+2066–2069, U+FEFF, tags…), control
+ * (Cc) and separator (Zl, Zp) characters, and lone surrogates (Cs); not tab,
+ * CR or LF, which pretty-printed payloads need.
+ */
+const INVISIBLE = /(?![\t\n\r])[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}]/gu;
+
+/** Escapes text for HTML text and (quoted) attribute values, showing invisible and direction characters as \u{…}. */
 export function escapeHtml(text: string): string {
-  return text.replace(/[&<>"'`]/g, (c) => ESCAPES[c] as string);
+  return text
+    .replace(INVISIBLE, (c) => `\\u{${(c.codePointAt(0) as number).toString(16).toUpperCase().padStart(4, '0')}}`)
+    .replace(/[&<>"'`]/g, (c) => ESCAPES[c] as string);
 }
 
 /** A value interpolated into a template: Html as is, arrays joined, nothing for null/undefined/false, text escaped. */

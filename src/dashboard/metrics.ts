@@ -17,10 +17,11 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ConnectionOptions } from '../broker/db.js';
 import { redact } from '../broker/db.js';
 import { isQueueNotFound } from '../errors.js';
-import { Inspector } from '../inspector.js';
-import type { QueueInfo, ServerInfo } from '../inspector-types.js';
+import type { ServerPreview } from '../broker/inspector-read.js';
+import { Inspector, listServerPreviews, queueFootprint } from '../inspector.js';
+import type { QueueInfo } from '../inspector-types.js';
 import type { Server } from '../server.js';
-import type { TaskInfo, TaskState } from '../task.js';
+import type { TaskState } from '../task.js';
 
 /** One sample of a metric family. */
 export interface MetricSample {
@@ -81,80 +82,31 @@ const ENQUEUED_STATES = ['active', 'pending', 'scheduled', 'retry', 'archived', 
 const MEMORY_SAMPLE = 20;
 /** Fixed bytes per task row beyond its JSON: tuple header, fixed columns and index entries, roughly. */
 const ROW_OVERHEAD_BYTES = 300;
-/** At most this many active tasks of a queue are listed per scrape to count orphans. */
-const MAX_ACTIVE_LISTED = 10_000;
-
-function listFor(inspector: Inspector, state: TaskState) {
-  switch (state) {
-    case 'pending':
-      return inspector.listPendingTasks.bind(inspector);
-    case 'active':
-      return inspector.listActiveTasks.bind(inspector);
-    case 'scheduled':
-      return inspector.listScheduledTasks.bind(inspector);
-    case 'retry':
-      return inspector.listRetryTasks.bind(inspector);
-    case 'archived':
-      return inspector.listArchivedTasks.bind(inspector);
-    case 'completed':
-      return inspector.listCompletedTasks.bind(inspector);
-    default:
-      return undefined;
-  }
-}
-
-function taskBytes(t: TaskInfo): number {
-  const payload = Buffer.isBuffer(t.payload) ? t.payload.length : Buffer.byteLength(JSON.stringify(t.payload ?? null));
-  const result = Buffer.isBuffer(t.result) ? t.result.length : t.result === null ? 0 : Buffer.byteLength(JSON.stringify(t.result));
-  return (
-    ROW_OVERHEAD_BYTES +
-    payload +
-    result +
-    Buffer.byteLength(t.id) +
-    Buffer.byteLength(t.type) +
-    Buffer.byteLength(t.lastError ?? '') +
-    Buffer.byteLength(JSON.stringify(t.headers))
-  );
-}
 
 /**
  * asynq_queue_memory_usage_approx_bytes, estimated the way asynq does it: the
- * mean size of up to 20 sampled tasks per state times the state's count.
- * What PostgreSQL stores differs (TOAST compression, indexes, dead tuples):
- * read it as an order of magnitude, as asynq's own figure is.
+ * mean size of up to 20 sampled tasks per state times the state's count. The
+ * sizes are measured in PostgreSQL (a scrape over megabyte payloads reads a
+ * few numbers, not the payloads). What PostgreSQL stores differs (TOAST
+ * compression, indexes, dead tuples): read it as an order of magnitude, as
+ * asynq's own figure is.
  */
-async function approxBytes(inspector: Inspector, info: QueueInfo): Promise<number> {
+function approxBytes(info: QueueInfo, meanBytes: Map<TaskState, number>): number {
   let total = 0;
   for (const state of ENQUEUED_STATES) {
-    const count = info[state];
-    const list = listFor(inspector, state);
-    if (count === 0 || !list) continue;
-    const sample = await list(info.queue, { pageSize: MEMORY_SAMPLE });
-    if (sample.length === 0) continue;
-    const mean = sample.reduce((n, t) => n + taskBytes(t), 0) / sample.length;
-    total += mean * count;
+    const mean = meanBytes.get(state);
+    if (info[state] > 0 && mean !== undefined) total += (ROW_OVERHEAD_BYTES + mean) * info[state];
   }
   // Aggregating tasks: counted at the sampled mean of the other states (or the row overhead).
   if (info.aggregating > 0) total += (info.size > info.aggregating ? total / (info.size - info.aggregating) : ROW_OVERHEAD_BYTES) * info.aggregating;
   return Math.round(total);
 }
 
-/** Active tasks of a queue whose lease expired and that no recoverer has taken yet. */
-async function orphanedCount(inspector: Inspector, info: QueueInfo): Promise<number> {
-  let n = 0;
-  const pageSize = 1000;
-  for (let page = 1; (page - 1) * pageSize < Math.min(info.active, MAX_ACTIVE_LISTED); page++) {
-    const tasks = await inspector.listActiveTasks(info.queue, { page, pageSize });
-    n += tasks.filter((t) => t.isOrphaned).length;
-    if (tasks.length < pageSize) break;
-  }
-  return n;
-}
-
 /** What one scrape read: every queue's info (with the two estimates), the live servers, the cron entries. */
 export interface Snapshot {
   queues: (QueueInfo & { approxBytes: number; orphaned: number })[];
-  servers: ServerInfo[];
+  /** Live servers; their workers' payloads are not read. */
+  servers: ServerPreview[];
   schedulerEntries: number;
 }
 
@@ -165,15 +117,15 @@ export async function snapshot(inspector: Inspector): Promise<Snapshot> {
     names.map(async (q) => {
       try {
         const info = await inspector.getQueueInfo(q);
-        const [approx, orphaned] = await Promise.all([approxBytes(inspector, info), info.active > 0 ? orphanedCount(inspector, info) : 0]);
-        return { ...info, approxBytes: approx, orphaned };
+        const { meanBytes, orphaned } = await queueFootprint(inspector, q, ENQUEUED_STATES.filter((state) => info[state] > 0), MEMORY_SAMPLE);
+        return { ...info, approxBytes: approxBytes(info, meanBytes), orphaned };
       } catch (err) {
         if (isQueueNotFound(err)) return null;
         throw err;
       }
     }),
   );
-  const [servers, entries] = await Promise.all([inspector.servers(), inspector.schedulerEntries()]);
+  const [servers, entries] = await Promise.all([listServerPreviews(inspector, true), inspector.schedulerEntries()]);
   return { queues: infos.filter((q) => q !== null), servers, schedulerEntries: entries.length };
 }
 
@@ -309,7 +261,7 @@ export async function serveMetrics(inspector: Inspector, extra: MetricsHandlerOp
     const message = err instanceof Error ? err.message : String(err);
     res.statusCode = 500;
     res.setHeader('Content-Type', 'text/plain; charset=utf-8');
-    res.end(`metrics collection failed: ${message.replace(/postgres(?:ql)?:\/\/\S+/g, (u) => redact(u))}\n`);
+    res.end(`metrics collection failed: ${redact(message)}\n`);
   }
 }
 

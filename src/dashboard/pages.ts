@@ -10,12 +10,13 @@
  * them anyway); with hidePayloads no payload or result leaves the server.
  */
 import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError } from '../errors.js';
-import type { Inspector } from '../inspector.js';
+import { MAX_PREVIEW_PAGE_SIZE, type Inspector } from '../inspector.js';
 import type { QueueInfo } from '../inspector-types.js';
 import type { TaskState } from '../task.js';
 import { historyChart, type DayCounts } from './charts.js';
-import { duration, errorRate, instant, num, preview, relative } from './format.js';
+import { clip, duration, errorRate, instant, num, preview, relative } from './format.js';
 import { html, jsonForScript, type Html } from './html.js';
+import { localPath } from './security.js';
 import type { QueueSampler } from './sampler.js';
 
 /** What every page needs besides the Inspector's data. */
@@ -58,6 +59,8 @@ export const OP_LABEL: Record<TaskOp, string> = { run: 'Run', archive: 'Archive'
 
 export const DEFAULT_PAGE_SIZE = 30;
 export const PAGE_SIZES = [10, 30, 100, 500];
+/** The largest page a list shows, whatever ?size= asks (the previews' bound: inspector.ts MAX_PREVIEW_PAGE_SIZE). */
+export const MAX_PAGE_SIZE = MAX_PREVIEW_PAGE_SIZE;
 /** A type search reads at most this many tasks of the state (the Inspector has no type filter). */
 export const TYPE_SEARCH_SCAN = 5000;
 export const HISTORY_DAYS = [7, 30, 90];
@@ -88,10 +91,21 @@ export function when(d: Date | null, now: number): Html {
   return html`<time datetime="${d.toISOString()}" title="${instant(d)}">${relative(d, now)}</time>`;
 }
 
+/** A payload or result held whole (a scheduler entry's), as a one-line preview; "hidden" with hidePayloads. */
 export function payloadCell(ctx: PageContext, value: unknown): Html {
-  if (ctx.hidePayloads) return html`<span class="muted">hidden</span>`;
-  const p = preview(value);
+  return previewCell(ctx, ctx.hidePayloads ? null : preview(value));
+}
+
+/** A preview the broker cut (rows.ts TaskPreview), clipped to one line; "hidden" with hidePayloads. */
+export function previewCell(ctx: PageContext, text: string | null): Html {
+  if (ctx.hidePayloads) return hiddenText();
+  const p = clip(text ?? '');
   return p === '' ? html`<span class="muted">–</span>` : html`<code class="preview">${p}</code>`;
+}
+
+/** What shows in place of a payload, a result, headers or an error with hidePayloads. */
+export function hiddenText(): Html {
+  return html`<span class="muted">hidden</span>`;
 }
 
 export function hidden(fields: Record<string, string | undefined>): Html[] {
@@ -197,8 +211,7 @@ export function tokenPage(): Html {
 /** Asks again before a destructive action when the browser ran no script (app.js asks with confirm()). */
 export function confirmPage(ctx: PageContext, fields: Record<string, string[]>, question: string): Html {
   const inputs = Object.entries(fields).flatMap(([k, vs]) => (k === 'csrf' || k === 'confirmed' ? [] : vs.map((v) => html`<input type="hidden" name="${k}" value="${v}">`)));
-  const wanted = fields.back?.[0] ?? '/';
-  const back = wanted.startsWith('/') && !wanted.startsWith('//') && !wanted.includes('\\') ? wanted : '/';
+  const back = localPath(fields.back?.[0]);
   return layout(
     ctx,
     'Confirm',

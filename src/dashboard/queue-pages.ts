@@ -1,41 +1,31 @@
 /** The queue page (a tab per state, actions) and the task page. */
+import type { ServerPreview } from '../broker/inspector-read.js';
+import type { TaskPreview } from '../broker/rows.js';
 import { isTaskNotFound, isValidationError } from '../errors.js';
-import type { Inspector } from '../inspector.js';
-import type { ServerInfo, WorkerInfo } from '../inspector-types.js';
-import type { TaskInfo, TaskState } from '../task.js';
+import { listServerPreviews, listTaskPreviews, type Inspector } from '../inspector.js';
+import type { TaskState } from '../task.js';
 import { historyChart } from './charts.js';
 import { duration, errorRate, instant, num, pretty, relative } from './format.js';
 import { html, type Html } from './html.js';
-import { ALLOWED, DEFAULT_PAGE_SIZE, OP_LABEL, PAGE_SIZES, type PageContext, type PageResult, TAB_STATES, TYPE_SEARCH_SCAN, actionForm, badge, confirmText, href, intParam, layout, opButton, opQueueButton, pager, pauseForm, payloadCell, queuePath, taskPath, tile, when } from './pages.js';
+import { ALLOWED, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, OP_LABEL, PAGE_SIZES, type PageContext, type PageResult, TAB_STATES, TYPE_SEARCH_SCAN, actionForm, badge, confirmText, hiddenText, href, intParam, layout, opButton, opQueueButton, pager, pauseForm, previewCell, queuePath, taskPath, tile, when } from './pages.js';
 
-function listOf(inspector: Inspector, state: TaskState, queue: string, group: string | undefined, page: number, pageSize: number): Promise<TaskInfo[]> {
-  const o = { page, pageSize };
-  switch (state) {
-    case 'pending':
-      return inspector.listPendingTasks(queue, o);
-    case 'active':
-      return inspector.listActiveTasks(queue, o);
-    case 'scheduled':
-      return inspector.listScheduledTasks(queue, o);
-    case 'retry':
-      return inspector.listRetryTasks(queue, o);
-    case 'archived':
-      return inspector.listArchivedTasks(queue, o);
-    case 'completed':
-      return inspector.listCompletedTasks(queue, o);
-    case 'aggregating':
-      return group === undefined ? Promise.resolve([]) : inspector.listAggregatingTasks(queue, group, o);
-  }
+/** A page of the tab's tasks as previews: the rows the list shows, never whole payloads, results or errors. */
+function listOf(ctx: PageContext, state: TaskState, queue: string, group: string | undefined, page: number, pageSize: number): Promise<TaskPreview[]> {
+  if (state === 'aggregating' && group === undefined) return Promise.resolve([]);
+  return listTaskPreviews(ctx.inspector, queue, state, { page, pageSize, group, hide: ctx.hidePayloads });
 }
 
-/** Which server holds each active task, from the live servers' workers. */
-async function workersByTask(inspector: Inspector): Promise<Map<string, { server: ServerInfo; worker: WorkerInfo }>> {
-  const out = new Map<string, { server: ServerInfo; worker: WorkerInfo }>();
-  for (const server of await inspector.servers()) for (const worker of server.activeWorkers) out.set(`${worker.queue}\u0000${worker.taskId}`, { server, worker });
+type Worker = { server: ServerPreview; worker: ServerPreview['activeWorkers'][number] };
+
+/** Which server holds each active task, from the live servers' workers (their payloads are not read). */
+async function workersByTask(inspector: Inspector): Promise<Map<string, Worker>> {
+  const out = new Map<string, Worker>();
+  for (const server of await listServerPreviews(inspector, true)) for (const worker of server.activeWorkers) out.set(`${worker.queue}\u0000${worker.taskId}`, { server, worker });
   return out;
 }
 
-function errorCell(t: TaskInfo): Html {
+function errorCell(ctx: PageContext, t: TaskPreview): Html {
+  if (ctx.hidePayloads) return html`<td>${hiddenText()}</td>`;
   if (t.lastError === null) return html`<td class="muted">–</td>`;
   const short = t.lastError.length > 120 ? `${t.lastError.slice(0, 119)}…` : t.lastError;
   return html`<td class="error-text" title="${t.lastError.slice(0, 1000)}">${short}</td>`;
@@ -60,7 +50,7 @@ function stateColumns(state: TaskState): string[] {
   }
 }
 
-function stateCells(ctx: PageContext, t: TaskInfo, now: number, workers: Map<string, { server: ServerInfo; worker: WorkerInfo }>): Html {
+function stateCells(ctx: PageContext, t: TaskPreview, now: number, workers: Map<string, Worker>): Html {
   const retried = html`<td class="num">${t.retried} / ${t.maxRetry}</td>`;
   switch (t.state) {
     case 'active': {
@@ -73,24 +63,28 @@ function stateCells(ctx: PageContext, t: TaskInfo, now: number, workers: Map<str
     case 'scheduled':
       return html`<td>${when(t.nextProcessAt, now)}</td>`;
     case 'retry':
-      return html`<td>${when(t.nextProcessAt, now)}</td>${retried}${errorCell(t)}`;
+      return html`<td>${when(t.nextProcessAt, now)}</td>${retried}${errorCell(ctx, t)}`;
     case 'archived':
-      return html`<td>${when(t.lastFailedAt, now)}</td>${retried}${errorCell(t)}`;
+      return html`<td>${when(t.lastFailedAt, now)}</td>${retried}${errorCell(ctx, t)}`;
     case 'completed':
-      return html`<td>${when(t.completedAt, now)}</td><td>${payloadCell(ctx, t.result)}</td><td>${when(t.completedAt === null ? null : new Date(t.completedAt.getTime() + t.retention), now)}</td>`;
+      return html`<td>${when(t.completedAt, now)}</td><td>${previewCell(ctx, t.result)}</td><td>${when(t.completedAt === null ? null : new Date(t.completedAt.getTime() + t.retention), now)}</td>`;
     case 'aggregating':
       return html`<td>${t.group ?? ''}</td>`;
   }
 }
 
-/** Lists up to TYPE_SEARCH_SCAN tasks of the state and keeps those whose type contains `needle` (case-insensitive). */
-async function searchByType(ctx: PageContext, queue: string, state: TaskState, group: string | undefined, needle: string, count: number): Promise<{ tasks: TaskInfo[]; scanned: number }> {
-  const pageSize = 1000;
+/**
+ * Lists up to TYPE_SEARCH_SCAN tasks of the state and keeps those whose type
+ * contains `needle` (case-insensitive), up to 500. Previews, a page at a time:
+ * what it holds is bounded by the matches kept and one page.
+ */
+async function searchByType(ctx: PageContext, queue: string, state: TaskState, group: string | undefined, needle: string, count: number): Promise<{ tasks: TaskPreview[]; scanned: number }> {
+  const pageSize = MAX_PAGE_SIZE;
   const n = needle.toLowerCase();
-  const out: TaskInfo[] = [];
+  const out: TaskPreview[] = [];
   let scanned = 0;
   for (let page = 1; scanned < Math.min(count, TYPE_SEARCH_SCAN); page++) {
-    const tasks = await listOf(ctx.inspector, state, queue, group, page, pageSize);
+    const tasks = await listOf(ctx, state, queue, group, page, pageSize);
     scanned += tasks.length;
     for (const t of tasks) if (t.type.toLowerCase().includes(n) && out.length < 500) out.push(t);
     if (tasks.length < pageSize) break;
@@ -115,7 +109,7 @@ export async function queuePage(ctx: PageContext, queue: string): Promise<PageRe
 
   const info = await ctx.inspector.getQueueInfo(queue);
   const state: TaskState = (TAB_STATES as readonly string[]).includes(stateParam ?? '') ? (stateParam as TaskState) : info.active > 0 ? 'active' : 'pending';
-  const pageSize = intParam(url, 'size', DEFAULT_PAGE_SIZE, 1, 1000);
+  const pageSize = intParam(url, 'size', DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE);
   const now = Date.now();
 
   let group: string | undefined;
@@ -139,7 +133,7 @@ export async function queuePage(ctx: PageContext, queue: string): Promise<PageRe
   const pages = Math.max(1, Math.ceil(stateCount / pageSize));
   const page = intParam(url, 'page', 1, 1, pages);
 
-  let tasks: TaskInfo[];
+  let tasks: TaskPreview[];
   let searchNote: Html = html``;
   if (search !== '') {
     const r = await searchByType(ctx, queue, state, group, search, stateCount);
@@ -148,9 +142,9 @@ export async function queuePage(ctx: PageContext, queue: string): Promise<PageRe
       r.scanned < stateCount ? html` among the first ${num(r.scanned)} of ${num(stateCount)}` : ''
     }. No task has this id. <a href="${href(ctx, queuePath(queue), { state, group })}">Clear</a></p>`;
   } else {
-    tasks = await listOf(ctx.inspector, state, queue, group, page, pageSize);
+    tasks = await listOf(ctx, state, queue, group, page, pageSize);
   }
-  const workers = state === 'active' ? await workersByTask(ctx.inspector) : new Map<string, { server: ServerInfo; worker: WorkerInfo }>();
+  const workers = state === 'active' ? await workersByTask(ctx.inspector) : new Map<string, Worker>();
 
   const tabs = TAB_STATES.map((s) => {
     const current = s === state;
@@ -165,7 +159,7 @@ export async function queuePage(ctx: PageContext, queue: string): Promise<PageRe
 ${canAct ? html`<td class="check"><input type="checkbox" name="id" value="${t.id}" aria-label="select ${t.id}"></td>` : ''}
 <td class="id"><a href="${href(ctx, taskPath(queue, t.id))}"><code>${t.id}</code></a></td>
 <td class="type">${t.type}</td>
-<td class="payload">${payloadCell(ctx, t.payload)}</td>
+<td class="payload">${previewCell(ctx, t.payload)}</td>
 ${stateCells(ctx, t, now, workers)}
 ${canAct ? html`<td class="actions">${ops.map((op) => opButton(op, 'one', `${op}:one:${t.id}`, confirmText(op, 'one', `task ${t.id}`), OP_LABEL[op]))}</td>` : ''}
 </tr>`,
@@ -281,13 +275,22 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
           ['Orphaned', t.isOrphaned ? html`${badge('yes', 'bad')} the lease expired; a recoverer will retry or archive the task` : 'no'],
         ])}</section>`;
 
+  // Headers and errors often repeat what the payload held: --hide-payloads hides them too.
+  const hiddenNote = html`<p class="muted">Hidden: the dashboard runs with --hide-payloads.</p>`;
   const headers = Object.entries(t.headers);
   const headersBlock = html`<section class="card"><h2>Headers</h2>${
-    headers.length === 0
-      ? html`<p class="muted">None.</p>`
-      : html`<div class="table-wrap"><table class="kv"><tbody>${headers.map(([k, v]) => html`<tr><th scope="row"><code>${k}</code></th><td><code>${v}</code></td></tr>`)}</tbody></table></div>`
+    ctx.hidePayloads
+      ? hiddenNote
+      : headers.length === 0
+        ? html`<p class="muted">None.</p>`
+        : html`<div class="table-wrap"><table class="kv"><tbody>${headers.map(([k, v]) => html`<tr><th scope="row"><code>${k}</code></th><td><code>${v}</code></td></tr>`)}</tbody></table></div>`
   }</section>`;
-  const errorBlock = t.lastError === null ? html`` : html`<section class="card"><h2>Last error ${t.lastFailedAt ? html`<span class="muted small">${instant(t.lastFailedAt)}</span>` : ''}</h2><pre class="code error-text" data-block="error">${t.lastError}</pre></section>`;
+  const errorBlock =
+    t.lastError === null
+      ? html``
+      : html`<section class="card"><h2>Last error ${t.lastFailedAt ? html`<span class="muted small">${instant(t.lastFailedAt)}</span>` : ''}</h2>${
+          ctx.hidePayloads ? hiddenNote : html`<pre class="code error-text" data-block="error">${t.lastError}</pre>`
+        }</section>`;
 
   return {
     status: 200,

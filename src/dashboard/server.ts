@@ -44,7 +44,7 @@ import {
 import { queuePage, taskPage } from './queue-pages.js';
 import { schedulerEntryPage, schedulersPage, serversPage } from './registry-pages.js';
 import { QueueSampler } from './sampler.js';
-import { appendHeader, Guard, isLoopback, LOOPBACK_HOSTS, setSecurityHeaders } from './security.js';
+import { allowedHostsOption, appendHeader, defaultAllowedHosts, Guard, localPath, setSecurityHeaders } from './security.js';
 
 export const DASHBOARD_PORT_DEFAULT = 8080;
 export const DASHBOARD_HOST_DEFAULT = '127.0.0.1';
@@ -66,9 +66,15 @@ export interface DashboardOptions extends ConnectionOptions {
   /** Default auto-refresh interval in ms (each browser may pick another); 0 turns it off. @defaultValue 5000 */
   refreshInterval?: number;
   /**
-   * Host names (without port) the Host header may carry, or '*' for any: the
-   * defence against DNS rebinding. @defaultValue after listen() on a loopback
-   * address: localhost, 127.0.0.1, [::1] and the bound name; otherwise '*'.
+   * Host names (without port: `dash.example.com`, `10.0.0.5`, `::1`) the Host
+   * header may carry besides localhost, 127.0.0.1 and [::1], which are always
+   * answered: the defence against DNS rebinding, where a web page you open
+   * reaches the dashboard under a name of its own that resolves to this
+   * machine. Any other Host gets 421. '*' answers to any Host: unsafe without
+   * a token, since such a page can then read and act on your queues.
+   * @defaultValue the address given to listen(); this machine's name (and
+   * the address) when listen() binds every address (0.0.0.0, ::); this
+   * machine's name when the handler is mounted in a server of yours.
    */
   allowedHosts?: readonly string[] | '*';
   /** Path prefix when the dashboard is mounted below the root of another server ('/admin/queues'). @defaultValue '' */
@@ -82,8 +88,8 @@ export interface Dashboard {
   (req: IncomingMessage, res: ServerResponse): void;
   /** The Inspector every read and action goes through. */
   readonly inspector: Inspector;
-  /** Starts an HTTP server on host:port (port 0: any free port); resolves once it listens. */
-  listen(port?: number, host?: string): Promise<{ url: string; port: number; host: string }>;
+  /** Starts an HTTP server on host:port (port 0: any free port); resolves once it listens, with the Host names it answers to. */
+  listen(port?: number, host?: string): Promise<{ url: string; port: number; host: string; allowedHosts: readonly string[] | '*' }>;
   /** Stops the listener (if any) and closes the Inspector. */
   close(): Promise<void>;
 }
@@ -115,17 +121,8 @@ function resolve(opts: DashboardOptions): Resolved {
   if (typeof base !== 'string' || (base !== '' && !/^(\/[A-Za-z0-9._~-]+)+$/.test(base))) {
     throw new ConfigError('basePath', "must be '' or a path like '/admin/queues' (no trailing slash)");
   }
-  const hosts = opts.allowedHosts;
-  if (hosts !== undefined && hosts !== '*' && (!Array.isArray(hosts) || !hosts.every((h) => typeof h === 'string' && h !== ''))) {
-    throw new ConfigError('allowedHosts', "must be '*' or an array of host names");
-  }
+  const hosts = opts.allowedHosts === undefined ? undefined : allowedHostsOption(opts.allowedHosts);
   return { readOnly: bool(opts.readOnly, 'readOnly'), token, hidePayloads: bool(opts.hidePayloads, 'hidePayloads'), refreshMs: refresh, allowedHosts: hosts, basePath: base };
-}
-
-/** A safe place to go back to after an action: a path of this dashboard, never another site. */
-function safeBack(back: string | undefined): string {
-  if (back === undefined || !back.startsWith('/') || back.startsWith('//') || back.includes('\\') || /[\u0000-\u001f\u007f]/.test(back)) return '/';
-  return back;
 }
 
 function readBody(req: IncomingMessage): Promise<string> {
@@ -167,7 +164,8 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
   const inspector = new Inspector(conn);
   const sampler = new QueueSampler(inspector);
   const log: Logger = (opts.logger ?? silentLogger).child({ component: 'dashboard' });
-  const guard = new Guard({ token: cfg.token, allowedHosts: cfg.allowedHosts ?? '*', cookiePath: cfg.basePath || '/' });
+  // Mounted in a server of yours, the dashboard cannot know the address: listen() narrows this to the one it binds.
+  const guard = new Guard({ token: cfg.token, allowedHosts: cfg.allowedHosts ?? defaultAllowedHosts(undefined), cookiePath: cfg.basePath || '/' });
   const flashes = new Map<string, { ok: boolean; message: string; at: number }>();
   let server: HttpServer | undefined;
   const chrome = { base: cfg.basePath, readOnly: cfg.readOnly, refreshMs: cfg.refreshMs };
@@ -242,7 +240,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
     const outcome = await runAction(inspector, a);
     sampler.invalidate();
     log.info({ action: a.kind === 'queue' ? a.op : `${a.op}:${a.scope}`, queue: a.queue, ok: outcome.ok }, 'dashboard action');
-    const back = new URL(safeBack(fields.back?.[0]), 'http://dashboard.invalid');
+    const back = new URL(localPath(fields.back?.[0]), 'http://dashboard.invalid');
     back.searchParams.set('flash', addFlash(outcome.ok, outcome.message));
     redirect(res, cfg.basePath + back.pathname + back.search);
   }
@@ -289,7 +287,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
     if (!guard.hostAllowed(req)) {
       res.statusCode = 421;
       res.setHeader('Content-Type', 'text/plain; charset=utf-8');
-      return void res.end('This dashboard does not answer to that Host (see the allowedHosts option).\n');
+      return void res.end('This dashboard does not answer to that Host name: add it with --allowed-hosts (pgasynq dash) or the allowedHosts option.\n');
     }
     const auth = guard.authenticate(req, url);
     if (!auth.ok) {
@@ -301,7 +299,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
     if ('setCookieAndRedirect' in auth) {
       appendHeader(res, 'Set-Cookie', guard.authCookie());
       // The token leaves the URL (history, Referer); the cookie carries the session.
-      return redirect(res, cfg.basePath + path + url.search);
+      return redirect(res, cfg.basePath + localPath(path + url.search));
     }
     // Pages address themselves without the base path.
     const local = new URL(path + url.search, 'http://dashboard.invalid');
@@ -312,7 +310,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
       const status = (err as { status?: number }).status ?? (err instanceof URIError ? 400 : statusOf(err));
       if (status >= 500) log.error({ err }, 'dashboard request failed');
       const message = err instanceof Error ? err.message : String(err);
-      sendError(req, res, status, message.replace(/postgres(?:ql)?:\/\/\S+/g, (u) => redact(u)));
+      sendError(req, res, status, redact(message));
     }
   }
 
@@ -323,7 +321,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
   dashboard.listen = (port = DASHBOARD_PORT_DEFAULT, host = DASHBOARD_HOST_DEFAULT) =>
     new Promise((resolveListen, reject) => {
       if (server) return reject(new ConfigError('listen', 'was already called'));
-      if (cfg.allowedHosts === undefined) guard.setAllowedHosts(isLoopback(host) ? [...LOOPBACK_HOSTS, host.includes(':') && !host.startsWith('[') ? `[${host}]` : host] : '*');
+      if (cfg.allowedHosts === undefined) guard.setAllowedHosts(defaultAllowedHosts(host));
       const srv = createServer(dashboard);
       srv.once('error', (err) => {
         server = undefined;
@@ -333,7 +331,7 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
         server = srv;
         const addr = srv.address() as AddressInfo;
         const shown = addr.family === 'IPv6' || host.includes(':') ? `[${host.replace(/^\[|\]$/g, '')}]` : host;
-        resolveListen({ url: `http://${shown}:${addr.port}${cfg.basePath}/`, port: addr.port, host });
+        resolveListen({ url: `http://${shown}:${addr.port}${cfg.basePath}/`, port: addr.port, host, allowedHosts: guard.allowedHosts });
       });
     });
   dashboard.close = async () => {

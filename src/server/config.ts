@@ -3,7 +3,7 @@
  * then frozen. Each mirrors an asynq option; durations are milliseconds.
  */
 import { availableParallelism } from 'node:os';
-import type { ConnectionOptions } from '../broker/db.js';
+import { checkConnectionString, type ConnectionOptions } from '../broker/db.js';
 import { ConfigError } from '../errors.js';
 import { silentLogger, type Logger } from '../logger.js';
 import type { Task } from '../task.js';
@@ -115,9 +115,7 @@ function validateListenConnectionString(c: ServerConfig): string | undefined {
   const cs: unknown = c.listenConnectionString;
   if (cs === undefined) return undefined;
   if (typeof cs !== 'string' || cs.trim() === '') throw new ConfigError('listenConnectionString', 'must be a non-empty connection string');
-  if (!/^postgres(ql)?:\/\//.test(cs) && !cs.includes('=')) {
-    throw new ConfigError('listenConnectionString', 'must be a postgres:// URL or key=value pairs');
-  }
+  checkConnectionString(cs, 'listenConnectionString');
   if (c.embedded !== undefined) throw new ConfigError('listenConnectionString', 'cannot be used with embedded (it listens in process)');
   return cs;
 }
