@@ -14,8 +14,9 @@
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from '@commander-js/extra-typings';
 import { DEFAULT_SCHEMA, redact } from '../broker/db.js';
-import { isValidationError } from '../errors.js';
+import { FailedPreconditionError, isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
+import { sanitize } from './sanitize.js';
 import { registerCron } from './cron.js';
 import { registerDash } from './dash.js';
 import { registerDemo } from './demo.js';
@@ -75,6 +76,8 @@ export function createProgram(io: CliIO): { program: CliProgram; ctx: CliContext
 }
 
 const UNREACHABLE = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNRESET']);
+/** undefined_table, invalid_schema_name, undefined_function. */
+const NOT_MIGRATED = new Set(['42P01', '3F000', '42883']);
 
 function codeOf(err: unknown): string | undefined {
   const code = (err as { code?: unknown } | null)?.code;
@@ -90,29 +93,6 @@ function messageOf(err: unknown): string {
   }
   if (err instanceof Error) return err.message || err.name;
   return String(err);
-}
-
-/** The password of a connection string, raw and URL-decoded, so it can be masked in any text. */
-function secretsOf(url: string | undefined): string[] {
-  if (url === undefined) return [];
-  const raw = /^[a-z]+:\/\/[^:/@]*:([^@]*)@/i.exec(url)?.[1];
-  const kv = /(?:^|\s)password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))/.exec(url);
-  const found = [raw, kv?.[1], kv?.[2]].filter((s): s is string => s !== undefined && s !== '');
-  const decoded = found.map((s) => {
-    try {
-      return decodeURIComponent(s);
-    } catch {
-      return s;
-    }
-  });
-  return [...new Set([...found, ...decoded])].sort((a, b) => b.length - a.length);
-}
-
-/** Never lets a password reach the terminal: URLs are redacted, the password itself is masked. */
-export function sanitize(text: string, databaseUrl: string | undefined): string {
-  let out = text.replace(/postgres(?:ql)?:\/\/\S+/g, (url) => redact(url));
-  for (const secret of secretsOf(databaseUrl)) out = out.split(secret).join('***');
-  return out;
 }
 
 function oneLine(text: string): string {
@@ -153,9 +133,13 @@ function report(err: unknown, ctx: CliContext): number {
   if (!usage && UNREACHABLE.has(codeOf(err) ?? '')) {
     message = `cannot reach the database${url === undefined ? '' : ` at ${redact(url)}`}: ${message}`;
   }
-  // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
-  if (!usage && (codeOf(err) === '42P01' || codeOf(err) === '3F000')) {
-    message = `${message} (is the schema migrated? run: pgasynq${schema === undefined || schema === DEFAULT_SCHEMA ? '' : ` --schema ${schema}`} migrate)`;
+  const migrateCommand = `pgasynq${schema === undefined || schema === DEFAULT_SCHEMA ? '' : ` --schema ${schema}`} migrate`;
+  if (err instanceof FailedPreconditionError && NOT_MIGRATED.has(codeOf(err.cause) ?? '')) {
+    // The library's message says to run `pgasynq migrate`; here, with this run's --schema.
+    message = `schema "${schema ?? DEFAULT_SCHEMA}" is not migrated (${messageOf(err.cause)}): run: ${migrateCommand}`;
+  } else if (!usage && NOT_MIGRATED.has(codeOf(err) ?? '')) {
+    // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
+    message = `${message} (is the schema migrated? run: ${migrateCommand})`;
   }
   ctx.io.err.write(`error: ${oneLine(sanitize(message, url))}\n`);
   if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');
