@@ -67,6 +67,7 @@ async function startServer(handler: (t: Task, c: TaskContext) => void | Promise<
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
+    logger: false,
     concurrency: 4,
     taskCheckInterval: 50,
     delayedTaskCheckInterval: 50,

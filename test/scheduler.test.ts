@@ -34,7 +34,7 @@ after(async () => {
 });
 
 function scheduler(opts: SchedulerOptions = {}): Scheduler {
-  const s = new Scheduler({ connectionString: db.connectionString, schema: db.schema, heartbeatInterval: 200, ...opts });
+  const s = new Scheduler({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, ...opts });
   running.push(s);
   return s;
 }
@@ -487,7 +487,7 @@ describe('registry', () => {
 
 describe('PeriodicTaskManager', () => {
   function manager(getConfigs: () => PeriodicTaskConfig[] | Promise<PeriodicTaskConfig[]>, syncInterval = 100): PeriodicTaskManager {
-    const m = new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema, heartbeatInterval: 200, syncInterval, getConfigs });
+    const m = new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, syncInterval, getConfigs });
     running.push(m);
     return m;
   }
