@@ -19,6 +19,10 @@ describe('pgasynq demo', () => {
     assert.equal(summary.unfinished, 0);
     assert.equal(summary.archived, 1, 'the poison task is archived');
     assert.ok(summary.processed >= 50, `processed ${summary.processed}`);
+    // The library's log lines, human-readable and errors only: the poison task's archive, nothing else.
+    const logLines = r.stderr.split('\n').filter((l) => l !== '');
+    assert.equal(logLines.length, 1, r.stderr);
+    assert.match(logLines[0]!, /^\d\d:\d\d:\d\d\.\d{3} ERROR processor: task archived task\.id=\S+ task\.type=import:parse task\.queue=low .*reason=skip-retry/);
   });
 });
 
