@@ -19,7 +19,7 @@ import { Db } from './broker/db.js';
 import { isTransientConnectionError } from './broker/db-errors.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
-import { deleteServer, unservedQueues } from './broker/servers.js';
+import { deleteServer, unservedQueues, type UnservedQueue } from './broker/servers.js';
 import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
 import { FailureRun, type Logger } from './logger.js';
 import { ServeMux, type Handler } from './mux.js';
@@ -136,6 +136,9 @@ export class Server {
     const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : handler;
     if (typeof fn !== 'function') throw new ValidationError('handler', 'must be a ServeMux or a function');
     const reachable = await this.#checkSchema();
+    // Looked up before the components start, so start() resolves right after them, as
+    // before: run() listens for signals from then on, and a handler may already be running.
+    const unserved = reachable ? await this.#unservedQueues() : [];
     this.#status = 'active';
     const p = (this.#parts = this.wire(fn));
     await p.notifier.start();
@@ -170,7 +173,9 @@ export class Server {
       },
       'server started',
     );
-    if (reachable) await this.#warnUnservedQueues();
+    for (const u of unserved) {
+      this.#log.warn({ queue: u.queue, pending: u.pending, servedQueues: u.served }, 'queue has pending tasks but no running server serves it');
+    }
   }
 
   /**
@@ -200,17 +205,17 @@ export class Server {
   }
 
   /**
-   * One warning per queue that holds pending tasks that no running server
-   * (this one included) serves: a typo in `queues`, or a queue nobody
-   * started a server for, shows at once instead of as tasks that never run.
+   * Queues that hold pending tasks that no running server (this one
+   * included) serves, for one warning each at start: a typo in `queues`, or a
+   * queue nobody started a server for, shows at once instead of as tasks
+   * that never run. A failed lookup only costs the warnings.
    */
-  async #warnUnservedQueues(): Promise<void> {
+  async #unservedQueues(): Promise<UnservedQueue[]> {
     try {
-      for (const u of await unservedQueues(this.#db, Object.keys(this.#cfg.queues), UNSERVED_COUNT_CAP)) {
-        this.#log.warn({ queue: u.queue, pending: u.pending, servedQueues: u.served }, 'queue has pending tasks but no running server serves it');
-      }
+      return await unservedQueues(this.#db, Object.keys(this.#cfg.queues), UNSERVED_COUNT_CAP);
     } catch (err) {
       this.#log.debug({ err }, 'could not look for unserved queues');
+      return [];
     }
   }
 
