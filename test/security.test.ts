@@ -431,7 +431,7 @@ describe('SEC6 NOTIFY spoofing', () => {
     await listener.query(`LISTEN "${CHANNEL}"`);
 
     const done = new Set<string>();
-    const server = new Server({ pool: serverPool, schema: db.schema, queues: { default: 1 }, concurrency: 4, taskCheckInterval: TASK_CHECK });
+    const server = new Server({ pool: serverPool, schema: db.schema, logger: false, queues: { default: 1 }, concurrency: 4, taskCheckInterval: TASK_CHECK });
     await server.start((task) => {
       done.add((task.payload as { n: string }).n);
     });

@@ -526,7 +526,7 @@ describe('configuration', () => {
   test('start refuses a schema that lacks migrations, naming them; an up-to-date one starts', { timeout: 30_000 }, async () => {
     const schema = `${db.schema}_old`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    await migrate({ connectionString: db.connectionString, schema, to: '0002_views' });
+    await migrate({ connectionString: db.connectionString, schema, to: '0002_views', logger: false });
     const server = new Server({ connectionString: db.connectionString, schema, logger: false });
     await assert.rejects(server.start(() => {}), (err: unknown) => {
       assert.ok(err instanceof FailedPreconditionError);
@@ -535,7 +535,7 @@ describe('configuration', () => {
     });
     assert.equal(server.status, 'new');
     assert.equal((await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".servers`)).rows[0].n, 0, 'nothing registered');
-    await migrate({ connectionString: db.connectionString, schema });
+    await migrate({ connectionString: db.connectionString, schema, logger: false });
     await server.start(() => {});
     assert.equal(server.status, 'active');
     await server.shutdown();
