@@ -4,6 +4,7 @@
 import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
 import { insertTasks } from './broker/enqueue.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './errors.js';
+import { resolveLogger, type Logger } from './logger.js';
 import { maxPayloadBytesOption } from './payload.js';
 import { toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './task.js';
 
@@ -45,11 +46,14 @@ export interface ClientOptions extends ConnectionOptions {
  */
 export class Client {
   readonly #db: Db;
+  readonly #log: Logger;
   readonly #maxPayloadBytes: number;
 
   constructor(opts: ClientOptions = {}) {
     this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
-    this.#db = new Db(opts, 'pgasynq:client');
+    const logger = resolveLogger(opts);
+    this.#log = logger.child({ component: 'client' });
+    this.#db = new Db(opts, 'pgasynq:client', { logger });
   }
 
   /** Enqueues one task. Options given here override those of the Task. */
@@ -57,8 +61,9 @@ export class Client {
     const [overrides, tx] = splitTx(opts);
     const record = toRecord(task, overrides, undefined, this.#maxPayloadBytes);
     this.#checkOpen();
-    const [info] = await insertTasks(this.#db, [record], tx);
-    return info as TaskInfo;
+    const [info] = (await insertTasks(this.#db, [record], tx)) as [TaskInfo];
+    this.#log.debug({ task: { id: info.id, type: info.type, queue: info.queue }, state: info.state }, 'task enqueued');
+    return info;
   }
 
   /**
@@ -71,7 +76,9 @@ export class Client {
     const records = tasks.map((task, i) => toRecord(task, overrides, i, this.#maxPayloadBytes));
     this.#checkOpen();
     if (records.length === 0) return [];
-    return insertTasks(this.#db, records, tx);
+    const infos = await insertTasks(this.#db, records, tx);
+    this.#log.debug({ tasks: infos.length }, 'tasks enqueued');
+    return infos;
   }
 
   #checkOpen(): void {

@@ -92,9 +92,38 @@ export class QueueNotEmptyError extends PgasynqError {
   }
 }
 
-/** The task's state forbids the action (deleting an active task, running a pending one). */
+/**
+ * The state of things forbids the call: the task's state forbids the action
+ * (deleting an active task, running a pending one), or the schema is not
+ * migrated (the message says to run `pgasynq migrate`).
+ */
 export class FailedPreconditionError extends PgasynqError {
   readonly code = 'ERR_FAILED_PRECONDITION';
+}
+
+/** Why the database cannot be used, when waiting will not change it. */
+export type DatabaseUnavailableReason = 'database-not-found' | 'authentication-failed' | 'host-not-found';
+
+/**
+ * The database refused us for a reason that waiting will not fix: the
+ * database does not exist (SQLSTATE 3D000), the role does not exist or its
+ * authentication failed (28000, 28P01, or no password for a server that asks
+ * for one), or the host name does not resolve (ENOTFOUND). Server.start() and
+ * Scheduler.start() reject with it instead of retrying forever; any other
+ * call rejects with it too. The message names the cause and the server
+ * (never a password); `cause` is the driver's error. A database that is only
+ * unreachable (refused connection, timeout, restart) is not this error: it
+ * is retried.
+ */
+export class DatabaseUnavailableError extends PgasynqError {
+  readonly code = 'ERR_DATABASE_UNAVAILABLE';
+  constructor(
+    readonly reason: DatabaseUnavailableReason,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
 }
 
 /** The server is shutting down or closed; also the abort reason handlers see at shutdown. */
@@ -174,6 +203,7 @@ export const isQueueNotFound = (err: unknown): err is QueueNotFoundError => hasC
 export const isTaskNotFound = (err: unknown): err is TaskNotFoundError => hasCode(err, 'ERR_TASK_NOT_FOUND');
 export const isLeaseExpired = (err: unknown): err is LeaseExpiredError => hasCode(err, 'ERR_LEASE_EXPIRED');
 export const isServerClosed = (err: unknown): err is ServerClosedError => hasCode(err, 'ERR_SERVER_CLOSED');
+export const isDatabaseUnavailable = (err: unknown): err is DatabaseUnavailableError => hasCode(err, 'ERR_DATABASE_UNAVAILABLE');
 /** SkipRetry anywhere on the cause chain. */
 export const isSkipRetry = (err: unknown): boolean => causeChainHas(err, 'ERR_SKIP_RETRY');
 /** RevokeTask anywhere on the cause chain. */

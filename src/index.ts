@@ -13,7 +13,7 @@ export { MAX_PAYLOAD_BYTES } from './payload.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
 export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './broker/roles.js';
 export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './broker/embedded.js';
-export type { Logger } from './logger.js';
+export type { Logger, LogLevel } from './logger.js';
 export {
   PgasynqError,
   ValidationError,
@@ -32,6 +32,8 @@ export {
   TaskNotFoundError,
   QueueNotEmptyError,
   FailedPreconditionError,
+  DatabaseUnavailableError,
+  type DatabaseUnavailableReason,
   ServerClosedError,
   LeaseExpiredError,
   TaskTimeoutError,
@@ -46,6 +48,7 @@ export {
   isTaskNotFound,
   isLeaseExpired,
   isServerClosed,
+  isDatabaseUnavailable,
   isSkipRetry,
   isRevokeTask,
 } from './errors.js';

@@ -12,6 +12,7 @@ import type { ServerPreview } from './broker/inspector-read.js';
 import type { TaskPreview } from './broker/rows.js';
 import * as write from './broker/inspector-write.js';
 import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './errors.js';
+import { resolveLogger } from './logger.js';
 import { encodePayload, maxPayloadBytesOption } from './payload.js';
 import type { TaskInfo, TaskState } from './task.js';
 import * as v from './validate.js';
@@ -73,7 +74,7 @@ export class Inspector {
 
   constructor(opts: InspectorOptions = {}) {
     this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
-    this.#db = new Db(opts, 'pgasynq:inspector');
+    this.#db = new Db(opts, 'pgasynq:inspector', { logger: resolveLogger(opts) });
   }
 
   #open(): Db {

@@ -1,7 +1,20 @@
 /**
- * The logger pgasynq writes to: anything pino-shaped. Silent unless the user
- * passes one; never a transport or worker thread of our own.
+ * What pgasynq logs with, and the default it logs with when nobody says.
+ *
+ * As asynq does, the library logs by default: a pino logger at `info`, as
+ * JSON lines on stderr, written synchronously (a line is on its way before
+ * the call returns, so nothing is lost when the process exits, and no worker
+ * thread or transport is ever started). `logLevel` picks its level,
+ * `logger: false` silences the library, and any pino-shaped logger replaces
+ * it. Every component logs through its own child (`{ component: 'processor' }`);
+ * messages are lower-case constants, data goes in fields, errors under `err`,
+ * and payloads are never logged.
  */
+import { performance } from 'node:perf_hooks';
+import pino from 'pino';
+import { ConfigError } from './errors.js';
+
+/** The logger pgasynq writes to: anything pino-shaped. */
 export interface Logger {
   debug(obj: object, msg?: string): void;
   info(obj: object, msg?: string): void;
@@ -9,6 +22,11 @@ export interface Logger {
   error(obj: object, msg?: string): void;
   child(bindings: object): Logger;
 }
+
+/** Levels of the default logger, from the most to the least verbose. */
+export const LOG_LEVELS = ['debug', 'info', 'warn', 'error'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+export const LOG_LEVEL_DEFAULT: LogLevel = 'info';
 
 const noop = (): void => {};
 
@@ -19,3 +37,109 @@ export const silentLogger: Logger = {
   error: noop,
   child: () => silentLogger,
 };
+
+/** One synchronous stderr destination for every default logger of the process, made on first use. */
+let stderr: pino.DestinationStream | undefined;
+const defaults = new Map<LogLevel, Logger>();
+
+/**
+ * The default logger at `level`: pino, JSON lines on stderr (fd 2) written
+ * synchronously, `name: "pgasynq"` on every line. One per level per process.
+ */
+export function defaultLogger(level: LogLevel = LOG_LEVEL_DEFAULT): Logger {
+  let logger = defaults.get(level);
+  if (logger === undefined) {
+    stderr ??= pino.destination({ fd: 2, sync: true });
+    logger = pino({ name: 'pgasynq', level }, stderr);
+    defaults.set(level, logger);
+  }
+  return logger;
+}
+
+const METHODS = ['debug', 'info', 'warn', 'error', 'child'] as const;
+
+function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
+  return typeof value === 'object' ? 'an object without them' : String(value);
+}
+
+/**
+ * The logger of a class from its options, validated: `logger` (a pino-shaped
+ * logger, or false for silence) and `logLevel` (the default logger's level).
+ * Throws ConfigError naming the option: a logger without the five methods, a
+ * level outside LOG_LEVELS, or a level with a logger of the caller's own
+ * (whose level is the caller's to set).
+ */
+export function resolveLogger(opts: { logger?: unknown; logLevel?: unknown }): Logger {
+  const { logger, logLevel } = opts;
+  if (logLevel !== undefined && !(LOG_LEVELS as readonly unknown[]).includes(logLevel)) {
+    throw new ConfigError('logLevel', `must be one of ${LOG_LEVELS.map((l) => `"${l}"`).join(', ')} (got ${describe(logLevel)})`);
+  }
+  if (logger === undefined) return defaultLogger((logLevel as LogLevel | undefined) ?? LOG_LEVEL_DEFAULT);
+  if (logger === false) return silentLogger;
+  if (typeof logger !== 'object' || logger === null || !METHODS.every((m) => typeof (logger as Record<string, unknown>)[m] === 'function')) {
+    throw new ConfigError('logger', `must be a pino-shaped logger (with ${METHODS.join(', ')} methods) or false (got ${describe(logger)})`);
+  }
+  if (logLevel !== undefined) {
+    throw new ConfigError('logLevel', 'sets the level of the default logger only: set the level on the logger you pass');
+  }
+  return logger as Logger;
+}
+
+/** The first delay between two lines of one run of failures, and the longest. */
+const FIRST_GAP_MS = 1000;
+const MAX_GAP_MS = 5 * 60_000;
+
+/**
+ * Rate-limited logging of a run of failures that repeat while something is
+ * down (a database, a listener connection): the first failure is logged at
+ * once, later ones at most once per gap, the gap doubling from 1 s to 5 min;
+ * the first success after failures is logged once at `info`. Lines carry
+ * `failures` (in this run) and `downMs` (since its first failure).
+ */
+export class FailureRun {
+  readonly #log: Logger;
+  readonly #level: 'warn' | 'error';
+  readonly #message: string;
+  readonly #recovered: string;
+  #failures = 0;
+  #since = 0;
+  #lastLine = 0;
+  #gap = FIRST_GAP_MS;
+
+  constructor(log: Logger, message: string, recovered: string, level: 'warn' | 'error' = 'warn') {
+    this.#log = log;
+    this.#message = message;
+    this.#recovered = recovered;
+    this.#level = level;
+  }
+
+  /** True while failures have been seen and no success since. */
+  get failing(): boolean {
+    return this.#failures > 0;
+  }
+
+  /** Counts a failure; logs it if it is the first of the run or the gap has passed. */
+  failed(err: unknown, fields: object = {}): void {
+    const now = performance.now();
+    this.#failures++;
+    if (this.#failures === 1) {
+      this.#since = now;
+      this.#gap = FIRST_GAP_MS;
+    } else if (now - this.#lastLine < this.#gap) {
+      return;
+    } else {
+      this.#gap = Math.min(this.#gap * 2, MAX_GAP_MS);
+    }
+    this.#lastLine = now;
+    this.#log[this.#level]({ ...fields, err, failures: this.#failures, downMs: Math.round(now - this.#since) }, this.#message);
+  }
+
+  /** Ends a run of failures, if one was going on, with one `info` line. */
+  succeeded(fields: object = {}): void {
+    if (this.#failures === 0) return;
+    this.#log.info({ ...fields, failures: this.#failures, downMs: Math.round(performance.now() - this.#since) }, this.#recovered);
+    this.#failures = 0;
+  }
+}

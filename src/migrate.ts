@@ -5,6 +5,7 @@
 import { Db, type ConnectionOptions } from './broker/db.js';
 import { appliedMigrations, applyMigration, loadMigrations, revertLastMigration } from './broker/migrations.js';
 import { InvalidOptionError } from './errors.js';
+import { resolveLogger } from './logger.js';
 
 export interface MigrationResult {
   /** Files applied by this call, in order; empty when the schema was up to date. */
@@ -18,7 +19,7 @@ export interface MigrationStatus {
 }
 
 async function withDb<T>(opts: ConnectionOptions, fn: (db: Db) => Promise<T>): Promise<T> {
-  const db = new Db(opts, 'pgasynq:migrate');
+  const db = new Db(opts, 'pgasynq:migrate', { logger: resolveLogger(opts).child({ component: 'migrate' }) });
   try {
     return await fn(db);
   } finally {
@@ -34,7 +35,9 @@ export async function migrate(opts: ConnectionOptions & { to?: string } = {}): P
   return withDb(opts, async (db) => {
     const applied: string[] = [];
     for (const m of all.slice(0, upTo)) {
-      if (await applyMigration(db, m)) applied.push(m.name);
+      if (!(await applyMigration(db, m))) continue;
+      applied.push(m.name);
+      db.logger.info({ schema: db.schema, migration: m.name }, 'migration applied');
     }
     return { applied };
   });
@@ -48,7 +51,11 @@ export async function migrate(opts: ConnectionOptions & { to?: string } = {}): P
 export async function migrateDown(opts: ConnectionOptions & { force?: boolean } = {}): Promise<string | null> {
   if (opts.force !== undefined && typeof opts.force !== 'boolean') throw new InvalidOptionError('force', `must be a boolean (got ${typeof opts.force})`);
   const all = await loadMigrations();
-  return withDb(opts, (db) => revertLastMigration(db, all, opts.force ?? false));
+  return withDb(opts, async (db) => {
+    const reverted = await revertLastMigration(db, all, opts.force ?? false);
+    if (reverted !== null) db.logger.info({ schema: db.schema, migration: reverted }, 'migration reverted');
+    return reverted;
+  });
 }
 
 /** Every shipped migration and whether it is applied. */

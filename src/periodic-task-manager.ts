@@ -3,7 +3,7 @@
  * provider, synced every syncInterval.
  */
 import { ConfigError, ValidationError, coerceError } from './errors.js';
-import { silentLogger, type Logger } from './logger.js';
+import type { Logger } from './logger.js';
 import { Scheduler, prepareEntry, resolveSchedulerOptions, type SchedulerOptions } from './scheduler.js';
 import { Ticker } from './server/ticker.js';
 import { untilTerminated } from './signals.js';
@@ -57,9 +57,12 @@ export class PeriodicTaskManager {
     const { getConfigs, syncInterval, ...schedulerOpts } = o as unknown as PeriodicTaskManagerOptions;
     this.#getConfigs = v.func(getConfigs, 'getConfigs', ConfigError);
     const interval = syncInterval === undefined ? SYNC_INTERVAL_DEFAULT_MS : v.duration(syncInterval, 'syncInterval', 10, v.MAX_DURATION_MS, ConfigError);
-    this.#location = resolveSchedulerOptions(schedulerOpts).location;
-    this.#scheduler = new Scheduler(schedulerOpts);
-    this.#log = (schedulerOpts.logger ?? silentLogger).child({ component: 'periodic-task-manager' });
+    const resolved = resolveSchedulerOptions(schedulerOpts);
+    this.#location = resolved.location;
+    // The scheduler gets the logger resolved here (so logLevel is not applied twice).
+    const { logLevel: _level, ...rest } = schedulerOpts;
+    this.#scheduler = new Scheduler({ ...rest, logger: resolved.logger });
+    this.#log = resolved.logger.child({ component: 'periodic-task-manager' });
     this.#sync = new Ticker(
       this.#log,
       async () => {

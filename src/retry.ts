@@ -68,8 +68,12 @@ const TRUNCATED = '… [truncated]';
  */
 export function lastErrorText(thrown: unknown, maxBytes = MAX_LAST_ERROR_BYTES): string {
   const err = coerceError(thrown);
-  let text = typeof err.message === 'string' && err.message !== '' ? err.message : String(err.name || 'Error');
-  text = redact(text);
+  return storableText(typeof err.message === 'string' && err.message !== '' ? err.message : String(err.name || 'Error'), maxBytes);
+}
+
+/** Text made safe to store or log: passwords masked, NULs replaced, well-formed, cut to `maxBytes` of UTF-8. */
+function storableText(input: string, maxBytes = MAX_LAST_ERROR_BYTES): string {
+  let text = redact(input);
   text = text.replaceAll('\0', '\uFFFD');
   if (!text.isWellFormed()) text = text.toWellFormed();
   if (Buffer.byteLength(text) <= maxBytes) return text;
@@ -77,4 +81,21 @@ export function lastErrorText(thrown: unknown, maxBytes = MAX_LAST_ERROR_BYTES):
   // Streaming decode holds back a character cut in the middle instead of writing U+FFFD for it.
   const cut = new TextDecoder().decode(Buffer.from(text).subarray(0, room), { stream: true });
   return `${cut}${TRUNCATED}`;
+}
+
+/**
+ * What a log line shows of an error a handler threw, under `err`: its class
+ * (pino's `type`), its message as stored in last_error (passwords masked,
+ * bounded) and its stack (the same). Never its other properties: an HTTP
+ * client's error may carry the request it sent, payload and credentials
+ * included. The result inherits from the error's own prototype only so that
+ * pino's error serializer names its class.
+ */
+export function errorSummary(thrown: unknown): Error {
+  const err = coerceError(thrown);
+  const summary = Object.create(Object.getPrototypeOf(err) as object) as Error;
+  const own = (key: string, value: string) => Object.defineProperty(summary, key, { value, enumerable: true, writable: true, configurable: true });
+  own('message', lastErrorText(err));
+  if (typeof err.stack === 'string') own('stack', storableText(err.stack));
+  return summary;
 }

@@ -30,6 +30,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import { untilTerminated } from './signals.js';
 import { hostname } from 'node:os';
 import { Db, type ConnectionOptions } from './broker/db.js';
+import { isTransientConnectionError } from './broker/db-errors.js';
 import {
   databaseNow,
   deleteEntries,
@@ -42,7 +43,7 @@ import {
 } from './broker/scheduler.js';
 import { parseSchedule, validateZone, type Schedule } from './cron.js';
 import { ClientClosedError, ConfigError, InvalidTaskTypeError, ValidationError, coerceError } from './errors.js';
-import { silentLogger, type Logger } from './logger.js';
+import { resolveLogger, type Logger } from './logger.js';
 import { Ticker } from './server/ticker.js';
 import { Task, toRecord, validateOptions, type EnqueueOptions } from './task.js';
 import * as v from './validate.js';
@@ -60,7 +61,7 @@ export interface SchedulerOptions extends ConnectionOptions {
   heartbeatInterval?: number;
 }
 
-const SCHEDULER_KEYS = ['connectionString', 'pool', 'schema', 'logger', 'embedded', 'preparedStatements', 'location', 'heartbeatInterval'] as const;
+const SCHEDULER_KEYS = ['connectionString', 'pool', 'schema', 'logger', 'logLevel', 'embedded', 'preparedStatements', 'location', 'heartbeatInterval'] as const;
 export const SCHEDULER_HEARTBEAT_DEFAULT_MS = 10_000;
 /** A sleep is cut this much later than computed, so the wake-up lands after the tick, not 1 ms before. */
 const WAKE_MARGIN_MS = 2;
@@ -126,7 +127,7 @@ export function resolveSchedulerOptions(input: unknown): { location: string; hea
   return {
     location: o.location === undefined ? 'UTC' : validateZone(o.location, 'location', ConfigError),
     heartbeatInterval: o.heartbeatInterval === undefined ? SCHEDULER_HEARTBEAT_DEFAULT_MS : v.duration(o.heartbeatInterval, 'heartbeatInterval', 10, v.MAX_DURATION_MS, ConfigError),
-    logger: (o.logger as Logger | undefined) ?? silentLogger,
+    logger: resolveLogger(o),
   };
 }
 
@@ -161,7 +162,7 @@ export class Scheduler {
     this.#location = o.location;
     this.#heartbeatInterval = o.heartbeatInterval;
     this.#log = o.logger.child({ component: 'scheduler' });
-    this.#db = new Db(opts, `pgasynq:scheduler:${process.pid}`);
+    this.#db = new Db(opts, `pgasynq:scheduler:${process.pid}`, { logger: o.logger, health: true });
     this.#loop = new Ticker(this.#log, () => this.runOnce(), { interval: () => this.#heartbeatInterval, immediate: true });
     this.#heartbeat = new Ticker(this.#log, () => this.beat(), { interval: () => this.#heartbeatInterval });
   }
@@ -205,20 +206,37 @@ export class Scheduler {
     return [...this.#entries.keys()];
   }
 
-  /** Registers the entries in the database, then runs the schedule. Rejects when the database cannot be reached. */
+  /**
+   * Registers the entries in the database, then runs the schedule.
+   *
+   * Rejects with FailedPreconditionError when the schema is not migrated, and
+   * with DatabaseUnavailableError when the database cannot be used for a
+   * reason waiting will not fix (unknown database, role or host, failed
+   * authentication). A database that is only unreachable does not make it
+   * reject: the scheduler starts, logs a warning, and retries registering and
+   * ticking in the background until the database answers.
+   */
   async start(): Promise<void> {
     this.#checkOpen();
     if (this.#status === 'active' || this.#starting) throw new ValidationError('scheduler', 'is already running');
     this.#starting = true;
+    let registered = true;
     try {
       await this.beat();
+    } catch (err) {
+      // Unreachable: the Db's health log has said so, and the loops retry.
+      if (!isTransientConnectionError(err)) throw err;
+      registered = false;
     } finally {
       this.#starting = false;
     }
     this.#checkOpen(); // shut down while starting
     this.#status = 'active';
+    // Not registered yet: the heartbeat tries at once, then with backoff, instead of after a whole interval.
+    if (!registered) this.#heartbeat.wake();
     this.#loop.start();
     this.#heartbeat.start();
+    this.#log.info({ schedulerId: this.id, schema: this.#db.schema, database: this.#db.target, entries: this.#entries.size, location: this.#location }, 'scheduler started');
   }
 
   /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
@@ -247,6 +265,7 @@ export class Scheduler {
       await deleteEntries(this.#db, this.id, ids).catch((err) => this.#log.warn({ err }, 'could not remove the entries'));
     }
     await this.#db.close();
+    if (wasActive) this.#log.info({ schedulerId: this.id }, 'scheduler stopped');
   }
 
   [Symbol.asyncDispose](): Promise<void> {

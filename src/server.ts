@@ -14,11 +14,14 @@
 import { randomUUID } from 'node:crypto';
 import { untilTerminated } from './signals.js';
 import { hostname } from 'node:os';
+import { performance } from 'node:perf_hooks';
 import { Db } from './broker/db.js';
+import { isTransientConnectionError } from './broker/db-errors.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
-import { deleteServer } from './broker/servers.js';
-import { FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
+import { deleteServer, unservedQueues, type UnservedQueue } from './broker/servers.js';
+import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
+import { FailureRun, type Logger } from './logger.js';
 import { ServeMux, type Handler } from './mux.js';
 import { Forwarder } from './server/forwarder.js';
 import { Healthchecker } from './server/healthcheck.js';
@@ -36,6 +39,8 @@ export type ServerStatus = 'new' | 'active' | 'stopped' | 'closed';
 
 /** How often servers flush their processed/failed counts (API.md: at least every 5 s). */
 const STATS_FLUSH_MS = 2000;
+/** The unserved-queue warning at start counts pending tasks up to this many per queue. */
+const UNSERVED_COUNT_CAP = 10_000;
 
 /**
  * @example
@@ -46,14 +51,18 @@ export class Server {
   readonly id = randomUUID();
   readonly #cfg: ResolvedServerConfig;
   readonly #db: Db;
+  /** The server's own lines (start, stop, unserved queues); components log through their own children. */
+  readonly #log: Logger;
   #status: ServerStatus = 'new';
+  #startedAt = 0;
   #parts: ReturnType<Server['wire']> | undefined;
   #statsTimer: NodeJS.Timeout | undefined;
   #shutdown: Promise<void> | undefined;
 
   constructor(config: ServerConfig = {}) {
     this.#cfg = resolveServerConfig(config);
-    this.#db = new Db(config, `pgasynq:server:${process.pid}`, { asyncCommit: true });
+    this.#log = this.#cfg.logger.child({ component: 'server' });
+    this.#db = new Db(config, `pgasynq:server:${process.pid}`, { asyncCommit: true, logger: this.#cfg.logger, health: true });
   }
 
   get status(): ServerStatus {
@@ -111,13 +120,25 @@ export class Server {
     return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker };
   }
 
-  /** Starts processing with `handler` (a ServeMux or a function). */
+  /**
+   * Starts processing with `handler` (a ServeMux or a function).
+   *
+   * Rejects with FailedPreconditionError when the schema lacks migrations, and
+   * with DatabaseUnavailableError when the database cannot be used for a
+   * reason waiting will not fix (unknown database, role or host, failed
+   * authentication). A database that is only unreachable does not make it
+   * reject: the server starts, logs a warning, and its components retry in
+   * the background until the database answers.
+   */
   async start<P = unknown>(handler: ServeMux | Handler<P>): Promise<void> {
     if (this.#status === 'closed') throw new ServerClosedError();
     if (this.#status !== 'new') throw new ValidationError('server', `cannot start: it is ${this.#status}`);
     const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : (handler as Handler);
     if (typeof fn !== 'function') throw new ValidationError('handler', 'must be a ServeMux or a function');
-    await this.#checkSchema();
+    const reachable = await this.#checkSchema();
+    // Looked up before the components start, so start() resolves right after them, as
+    // before: run() listens for signals from then on, and a handler may already be running.
+    const unserved = reachable ? await this.#unservedQueues() : [];
     this.#status = 'active';
     const p = (this.#parts = this.wire(fn));
     await p.notifier.start();
@@ -128,20 +149,73 @@ export class Server {
     p.janitor.start();
     p.aggregator?.start();
     p.healthchecker?.start();
-    this.#statsTimer = setInterval(() => p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'stats flush failed')), STATS_FLUSH_MS);
+    const flushErrors = new FailureRun(this.#log, 'stats flush failed', 'stats flush succeeded again');
+    this.#statsTimer = setInterval(
+      () =>
+        void p.stats.flush().then(
+          () => flushErrors.succeeded(),
+          // A lost database is reported once for all components, by the Db's health log.
+          (err) => (isTransientConnectionError(err) ? this.#log.debug({ err }, 'stats flush failed: database unreachable') : flushErrors.failed(err)),
+        ),
+      STATS_FLUSH_MS,
+    );
+    this.#startedAt = performance.now();
+    const cfg = this.#cfg;
+    this.#log.info(
+      {
+        serverId: this.id,
+        schema: this.#db.schema,
+        database: this.#db.target,
+        queues: { ...cfg.queues },
+        strictPriority: cfg.strictPriority,
+        concurrency: cfg.concurrency,
+        prefetch: cfg.prefetch,
+      },
+      'server started',
+    );
+    for (const u of unserved) {
+      this.#log.warn({ queue: u.queue, pending: u.pending, servedQueues: u.served }, 'queue has pending tasks but no running server serves it');
+    }
   }
 
   /**
-   * Refuses to start on a schema that lacks migrations this version needs:
-   * its statements would fail on every claim instead. A database that cannot
-   * be reached is not refused: the components retry until it answers.
+   * Refuses to start on a schema that lacks migrations this version needs
+   * (its statements would fail on every claim instead), and on a database
+   * that cannot be used (DatabaseUnavailableError). Resolves to false when
+   * the database is only unreachable: the Db's health log has said so, and
+   * the components retry until it answers.
    */
-  async #checkSchema(): Promise<void> {
-    const missing = await missingMigrations(this.#db).catch(() => []);
+  async #checkSchema(): Promise<boolean> {
+    let missing: string[];
+    try {
+      missing = await missingMigrations(this.#db);
+    } catch (err) {
+      if (err instanceof DatabaseUnavailableError) throw err;
+      if (isTransientConnectionError(err)) return false;
+      // Not fatal (a role that may not read the migrations table): the claims will tell.
+      this.#log.warn({ err }, 'could not check the schema version; starting anyway');
+      return true;
+    }
     if (missing.length > 0) {
       throw new FailedPreconditionError(
         `schema "${this.#db.schema}" lacks migration${missing.length > 1 ? 's' : ''} ${missing.join(', ')}: run \`pgasynq migrate\` (or migrate()) before starting servers`,
       );
+    }
+    return true;
+  }
+
+  /**
+   * Queues that hold pending tasks that no running server (this one
+   * included) serves, for one warning each at start: a typo in `queues`, or a
+   * queue nobody started a server for, shows at once instead of as tasks
+   * that never run. A failed lookup only costs the warnings.
+   */
+  async #unservedQueues(): Promise<UnservedQueue[]> {
+    try {
+      return await unservedQueues(this.#db, Object.keys(this.#cfg.queues), UNSERVED_COUNT_CAP);
+    } catch (err) {
+      this.#log.debug({ err }, 'could not look for unserved queues');
+      return [];
     }
   }
 
@@ -175,7 +249,7 @@ export class Server {
     this.#status = 'closed';
     if (!p) return this.#db.close();
     clearInterval(this.#statsTimer);
-    const dbg = (phase: string) => this.#cfg.logger.debug({ phase }, 'shutdown');
+    const dbg = (phase: string) => this.#log.debug({ phase }, 'shutdown');
     dbg('forwarder');
     await p.forwarder.stop();
     dbg('drain');
@@ -187,14 +261,14 @@ export class Server {
     dbg('notifier');
     await p.notifier.stop();
     dbg('stats');
-    await p.stats.flush().catch((err) => this.#cfg.logger.warn({ err }, 'final stats flush failed'));
+    await p.stats.flush().catch((err) => this.#log.warn({ err }, 'final stats flush failed'));
     dbg('heartbeater');
     await p.heartbeater.stop();
     dbg('delete');
-    await deleteServer(this.#db, this.id).catch((err) => this.#cfg.logger.warn({ err }, 'could not remove the server row'));
+    await deleteServer(this.#db, this.id).catch((err) => this.#log.warn({ err }, 'could not remove the server row'));
     dbg('close');
     await this.#db.close();
-    dbg('done');
+    this.#log.info({ serverId: this.id, claimed: p.processor.counters.claimed, uptimeMs: Math.round(performance.now() - this.#startedAt) }, 'server stopped');
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -315,7 +315,7 @@ describe('reading and refusing', { concurrency: true }, () => {
       fails(none, 2, /--database-url.*DATABASE_URL/);
       fails(unreachable, 1, /^error: cannot reach the database at postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x: .*ECONNREFUSED/);
       assert.doesNotMatch(unreachable.stderr, /secret/);
-      fails(unmigrated, 1, /does not exist \(is the schema migrated\? run: pgasynq --schema t_cli_admin_none migrate\)/);
+      fails(unmigrated, 1, /^error: schema "t_cli_admin_none" is not migrated \(relation "t_cli_admin_none\.\w+" does not exist\): run: pgasynq --schema t_cli_admin_none migrate\n$/);
     });
 
     test('--help lists the commands and says what --json prints', async () => {

@@ -6,7 +6,9 @@ import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
-import { DATABASE_URL, runNode } from './helpers.js';
+import { humanLine } from '../src/cli/log.js';
+import { run } from '../src/cli/program.js';
+import { DATABASE_URL, dsnWith, runNode } from './helpers.js';
 
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const SCHEMA = 't_cli';
@@ -217,11 +219,63 @@ describe('exit codes', { concurrency: true }, () => {
     assert.doesNotMatch(env.stderr, /secret/);
   });
 
+  test('a database that cannot be used (unknown database, unknown role): 1 within 10 s, one line naming the cause', async () => {
+    const noDb = dsnWith({ database: 'no_such_db_cli' });
+    const noRole = dsnWith({ user: 'no_such_role_cli' });
+    const cases: [string[], RegExp][] = [
+      [['--database-url', noDb, 'stats'], /^error: database "no_such_db_cli" does not exist \(server [^)]+\/no_such_db_cli\): create it, or correct the database name in the connection string\n$/],
+      [['--database-url', noDb, 'migrate'], /^error: database "no_such_db_cli" does not exist/],
+      [['--database-url', noDb, 'server', 'ls'], /^error: database "no_such_db_cli" does not exist/],
+      [['--database-url', noRole, 'stats'], /^error: .*"no_such_role_cli".*: check the user and password of the connection string\n$/],
+    ];
+    // Timed in this process: child processes started side by side on a loaded machine take long to boot.
+    for (const [args] of cases) {
+      const err: string[] = [];
+      const started = performance.now();
+      const code = await run(args, { out: { write: () => true }, err: { write: (t: string) => err.push(t) }, env: {} });
+      const ms = performance.now() - started;
+      assert.equal(code, 1, err.join(''));
+      assert.ok(ms < 10_000, `${args.join(' ')} took ${Math.round(ms)} ms`);
+    }
+    const runs = await Promise.all(cases.map(([args]) => cli(args)));
+    for (const [i, r] of runs.entries()) {
+      const [args, message] = cases[i]!;
+      assert.equal(r.code, 1, `${args.join(' ')}: exit ${r.code}; stderr: ${r.stderr}`);
+      assert.equal(r.stdout, '');
+      assert.match(r.stderr, message);
+    }
+  });
+
   test('--debug prints the stack, still without the password', async () => {
     const r = await cli(['--debug', '--database-url', UNREACHABLE, 'migrate']);
     assert.equal(r.code, 1);
     assert.match(r.stderr, /^error: /);
     assert.match(r.stderr, /\n\s+at /, 'a stack trace');
     assert.doesNotMatch(r.stderr, /secret/);
+  });
+});
+
+describe('log lines in the CLI', () => {
+  test('are human lines: time, level, component, message, fields; errors as their message', () => {
+    const line = JSON.stringify({
+      level: 40,
+      time: new Date(2026, 0, 2, 3, 4, 5, 6).getTime(),
+      pid: 1,
+      hostname: 'h',
+      name: 'pgasynq',
+      component: 'server',
+      queue: 'emails',
+      pending: 2,
+      servedQueues: ['default', 'email'],
+      task: { id: 't1', type: 'email:send' },
+      err: { type: 'Error', message: 'smtp down', stack: 'Error: smtp down\n    at x' },
+      note: 'two words',
+      msg: 'queue has pending tasks but no running server serves it',
+    });
+    assert.equal(
+      humanLine(line),
+      '03:04:05.006 WARN  server: queue has pending tasks but no running server serves it queue=emails pending=2 servedQueues=["default","email"] task.id=t1 task.type=email:send err="smtp down" note="two words"\n',
+    );
+    assert.equal(humanLine('not json'), 'not json\n');
   });
 });

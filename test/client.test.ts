@@ -9,7 +9,9 @@ import pg from 'pg';
 import {
   Client,
   ClientClosedError,
+  DatabaseUnavailableError,
   DuplicateTaskError,
+  FailedPreconditionError,
   InvalidOptionError,
   InvalidQueueNameError,
   InvalidSchemaNameError,
@@ -23,7 +25,7 @@ import {
   type EnqueueOptions,
   type TaskInfo,
 } from '../src/index.js';
-import { caught, countByState, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countByState, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 
 const SCHEMA = 't_client';
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
@@ -970,5 +972,56 @@ describe('accepted safely', () => {
     const total = Object.values(byState).reduce((a, b) => a + b, 0);
     assert.equal(total, (await counts()).tasks);
     assert.ok((byState.pending ?? 0) > 0 && (byState.scheduled ?? 0) > 0 && (byState.aggregating ?? 0) > 0);
+  });
+});
+
+describe('a schema that was never migrated, a database that does not exist', () => {
+  const NEVER = `${SCHEMA}_never`;
+  const notMigrated = (err: unknown): boolean => {
+    assert.ok(err instanceof FailedPreconditionError, String(err));
+    assert.match(err.message, /^schema "t_client\w*_never" is not migrated \(relation "t_client\w*_never\.\w+" does not exist\): run `pgasynq migrate` \(or migrate\(\)\) first$/);
+    assert.equal((err.cause as { code?: string }).code, '42P01');
+    return true;
+  };
+  const tablesIn = async (schema: string) => (await db.pool.query('SELECT count(*)::int AS n FROM pg_tables WHERE schemaname = $1', [schema])).rows[0].n as number;
+  const schemaExists = async (schema: string) => (await db.pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema])).rowCount === 1;
+
+  test('enqueue, unique enqueue, enqueueMany, enqueue in a transaction: FailedPreconditionError saying to migrate; nothing written', async () => {
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${NEVER}" CASCADE`);
+    const c = new Client({ connectionString: db.connectionString, schema: NEVER, logger: false });
+    try {
+      await assert.rejects(c.enqueue(new Task('t', { a: 1 })), notMigrated);
+      await assert.rejects(c.enqueue(new Task('t', { a: 1 }), { unique: 60_000, queue: 'q' }), notMigrated);
+      await assert.rejects(c.enqueueMany([new Task('a'), new Task('b', null, { queue: 'other' })]), notMigrated);
+      const tx = await db.pool.connect();
+      try {
+        await tx.query('BEGIN');
+        await assert.rejects(c.enqueue(new Task('t'), { tx }), notMigrated);
+        await tx.query('ROLLBACK');
+      } finally {
+        tx.release();
+      }
+      assert.equal(await schemaExists(NEVER), false, 'no schema was created');
+      // An empty schema (created by hand, never migrated): the same, and it stays empty.
+      await db.pool.query(`CREATE SCHEMA "${NEVER}"`);
+      await assert.rejects(c.enqueue(new Task('t')), notMigrated);
+      await assert.rejects(c.enqueueMany([new Task('a')]), notMigrated);
+      assert.equal(await tablesIn(NEVER), 0);
+    } finally {
+      await c.close();
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${NEVER}" CASCADE`);
+    }
+  });
+
+  test('an unknown database: DatabaseUnavailableError naming it', async () => {
+    const c = new Client({ connectionString: dsnWith({ database: 'no_such_db_client' }), schema: SCHEMA, logger: false });
+    try {
+      const err = await caught(() => c.enqueue(new Task('t')));
+      assert.ok(err instanceof DatabaseUnavailableError, String(err));
+      assert.equal(err.reason, 'database-not-found');
+      assert.match(err.message, /^database "no_such_db_client" does not exist/);
+    } finally {
+      await c.close();
+    }
   });
 });

@@ -22,6 +22,10 @@ describe('pgasynq demo', () => {
     assert.ok(summary.digests > 0 && summary.mergedIntoDigests > summary.digests, JSON.stringify(summary));
     // Every enqueued task is accounted for: run, merged into a digest, or archived.
     assert.equal(summary.processed - summary.digests + summary.mergedIntoDigests + summary.archived, summary.enqueued, JSON.stringify(summary));
+    // The library's log lines, human-readable and errors only: the poison task's archive, nothing else.
+    const logLines = r.stderr.split('\n').filter((l) => l !== '');
+    assert.equal(logLines.length, 1, r.stderr);
+    assert.match(logLines[0]!, /^\d\d:\d\d:\d\d\.\d{3} ERROR processor: task archived task\.id=\S+ task\.type=import:parse task\.queue=low .*reason=skip-retry/);
   });
 });
 

@@ -39,6 +39,7 @@ async function startServer(config: ServerConfig = {}): Promise<{ server: Server;
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
+    logger: false,
     concurrency: 4,
     taskCheckInterval: 50,
     delayedTaskCheckInterval: 50,

@@ -6,9 +6,26 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { migrate } from '../src/index.js';
+import pino from 'pino';
+import { migrate, type Logger } from '../src/index.js';
 
 export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+/**
+ * DATABASE_URL with some parts replaced: a DSN for another database, role,
+ * password or port of the same server, whatever server the suite runs on
+ * (the local one with trust auth, or an embedded one on a random port with
+ * a password). `port` may be anything, even text URL would refuse.
+ */
+export function dsnWith(parts: { user?: string; password?: string; host?: string; port?: string | number; database?: string }): string {
+  const url = new URL(DATABASE_URL);
+  const user = parts.user ?? decodeURIComponent(url.username);
+  const password = parts.password ?? decodeURIComponent(url.password);
+  const auth = `${encodeURIComponent(user)}${password === '' ? '' : `:${encodeURIComponent(password)}`}@`;
+  const port = parts.port ?? (url.port || '5432');
+  const database = parts.database ?? decodeURIComponent(url.pathname.slice(1));
+  return `postgres://${auth}${parts.host ?? url.hostname}:${port}/${encodeURIComponent(database)}${url.search}`;
+}
 
 export interface TestDb {
   connectionString: string;
@@ -26,7 +43,7 @@ export async function testDb(name: string): Promise<TestDb> {
   const schema = `${name}${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
   const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
   await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-  await migrate({ connectionString: DATABASE_URL, schema });
+  await migrate({ connectionString: DATABASE_URL, schema, logger: false });
   return {
     connectionString: DATABASE_URL,
     schema,
@@ -121,4 +138,48 @@ export async function caught(fn: () => unknown): Promise<unknown> {
     return err;
   }
   assert.fail('expected an error');
+}
+
+/** One log line as pino writes it, parsed. */
+export interface LogLine {
+  level: number;
+  msg: string;
+  component?: string;
+  [field: string]: unknown;
+}
+
+/** pino's numbers for the levels, for assertions on `line.level`. */
+export const LEVEL = { debug: 20, info: 30, warn: 40, error: 50 } as const;
+
+/**
+ * A real pino logger (at `level`) whose destination keeps every line, parsed
+ * as JSON: what a user's log collector would receive. `find` waits for the
+ * first line with that message (and fields).
+ */
+export function captureLog(level: 'debug' | 'info' | 'warn' | 'error' = 'debug'): {
+  logger: Logger;
+  lines: LogLine[];
+  raw: string[];
+  find: (msg: string, match?: (line: LogLine) => boolean, timeoutMs?: number) => Promise<LogLine>;
+} {
+  const raw: string[] = [];
+  const lines: LogLine[] = [];
+  const logger = pino({ level }, { write: (line: string) => void (raw.push(line), lines.push(JSON.parse(line) as LogLine)) });
+  const find = (msg: string, match: (line: LogLine) => boolean = () => true, timeoutMs = 20_000) =>
+    waitFor(() => lines.find((l) => l.msg === msg && match(l)), timeoutMs, `log line "${msg}"`);
+  return { logger, lines, raw, find };
+}
+
+/** The stderr of a child process as log lines: every line must be JSON. */
+export function parseLogLines(stderr: string): LogLine[] {
+  return stderr
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => {
+      try {
+        return JSON.parse(l) as LogLine;
+      } catch {
+        throw new Error(`not a JSON log line: ${l}`);
+      }
+    });
 }

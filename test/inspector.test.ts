@@ -67,6 +67,7 @@ async function startServer(handler: (t: Task, c: TaskContext) => void | Promise<
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
+    logger: false,
     concurrency: 4,
     taskCheckInterval: 50,
     delayedTaskCheckInterval: 50,
@@ -666,6 +667,39 @@ describe('validation, closing, migration', () => {
     await assert.rejects(ins.cancelProcessing('x'), ClientClosedError);
   });
 
+  test('a schema that was never migrated: reads and actions reject with FailedPreconditionError saying to migrate; nothing is created', async () => {
+    const schema = `${db.schema}_never`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    const ins = new Inspector({ connectionString: db.connectionString, schema, logger: false });
+    const calls: [string, () => Promise<unknown>][] = [
+      ['queues', () => ins.queues()],
+      ['getQueueInfo', () => ins.getQueueInfo('default')],
+      ['history', () => ins.history('default', 7)],
+      ['getTaskInfo', () => ins.getTaskInfo('default', 'x')],
+      ['listPendingTasks', () => ins.listPendingTasks('default')],
+      ['listArchivedTasks', () => ins.listArchivedTasks('default', { page: 2 })],
+      ['servers', () => ins.servers()],
+      ['schedulerEntries', () => ins.schedulerEntries()],
+      ['pauseQueue', () => ins.pauseQueue('default')],
+      ['deleteQueue', () => ins.deleteQueue('default', true)],
+      ['runAllArchivedTasks', () => ins.runAllArchivedTasks('default')],
+      ['deleteTask', () => ins.deleteTask('default', 'x')],
+      ['cancelProcessing', () => ins.cancelProcessing('x')],
+    ];
+    try {
+      for (const [name, call] of calls) {
+        await assert.rejects(call(), (e: unknown) => {
+          assert.ok(e instanceof FailedPreconditionError, `${name}: ${String(e)}`);
+          assert.match(e.message, /^schema "\w+_never" is not migrated \(.* does not exist\): run `pgasynq migrate` \(or migrate\(\)\) first$/, name);
+          return true;
+        });
+      }
+      assert.equal((await db.pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema])).rowCount, 0, 'no schema was created');
+    } finally {
+      await ins.close();
+    }
+  });
+
   test('a borrowed pool is not ended by close()', async () => {
     const pool = new pg.Pool({ connectionString: db.connectionString, max: 1 });
     const ins = new Inspector({ pool, schema: db.schema });
@@ -678,7 +712,7 @@ describe('validation, closing, migration', () => {
   test('migrations 0003 and 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    const opts = { connectionString: db.connectionString, schema };
+    const opts = { connectionString: db.connectionString, schema, logger: false as const };
     await migrate(opts);
     const objects = () =>
       db.pool

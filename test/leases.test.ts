@@ -56,7 +56,7 @@ const fast: ServerConfig = {
 };
 
 async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({ connectionString: db.connectionString, schema: db.schema, ...fast, ...config });
+  const server = new Server({ connectionString: db.connectionString, schema: db.schema, logger: false, ...fast, ...config });
   running.push(server);
   await server.start(handler as Handler);
   return server;

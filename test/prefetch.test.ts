@@ -28,6 +28,7 @@ async function startServer(handler: Handler, config: ServerConfig): Promise<Serv
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
+    logger: false,
     taskCheckInterval: 50,
     leaseDuration: 3000,
     heartbeatInterval: 300,

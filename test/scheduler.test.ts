@@ -5,6 +5,8 @@ import { after, afterEach, before, describe, test } from 'node:test';
 import {
   ClientClosedError,
   ConfigError,
+  DatabaseUnavailableError,
+  FailedPreconditionError,
   InvalidCronSpecError,
   PeriodicTaskManager,
   Scheduler,
@@ -15,7 +17,7 @@ import {
 } from '../src/index.js';
 import { parseDuration, parseSchedule } from '../src/cron.js';
 import { HISTORY_LIMIT } from '../src/broker/scheduler.js';
-import { testDb, waitFor, type TestDb } from './helpers.js';
+import { LEVEL, captureLog, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 
@@ -34,7 +36,7 @@ after(async () => {
 });
 
 function scheduler(opts: SchedulerOptions = {}): Scheduler {
-  const s = new Scheduler({ connectionString: db.connectionString, schema: db.schema, heartbeatInterval: 200, ...opts });
+  const s = new Scheduler({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, ...opts });
   running.push(s);
   return s;
 }
@@ -487,7 +489,7 @@ describe('registry', () => {
 
 describe('PeriodicTaskManager', () => {
   function manager(getConfigs: () => PeriodicTaskConfig[] | Promise<PeriodicTaskConfig[]>, syncInterval = 100): PeriodicTaskManager {
-    const m = new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema, heartbeatInterval: 200, syncInterval, getConfigs });
+    const m = new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, syncInterval, getConfigs });
     running.push(m);
     return m;
   }
@@ -552,5 +554,48 @@ describe('PeriodicTaskManager', () => {
     await waitFor(async () => (await events(id as string)).length >= 2, 20_000, '2 ticks');
     await m.shutdown();
     await assertOneTaskPerTick(id as string, 'managed');
+  });
+});
+
+describe('a database that cannot be used', () => {
+  test('unknown database or role: start rejects at once with DatabaseUnavailableError naming it', { timeout: 30_000 }, async () => {
+    for (const [parts, reason, name] of [
+      [{ database: 'no_such_db_sched' }, 'database-not-found', 'no_such_db_sched'],
+      [{ user: 'no_such_role_sched' }, 'authentication-failed', 'no_such_role_sched'],
+    ] as const) {
+      const s = scheduler({ connectionString: dsnWith(parts) });
+      s.register('@every 1s', new Task('t'));
+      const t0 = performance.now();
+      await assert.rejects(s.start(), (err: unknown) => err instanceof DatabaseUnavailableError && err.reason === reason && err.message.includes(`"${name}"`));
+      assert.ok(performance.now() - t0 < 10_000);
+      assert.equal(s.status, 'new');
+    }
+  });
+
+  test('refused connection (port 1): start resolves, warns once, and retries in the background; stop and start lines', { timeout: 30_000 }, async () => {
+    const log = captureLog('info');
+    const s = scheduler({ connectionString: dsnWith({ port: 1 }), logger: log.logger });
+    s.register('@every 1s', new Task('t'));
+    await s.start();
+    assert.equal(s.status, 'active');
+    const warn = await log.find('database unreachable; retrying in the background');
+    assert.equal(warn.level, LEVEL.warn);
+    assert.match((warn.err as { message: string }).message, /ECONNREFUSED/);
+    const started = await log.find('scheduler started');
+    assert.equal(started.schedulerId, s.id);
+    assert.equal(started.entries, 1);
+    await new Promise((r) => setTimeout(r, 500));
+    assert.ok(log.lines.filter((l) => l.level >= LEVEL.warn).length <= 2, 'rate-limited');
+    await s.shutdown();
+    await log.find('scheduler stopped');
+  });
+
+  test('an unmigrated schema: start rejects with FailedPreconditionError saying to migrate, and creates nothing', { timeout: 30_000 }, async () => {
+    const schema = `${db.schema}_never`;
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    const s = scheduler({ schema });
+    s.register('@every 1s', new Task('t'));
+    await assert.rejects(s.start(), (err: unknown) => err instanceof FailedPreconditionError && /^schema "\w+_never" is not migrated \(.*\): run `pgasynq migrate`/.test(err.message));
+    assert.equal((await db.pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema])).rowCount, 0);
   });
 });

@@ -38,7 +38,7 @@ import {
 import { parseSchedule } from '../src/cron.js';
 import { lastErrorText } from '../src/retry.js';
 import { redact, redactConnectionString } from '../src/broker/db.js';
-import { DATABASE_URL, caught, countedPool, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { DATABASE_URL, caught, countedPool, dsnWith, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const MIB = 1_048_576;
@@ -51,6 +51,7 @@ let pool: ReturnType<typeof countedPool>;
 const fastServer = (config: ServerConfig): ServerConfig => ({
   connectionString: DATABASE_URL,
   schema: db.schema,
+  logger: false,
   concurrency: 4,
   taskCheckInterval: 50,
   delayedTaskCheckInterval: 50,
@@ -259,23 +260,25 @@ describe('SEC3 prototype pollution', () => {
 // ---------------------------------------------------------------------------
 describe('SEC4 secrets: the database password is never in a log line, an error or CLI output', () => {
   const sentinel = `S3CRET-${randomUUID()}`;
-  const dsn = (hostPort: string) => `postgres://postgres:${sentinel}@${hostPort}/test?sslpassword=${sentinel}`;
-  /**
-   * The test database itself, with the sentinel as its sslpassword: whatever
-   * the server's authentication (trust here, a password on the embedded
-   * server), the connection works with its real password while carrying a
-   * secret of its own, which pg keeps for an encrypted client key and sends
-   * nowhere. The sentinel as the password itself is proved on the DSNs that
-   * never connect (CLOSED, BAD_PORT, BAD_HOST, and the odd passwords below).
-   */
-  const LIVE = ((): string => {
-    const u = new URL(DATABASE_URL);
-    u.searchParams.set('sslpassword', sentinel);
-    return u.href;
-  })();
-  const CLOSED = dsn('127.0.0.1:1');
-  const BAD_PORT = dsn('127.0.0.1:notaport');
-  const BAD_HOST = dsn('no-such-host.invalid:5432');
+  // A role of our own whose password is the sentinel, so the live DSN carries it on any
+  // server (with trust auth any password would do; with password auth only the right one).
+  const role = `pgasynq_sec4_${randomUUID().slice(0, 8)}`;
+  // The sentinel is the sslpassword too, which pg keeps for an encrypted client key and sends nowhere.
+  const dsn = (parts: { host?: string; port?: string | number }) => {
+    const url = dsnWith({ user: role, password: sentinel, ...parts });
+    return `${url}${url.includes('?') ? '&' : '?'}sslpassword=${sentinel}`;
+  };
+  const LIVE = dsn({});
+  const CLOSED = dsn({ port: 1 });
+  const BAD_PORT = dsn({ port: 'notaport' });
+  const BAD_HOST = dsn({ host: 'no-such-host.invalid' });
+  before(async () => {
+    // Roles are per cluster: a unique name, dropped afterwards. Superuser, to read the test schema as postgres does.
+    await db.pool.query(`CREATE ROLE ${role} LOGIN SUPERUSER PASSWORD '${sentinel}'`);
+  });
+  after(async () => {
+    await db.pool.query(`DROP ROLE IF EXISTS ${role}`);
+  });
   /** Everything a user or an operator could see. */
   const seen: string[] = [];
   const logLines: string[] = [];
@@ -344,7 +347,7 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
     }
     const configErr = await caught(() => new Client({ connectionString: BAD_PORT }));
     assert.ok(configErr instanceof ConfigError);
-    assert.match((configErr as Error).message, /postgres:\/\/postgres:\*\*\*@127\.0\.0\.1:notaport\/test/);
+    assert.ok((configErr as Error).message.includes(BAD_PORT.replaceAll(sentinel, '***')), (configErr as Error).message);
 
     assert.ok(logLines.length > 10, `the server logged (${logLines.length} lines)`);
     assert.ok(logLines.some((l) => /"level":20/.test(l)), 'debug lines were written');
@@ -381,11 +384,14 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
     assert.deepEqual(outputs.filter((o) => o.includes(sentinel)), [], 'the password appears in no CLI output');
   });
 
-  test('a DSN inside a handler error is masked in last_error', { timeout: 30_000 }, async () => {
+  test('a DSN inside a handler error is masked in last_error and in the failed attempt\'s log line', { timeout: 30_000 }, async () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
-    const server = new Server(fastServer({ queues: { sec4err: 1 }, retryDelay: () => 3_600_000 }));
+    const lines: string[] = [];
+    const server = new Server(
+      fastServer({ queues: { sec4err: 1 }, retryDelay: () => 3_600_000, logger: pino({ level: 'debug' }, { write: (l: string) => void lines.push(l) }) }),
+    );
     await server.start(() => {
-      throw new Error(`could not reach ${dsn('db.example:5432')}`);
+      throw new Error(`could not reach ${dsn({ host: 'db.example', port: 5432 })}`);
     });
     try {
       const info = await client.enqueue(new Task('leaky'), { queue: 'sec4err' });
@@ -393,11 +399,16 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
         const r = await taskRow(info.id);
         return r?.state === 'retry' ? r : undefined;
       });
-      assert.equal(row.error_msg, 'could not reach postgres://postgres:***@db.example:5432/test?sslpassword=***');
+      const masked = `could not reach ${dsn({ host: 'db.example', port: 5432 }).replaceAll(sentinel, '***')}`;
+      assert.equal(row.error_msg, masked);
+      const failedLine = await waitFor(() => lines.map((l) => JSON.parse(l) as { msg: string; err?: { message: string; stack: string } }).find((l) => l.msg === 'task failed; will retry'));
+      assert.equal(failedLine.err?.message, masked);
+      assert.ok(failedLine.err?.stack.startsWith(`Error: ${masked}`), failedLine.err?.stack);
     } finally {
       await server.shutdown();
       await client.close();
     }
+    assert.deepEqual(lines.filter((l) => l.includes(sentinel)), [], 'no log line holds the password');
   });
 });
 
@@ -513,7 +524,7 @@ describe('SEC6 NOTIFY spoofing', () => {
     await listener.query(`LISTEN "${CHANNEL}"`);
 
     const done = new Set<string>();
-    const server = new Server({ pool: serverPool, schema: db.schema, queues: { default: 1 }, concurrency: 4, taskCheckInterval: TASK_CHECK });
+    const server = new Server({ pool: serverPool, schema: db.schema, logger: false, queues: { default: 1 }, concurrency: 4, taskCheckInterval: TASK_CHECK });
     await server.start((task) => {
       done.add((task.payload as { n: string }).n);
     });

@@ -1,9 +1,15 @@
 import assert from 'node:assert/strict';
+import { lookup } from 'node:dns/promises';
+import { createServer, connect as tcpConnect, type Server as NetServer, type Socket } from 'node:net';
 import { after, afterEach, before, describe, test } from 'node:test';
 import {
   Client,
   ConfigError,
+  DatabaseUnavailableError,
   FailedPreconditionError,
+  Inspector,
+  PeriodicTaskManager,
+  Scheduler,
   HandlerNotFoundError,
   RevokeTask,
   ServeMux,
@@ -20,7 +26,7 @@ import {
 import { Db } from '../src/broker/db.js';
 import { claim } from '../src/broker/leases.js';
 import { queueOrder } from '../src/server/queues.js';
-import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -45,6 +51,7 @@ async function startServer(handler: ServeMux | ((t: Task, c: TaskContext) => unk
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
+    logger: false,
     concurrency: 4,
     taskCheckInterval: 50,
     delayedTaskCheckInterval: 50,
@@ -539,8 +546,8 @@ describe('configuration', () => {
   test('start refuses a schema that lacks migrations, naming them; an up-to-date one starts', { timeout: 30_000 }, async () => {
     const schema = `${db.schema}_old`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    await migrate({ connectionString: db.connectionString, schema, to: '0002_views' });
-    const server = new Server({ connectionString: db.connectionString, schema });
+    await migrate({ connectionString: db.connectionString, schema, to: '0002_views', logger: false });
+    const server = new Server({ connectionString: db.connectionString, schema, logger: false });
     await assert.rejects(server.start(() => {}), (err: unknown) => {
       assert.ok(err instanceof FailedPreconditionError);
       assert.match(err.message, /schema "t_server\w*_old" lacks migration 0003_active_index: run `pgasynq migrate`/);
@@ -548,7 +555,7 @@ describe('configuration', () => {
     });
     assert.equal(server.status, 'new');
     assert.equal((await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".servers`)).rows[0].n, 0, 'nothing registered');
-    await migrate({ connectionString: db.connectionString, schema });
+    await migrate({ connectionString: db.connectionString, schema, logger: false });
     await server.start(() => {});
     assert.equal(server.status, 'active');
     await server.shutdown();
@@ -581,5 +588,259 @@ describe('claim loop', () => {
     await timerFired.promise;
     await waitFor(async () => (await countByState(db)).pending === undefined && (await countByState(db)).active === undefined);
     await server.shutdown();
+  });
+});
+
+describe('logging', () => {
+  test('logLevel and logger are validated by every class that takes ConnectionOptions, naming the option', { timeout: 30_000 }, async () => {
+    const cs = db.connectionString;
+    const makers: [string, (o: object) => unknown][] = [
+      ['Server', (o) => new Server({ connectionString: cs, ...o })],
+      ['Client', (o) => new Client({ connectionString: cs, ...o })],
+      ['Inspector', (o) => new Inspector({ connectionString: cs, ...o })],
+      ['Scheduler', (o) => new Scheduler({ connectionString: cs, ...o })],
+      ['PeriodicTaskManager', (o) => new PeriodicTaskManager({ connectionString: cs, getConfigs: () => [], ...o })],
+      ['migrate', (o) => migrate({ connectionString: cs, schema: db.schema, ...o })],
+    ];
+    const bad: [object, string, RegExp][] = [
+      [{ logLevel: 'verbose' }, 'logLevel', /^logLevel must be one of "debug", "info", "warn", "error" \(got "verbose"\)$/],
+      [{ logLevel: 30 }, 'logLevel', /must be one of/],
+      [{ logger: true }, 'logger', /^logger must be a pino-shaped logger \(with debug, info, warn, error, child methods\) or false \(got true\)$/],
+      [{ logger: null }, 'logger', /got null/],
+      [{ logger: { info() {}, warn() {} } }, 'logger', /pino-shaped/],
+      [{ logger: captureLog().logger, logLevel: 'debug' }, 'logLevel', /default logger only/],
+    ];
+    for (const [name, make] of makers) {
+      for (const [opts, field, message] of bad) {
+        const err = await (async () => {
+          try {
+            await make(opts);
+          } catch (e) {
+            return e;
+          }
+          return undefined;
+        })();
+        assert.ok(err instanceof ConfigError, `${name} ${JSON.stringify(opts)}: ${String(err)}`);
+        assert.equal(err.field, field, `${name} ${JSON.stringify(opts)}`);
+        assert.match(err.message, message);
+      }
+    }
+    // Accepted: a level alone, silence (a level with it is moot), a pino-shaped object.
+    for (const opts of [{ logLevel: 'warn' }, { logger: false }, { logger: false, logLevel: 'debug' }, { logger: captureLog().logger }]) {
+      const c = new Client({ connectionString: cs, ...opts } as never);
+      await c.close();
+    }
+  });
+
+  test('start and stop lines, a warn per failed attempt and an error at archive: fields, never the payload', { timeout: 30_000 }, async () => {
+    await reset();
+    const log = captureLog('info');
+    const server = await startServer(
+      (t) => {
+        throw t.type === 'skip' ? new SkipRetry('do not retry') : new Error('boom 503');
+      },
+      { logger: log.logger, queues: { lg: 3, lg2: 1 }, concurrency: 2, retryDelay: () => 0 },
+    );
+    const started = await log.find('server started');
+    assert.equal(started.level, LEVEL.info);
+    assert.equal(started.component, 'server');
+    assert.deepEqual(started.queues, { lg: 3, lg2: 1 });
+    assert.equal(started.concurrency, 2);
+    assert.equal(started.schema, db.schema);
+    assert.equal(started.serverId, server.id);
+    assert.match(String(started.database), /:\d+\/\w+$/);
+
+    const twice = await client.enqueue(new Task('fail', { card: 'PAYLOAD-SENTINEL' }), { queue: 'lg', maxRetry: 1 });
+    const skipped = await client.enqueue(new Task('skip', { card: 'PAYLOAD-SENTINEL' }), { queue: 'lg2' });
+    const retried = await log.find('task failed; will retry', (l) => (l.task as { id: string }).id === twice.id);
+    assert.equal(retried.level, LEVEL.warn);
+    assert.equal(retried.component, 'processor');
+    assert.deepEqual(retried.task, { id: twice.id, type: 'fail', queue: 'lg' });
+    assert.equal(retried.retried, 1);
+    assert.equal(retried.maxRetry, 1);
+    assert.equal(retried.retryInMs, 0);
+    assert.deepEqual({ type: (retried.err as { type: string }).type, message: (retried.err as { message: string }).message }, { type: 'Error', message: 'boom 503' });
+    assert.match((retried.err as { stack: string }).stack, /^Error: boom 503\n\s+at /);
+
+    const exhausted = await log.find('task archived', (l) => (l.task as { id: string }).id === twice.id);
+    assert.equal(exhausted.level, LEVEL.error);
+    assert.equal(exhausted.reason, 'retries-exhausted');
+    assert.equal(exhausted.retried, 1);
+    const skip = await log.find('task archived', (l) => (l.task as { id: string }).id === skipped.id);
+    assert.equal(skip.reason, 'skip-retry');
+    assert.deepEqual(skip.task, { id: skipped.id, type: 'skip', queue: 'lg2' });
+    assert.equal((skip.err as { type: string }).type, 'SkipRetry');
+
+    await server.shutdown();
+    const stopped = await log.find('server stopped');
+    assert.equal(stopped.level, LEVEL.info);
+    assert.equal(stopped.serverId, server.id);
+    assert.equal(stopped.claimed, 3);
+    assert.deepEqual(log.raw.filter((l) => l.includes('PAYLOAD-SENTINEL')), [], 'no payload in any line');
+    assert.ok(log.lines.every((l) => l.level >= LEVEL.info), 'nothing below the level');
+  });
+
+  test('at start, one warn per queue with pending tasks that no running server serves (a typo shows at once)', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueue(new Task('a'), { queue: 'served-elsewhere' });
+    await client.enqueue(new Task('b'), { queue: 'emails' });
+    await client.enqueue(new Task('c'), { queue: 'emails' });
+    await client.enqueue(new Task('d'), { queue: 'email', processIn: 60_000 }); // scheduled, not pending: no warning
+    // Rows of other servers: one live that serves a queue, one whose row expired and one stopped (neither serves).
+    await db.query(`INSERT INTO {{schema}}.servers (id, host, pid, concurrency, queues, strict_priority, status, expires_at) VALUES
+      ('live', 'h', 1, 1, '{"served-elsewhere": 1}', false, 'active', now() + interval '1 minute'),
+      ('gone', 'h', 2, 1, '{"emails": 1}', false, 'active', now() - interval '1 second'),
+      ('stopping', 'h', 3, 1, '{"emails": 1}', false, 'stopped', now() + interval '1 minute')`);
+    const log = captureLog('warn');
+    const server = await startServer(() => {}, { logger: log.logger, queues: { email: 1, default: 1 } });
+    const warned = await log.find('queue has pending tasks but no running server serves it');
+    await server.shutdown();
+    const unserved = log.lines.filter((l) => l.msg === 'queue has pending tasks but no running server serves it');
+    assert.deepEqual(
+      unserved.map((l) => ({ queue: l.queue, pending: l.pending, level: l.level, component: l.component })),
+      [{ queue: 'emails', pending: 2, level: LEVEL.warn, component: 'server' }],
+    );
+    assert.deepEqual(warned.servedQueues, ['default', 'email', 'served-elsewhere']);
+  });
+});
+
+describe('a database that cannot be used', () => {
+  const bad = (parts: Parameters<typeof dsnWith>[0]): ServerConfig => ({ connectionString: dsnWith(parts), schema: db.schema, logger: false });
+
+  test('unknown database: start rejects at once with DatabaseUnavailableError naming it', { timeout: 30_000 }, async () => {
+    const server = new Server(bad({ database: 'no_such_db_xyz' }));
+    const t0 = performance.now();
+    await assert.rejects(server.start(() => {}), (err: unknown) => {
+      assert.ok(err instanceof DatabaseUnavailableError, String(err));
+      assert.equal(err.reason, 'database-not-found');
+      assert.equal(err.code, 'ERR_DATABASE_UNAVAILABLE');
+      assert.match(err.message, /^database "no_such_db_xyz" does not exist \(server [^)]+:\d+\/no_such_db_xyz\): create it/);
+      assert.equal((err.cause as { code?: string }).code, '3D000');
+      return true;
+    });
+    assert.ok(performance.now() - t0 < 10_000, `rejected after ${Math.round(performance.now() - t0)} ms`);
+    assert.equal(server.status, 'new');
+    await server.shutdown();
+  });
+
+  test('unknown role: start rejects at once, naming the role', { timeout: 30_000 }, async () => {
+    const server = new Server(bad({ user: 'no_such_role_xyz' }));
+    const t0 = performance.now();
+    await assert.rejects(server.start(() => {}), (err: unknown) => {
+      assert.ok(err instanceof DatabaseUnavailableError, String(err));
+      assert.equal(err.reason, 'authentication-failed');
+      // Trust auth says the role does not exist (28000); password auth that its password failed (28P01).
+      assert.match(err.message, /"no_such_role_xyz".*: check the user and password of the connection string$/);
+      return true;
+    });
+    assert.ok(performance.now() - t0 < 10_000);
+    await server.shutdown();
+  });
+
+  test('unknown host: start rejects with host-not-found', { timeout: 30_000 }, async (t) => {
+    const host = 'no-such-host.invalid';
+    // Without a name server the lookup fails with EAI_AGAIN, which is retried, not refused.
+    const code = await lookup(host).then(() => 'resolved', (e: { code?: string }) => e.code);
+    if (code !== 'ENOTFOUND') return t.skip(`the lookup of ${host} gives ${code} here, not ENOTFOUND`);
+    const server = new Server(bad({ host }));
+    await assert.rejects(server.start(() => {}), (err: unknown) => err instanceof DatabaseUnavailableError && err.reason === 'host-not-found' && err.message.includes(`"${host}"`));
+    await server.shutdown();
+  });
+
+  test('refused connection (port 1): start resolves, says so in a warn line, and keeps retrying', { timeout: 30_000 }, async () => {
+    const log = captureLog('info');
+    const server = new Server({ ...bad({ port: 1 }), logger: log.logger, taskCheckInterval: 50, heartbeatInterval: 100, leaseDuration: 1000 });
+    const t0 = performance.now();
+    await server.start(() => {});
+    assert.ok(performance.now() - t0 < 10_000);
+    assert.equal(server.status, 'active');
+    const warn = await log.find('database unreachable; retrying in the background');
+    assert.equal(warn.level, LEVEL.warn);
+    assert.equal(warn.component, 'database');
+    assert.match(String(warn.database), /:1\//);
+    assert.match((warn.err as { message: string }).message, /ECONNREFUSED/);
+    assert.ok(log.lines.some((l) => l.msg === 'server started'));
+    // Rate-limited: the components retry every few ms to seconds, the warnings come with backoff.
+    await new Promise((r) => setTimeout(r, 1500));
+    const warnings = log.lines.filter((l) => l.level >= LEVEL.warn && l.component === 'database');
+    assert.ok(warnings.length >= 1 && warnings.length <= 3, `${warnings.length} database warnings in 1.5 s`);
+    assert.ok(log.lines.every((l) => l.level < LEVEL.error), 'an unreachable database is no error line');
+    await server.shutdown();
+  });
+
+  test('a database that comes back: the server logs it and processes the waiting task', { timeout: 60_000 }, async () => {
+    await reset();
+    // A TCP proxy in front of the real server, closed at first: connections are refused.
+    const target = new URL(db.connectionString);
+    const probe = createServer();
+    await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r));
+    const port = (probe.address() as { port: number }).port;
+    await new Promise((r) => probe.close(r));
+    const log = captureLog('info');
+    const done = deferred();
+    const server = new Server({ ...bad({ host: '127.0.0.1', port }), logger: log.logger, taskCheckInterval: 50, delayedTaskCheckInterval: 50, heartbeatInterval: 100, leaseDuration: 1000 });
+    running.push(server);
+    await server.start(() => done.resolve());
+    await log.find('database unreachable; retrying in the background');
+    await client.enqueue(new Task('after-outage'));
+    const sockets = new Set<Socket>();
+    const proxy: NetServer = createServer((inbound) => {
+      const outbound = tcpConnect(Number(target.port || 5432), target.hostname);
+      sockets.add(inbound).add(outbound);
+      inbound.pipe(outbound).pipe(inbound);
+      const drop = () => (inbound.destroy(), outbound.destroy());
+      inbound.on('error', drop).on('close', drop);
+      outbound.on('error', drop).on('close', drop);
+    });
+    await new Promise<void>((r) => proxy.listen(port, '127.0.0.1', r));
+    try {
+      const back = await log.find('database reachable again');
+      assert.equal(back.level, LEVEL.info);
+      assert.ok((back.failures as number) >= 1);
+      await done.promise;
+      await server.shutdown();
+    } finally {
+      for (const s of sockets) s.destroy();
+      await new Promise((r) => proxy.close(r));
+    }
+  });
+});
+
+describe('the default logger, as a user sees it', () => {
+  test('a server process writes JSON lines to stderr at info: start, unserved queue, failed attempt, archive, stop; logLevel warn keeps only warnings and errors', { timeout: 120_000 }, async () => {
+    const env = (schema: string, level?: string) => ({ DATABASE_URL: db.connectionString, SCHEMA: schema, ...(level ? { LOG_LEVEL: level } : {}) });
+    const schemas = [`${db.schema}_dl_info`, `${db.schema}_dl_warn`];
+    for (const schema of schemas) {
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+      await migrate({ connectionString: db.connectionString, schema, logger: false });
+    }
+    const [info, warn] = await Promise.all([runNode(['test/fixtures/default-logger.ts'], env(schemas[0]!)), runNode(['test/fixtures/default-logger.ts'], env(schemas[1]!, 'warn'))]);
+    for (const schema of schemas) await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+    assert.equal(info.code, 0, info.stderr);
+    assert.equal(info.stdout, 'done\n');
+    const lines = parseLogLines(info.stderr);
+    assert.ok(lines.every((l) => l.name === 'pgasynq' && typeof l.time === 'number' && l.level >= LEVEL.info), 'pino lines at info and up');
+    const messages = lines.map((l) => `${l.level} ${l.component}: ${l.msg}`);
+    const expected = [
+      '30 server: server started',
+      '40 server: queue has pending tasks but no running server serves it',
+      '40 processor: task failed; will retry',
+      '50 processor: task archived',
+      '30 server: server stopped',
+    ];
+    assert.deepEqual(messages, expected, info.stderr);
+    const [started, unserved, failed, archived] = lines;
+    assert.deepEqual(started!.queues, { email: 2, default: 1 });
+    assert.equal(unserved!.queue, 'emails');
+    assert.deepEqual(unserved!.servedQueues, ['default', 'email']);
+    assert.deepEqual([failed!.retried, failed!.maxRetry, (failed!.err as { message: string }).message], [1, 1, 'smtp down']);
+    assert.deepEqual([archived!.retried, archived!.maxRetry, archived!.reason], [1, 1, 'retries-exhausted']);
+    assert.ok(!info.stderr.includes('PAYLOAD-SENTINEL'), 'never a payload');
+
+    assert.equal(warn.code, 0, warn.stderr);
+    assert.deepEqual(
+      parseLogLines(warn.stderr).map((l) => l.msg),
+      ['queue has pending tasks but no running server serves it', 'task failed; will retry', 'task archived'],
+    );
   });
 });

@@ -6,7 +6,8 @@ import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 
 import pg from 'pg';
 import { ConfigError } from '../errors.js';
 import { schemaName } from '../validate.js';
-import type { Logger } from '../logger.js';
+import { FailureRun, silentLogger, type Logger, type LogLevel } from '../logger.js';
+import { isTransientConnectionError, mapDbError } from './db-errors.js';
 import { EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 
 /** Options every class that talks to the database accepts. */
@@ -17,8 +18,17 @@ export interface ConnectionOptions {
   pool?: pg.Pool;
   /** @defaultValue 'pgasynq' */
   schema?: string;
-  /** Any pino-shaped logger; silent by default. */
-  logger?: Logger;
+  /**
+   * Any pino-shaped logger (it needs debug, info, warn, error and child), or
+   * false to silence pgasynq. Payloads are never logged.
+   * @defaultValue a pino logger at `logLevel`, JSON lines on stderr, written synchronously
+   */
+  logger?: Logger | false;
+  /**
+   * The level of the default logger; with a `logger` of your own, set its level instead.
+   * @defaultValue 'info'
+   */
+  logLevel?: LogLevel;
   /** An in-process database from createEmbeddedDatabase(), instead of a server. */
   embedded?: EmbeddedDatabase;
   /**
@@ -176,8 +186,14 @@ export class Db {
   readonly embedded: EmbeddedDatabase | undefined;
   /** Channels of this schema: new pending work, new delayed work, cancellations. */
   readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string };
+  /** The server, for messages: "host:port/database" (never a user or password), or "embedded". */
+  readonly target: string;
+  /** The logger of whoever owns this Db. */
+  readonly logger: Logger;
   readonly #ownsPool: boolean;
   readonly #prepare: boolean;
+  /** Set for long-running owners (servers, schedulers): logs runs of connection failures and the recovery. */
+  readonly #health: FailureRun | undefined;
   #closed = false;
 
   /**
@@ -186,8 +202,16 @@ export class Db {
    * server, whose claims, completions and heartbeats may be lost in a PostgreSQL
    * crash without breaking at-least-once: a lost claim or completion re-runs the
    * task. Enqueues (Client) and durableTransaction() always wait for the flush.
+   *
+   * `logger`: the owner's, already resolved. `health`: log connection failures
+   * (first of a run at once, then with backoff) and the recovery, for owners
+   * that retry in the background rather than reject to a caller.
    */
-  constructor(opts: ConnectionOptions, applicationName = 'pgasynq', session: { asyncCommit?: boolean } = {}) {
+  constructor(
+    opts: ConnectionOptions,
+    applicationName = 'pgasynq',
+    session: { asyncCommit?: boolean; logger?: Logger; health?: boolean } = {},
+  ) {
     this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
     if (opts.preparedStatements !== undefined && typeof opts.preparedStatements !== 'boolean') {
       throw new ConfigError('preparedStatements', `must be a boolean (got ${typeof opts.preparedStatements})`);
@@ -214,6 +238,11 @@ export class Db {
       this.#ownsPool = true;
     }
     guardPool(this.pool, this.embedded === undefined);
+    this.target = this.embedded ? 'embedded' : describeTarget(this.pool);
+    this.logger = session.logger ?? silentLogger;
+    this.#health = session.health
+      ? new FailureRun(this.logger.child({ component: 'database' }), 'database unreachable; retrying in the background', 'database reachable again')
+      : undefined;
     this.kysely = new Kysely<any>({ dialect: new PostgresDialect({ pool: this.pool }) });
     this.channels = {
       tasks: `${this.schema}_tasks`,
@@ -239,6 +268,25 @@ export class Db {
    * plan than to run). Only for statements whose text never changes.
    */
   async run<R>(query: RawBuilder<R>, tx?: Transactional, name?: string): Promise<R[]> {
+    try {
+      const rows = await this.#run(query, tx, name);
+      if (this.#health?.failing) this.#health.succeeded({ database: this.target });
+      return rows;
+    } catch (err) {
+      throw this.failed(err);
+    }
+  }
+
+  /**
+   * What an error of a statement becomes (see db-errors.ts), after counting a
+   * connection failure toward the health log. For statements sent around run().
+   */
+  failed(err: unknown): unknown {
+    if (this.#health !== undefined && isTransientConnectionError(err)) this.#health.failed(err, { database: this.target });
+    return mapDbError(err, this);
+  }
+
+  async #run<R>(query: RawBuilder<R>, tx?: Transactional, name?: string): Promise<R[]> {
     const prepared = this.#prepare ? name : undefined;
     if (tx === undefined && prepared !== undefined && this.embedded === undefined) {
       const compiled = query.compile(this.kysely);
@@ -294,21 +342,69 @@ function isKyselyExecutor(tx: Transactional): tx is Transaction<any> {
   return typeof (tx as Transaction<any>).getExecutor === 'function';
 }
 
+/** A readable name of the server a pool connects to: "host:port/database", without user or password. */
+function describeTarget(pool: pg.Pool): string {
+  const o = (pool as { options?: pg.PoolConfig }).options ?? {};
+  let host = o.host;
+  let port: string | number | undefined = o.port;
+  let database = o.database;
+  const cs = o.connectionString;
+  // As pg does, what the connection string says wins.
+  if (cs !== undefined && /^postgres(?:ql)?:\/\//.test(cs)) {
+    try {
+      const url = new URL(cs);
+      host = url.hostname || url.searchParams.get('host') || host;
+      port = url.port || port;
+      database = decodeURIComponent(url.pathname.slice(1)) || database;
+    } catch {
+      // a URL the driver will refuse anyway
+    }
+  } else if (cs !== undefined) {
+    const kv = (key: string) => new RegExp(`(?:^|\\s)${key}\\s*=\\s*'?([^'\\s]*)`).exec(cs)?.[1] || undefined;
+    host = kv('host') ?? host;
+    port = kv('port') ?? port;
+    database = kv('dbname') ?? database;
+  }
+  return `${host ?? process.env.PGHOST ?? 'localhost'}:${port ?? process.env.PGPORT ?? 5432}/${database ?? process.env.PGDATABASE ?? ''}`;
+}
+
+/**
+ * Runs `fn` in a Kysely transaction on `db`. Errors of the transaction itself
+ * (connecting, BEGIN, COMMIT) go through db.failed(); errors that `fn` throws
+ * are passed on as they are: ours were mapped by run() already, and a user's
+ * (ctx.transaction) are none of the broker's business.
+ */
+async function inTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+  let thrownByFn = false;
+  try {
+    return await db.kysely.transaction().execute(async (trx) => {
+      try {
+        return await fn(trx);
+      } catch (err) {
+        thrownByFn = true;
+        throw err;
+      }
+    });
+  } catch (err) {
+    throw thrownByFn ? err : db.failed(err);
+  }
+}
+
 /** Kysely's transaction helper on our pool, for statements that must commit together. */
 export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
-  return db.kysely.transaction().execute(fn);
+  return inTransaction(db, fn);
 }
 
 /** A transaction whose commit waits for the WAL flush whatever the session says: for users' writes. */
 export function durableTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>, idleLimitMs?: number): Promise<T> {
-  return db.kysely.transaction().execute(async (trx) => {
+  return inTransaction(db, async (trx) => {
     if (!db.embedded) {
       // One round trip for both settings, local to this transaction. A holder that stalls
       // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
       // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
       const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
-      await sql`SELECT set_config('synchronous_commit', 'on', true),
-                       set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`.execute(trx);
+      await db.run(sql`SELECT set_config('synchronous_commit', 'on', true),
+                       set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`, trx);
     }
     return fn(trx);
   });

@@ -35,7 +35,7 @@ function render(db: Db, text: string): string {
 
 /** Opens a transaction holding the schema's migration lock, with the bookkeeping table in place. */
 async function lockedTransaction<T>(db: Db, fn: (client: pg.PoolClient, applied: Map<string, Date>) => Promise<T>): Promise<T> {
-  const client = await db.pool.connect();
+  const client = await connect(db);
   try {
     await client.query('BEGIN');
     await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`pgasynq:migrate:${db.schema}`]);
@@ -104,12 +104,31 @@ async function populatedTables(client: pg.PoolClient, db: Db, down: string): Pro
   return held;
 }
 
+/**
+ * A connection of the pool, or DatabaseUnavailableError when the database
+ * cannot be used at all (unknown database, role or host); a connection
+ * failure counts toward the owner's health log. Statements on the connection
+ * are not mapped: while migrating, a missing table is the migration's own error.
+ */
+async function connect(db: Db): Promise<pg.PoolClient> {
+  try {
+    return await db.pool.connect();
+  } catch (err) {
+    throw db.failed(err);
+  }
+}
+
 /** Names and times of applied migrations; empty when the schema does not exist yet. */
 export async function appliedMigrations(db: Db): Promise<Map<string, Date>> {
-  const exists = await db.pool.query<{ t: string | null }>('SELECT to_regclass($1)::text AS t', [`"${db.schema}".migrations`]);
-  if (exists.rows[0]?.t == null) return new Map();
-  const rows = (await db.pool.query<{ name: string; applied_at: Date }>(`SELECT name, applied_at FROM "${db.schema}".migrations`)).rows;
-  return new Map(rows.map((r) => [r.name, r.applied_at]));
+  const client = await connect(db);
+  try {
+    const exists = await client.query<{ t: string | null }>('SELECT to_regclass($1)::text AS t', [`"${db.schema}".migrations`]);
+    if (exists.rows[0]?.t == null) return new Map();
+    const rows = (await client.query<{ name: string; applied_at: Date }>(`SELECT name, applied_at FROM "${db.schema}".migrations`)).rows;
+    return new Map(rows.map((r) => [r.name, r.applied_at]));
+  } finally {
+    client.release();
+  }
 }
 
 /**

@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import * as pgListen from 'pg-listen';
 import type { Options as ListenOptions, Subscriber } from 'pg-listen';
-import type { Logger } from '../logger.js';
+import { FailureRun, type Logger } from '../logger.js';
 import type { Db } from './db.js';
 
 type Listener = (payload: string) => void;
@@ -174,6 +174,8 @@ class PgNotifier extends ListenerRegistry implements Notifier {
   readonly #db: Db;
   readonly #logger: Logger;
   readonly #opts: NotifierOptions;
+  /** Connection failures of the listener: the first logged at once, the rest with backoff. */
+  readonly #failures: FailureRun;
   #subscriber: Subscriber | undefined;
   #retryTimer: NodeJS.Timeout | undefined;
   #stopped = false;
@@ -185,6 +187,7 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     this.#db = db;
     this.#logger = logger;
     this.#opts = opts;
+    this.#failures = new FailureRun(logger, 'listener cannot connect; polling for work until it can', 'listener connected again');
   }
 
   /**
@@ -251,8 +254,8 @@ class PgNotifier extends ListenerRegistry implements Notifier {
       parse: (s: string) => s,
       serialize: (s: unknown) => String(s),
     });
-    subscriber.events.on('error', (err: Error) => this.#logger.warn({ err }, 'listener connection error'));
-    subscriber.events.on('reconnect', (n: number) => this.#logger.info({ attempt: n }, 'listener reconnecting'));
+    subscriber.events.on('error', (err: Error) => this.#failures.failed(err));
+    subscriber.events.on('reconnect', (n: number) => this.#logger.debug({ attempt: n }, 'listener reconnecting'));
     for (const channel of this.listeners.keys()) {
       subscriber.notifications.on(channel, (payload: unknown) => this.deliver(channel, String(payload ?? '')));
     }
@@ -270,12 +273,16 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     }
     this.#subscriber = subscriber;
     // pg-listen re-LISTENs on reconnect, then emits 'connected'.
-    subscriber.events.on('connected', () => this.connected());
+    subscriber.events.on('connected', () => {
+      this.#failures.succeeded();
+      this.connected();
+    });
+    this.#failures.succeeded();
     this.connected();
   }
 
   #retry(err: unknown, attempt: number): void {
-    this.#logger.warn({ err, attempt }, 'listener could not connect; polling until it can');
+    this.#failures.failed(err, { attempt });
     if (this.#stopped) return;
     this.#retryTimer = setTimeout(() => void this.#connect(attempt + 1), Math.min(5000, 200 * 2 ** attempt));
   }

@@ -28,6 +28,36 @@ export async function deleteServer(db: Db, id: string): Promise<void> {
   await db.run(sql`DELETE FROM ${db.table('servers')} WHERE id = ${id} OR expires_at < now() - interval '1 minute'`);
 }
 
+export interface UnservedQueue {
+  queue: string;
+  /** Pending tasks, counted up to the cap given. */
+  pending: number;
+  /** Every queue some running server serves, sorted (the same in every row). */
+  served: string[];
+}
+
+/**
+ * Queues that hold pending tasks and that no running server serves: servers
+ * whose row is active and unexpired, plus `own` (the queues of a server whose
+ * row may not be written yet). One row per such queue, by name; pending
+ * tasks counted up to `cap` (the pending index makes each count cheap).
+ */
+export async function unservedQueues(db: Db, own: readonly string[], cap: number): Promise<UnservedQueue[]> {
+  return db.run(sql<UnservedQueue>`
+    WITH served AS (
+      SELECT jsonb_object_keys(s.queues) AS queue FROM ${db.table('servers')} s WHERE s.status = 'active' AND s.expires_at > now()
+      UNION
+      SELECT unnest(${own}::text[])
+    )
+    SELECT q.name AS queue,
+           (SELECT count(*) FROM (SELECT 1 FROM ${db.table('tasks')} t WHERE t.queue = q.name AND t.state = 'pending' LIMIT ${cap}) c)::int AS pending,
+           (SELECT array_agg(queue ORDER BY queue) FROM served) AS served
+    FROM ${db.table('queues')} q
+    WHERE q.name NOT IN (SELECT queue FROM served)
+      AND EXISTS (SELECT 1 FROM ${db.table('tasks')} t WHERE t.queue = q.name AND t.state = 'pending')
+    ORDER BY q.name`);
+}
+
 export interface StatsDelta {
   queue: string;
   processed: number;

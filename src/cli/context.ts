@@ -4,6 +4,9 @@
  * Commands print through `emit()` so `--json` behaves the same everywhere.
  */
 import type { ConnectionOptions } from '../broker/db.js';
+import type { Logger, LogLevel } from '../logger.js';
+import { humanLogger } from './log.js';
+import { sanitize } from './sanitize.js';
 
 /** Anything output can be written to: process.stdout, or a buffer in tests. */
 export interface Output {
@@ -45,13 +48,25 @@ export class CliContext {
     return url === undefined || url === '' ? undefined : url;
   }
 
-  /** Options for a library call; a missing database URL is bad usage. */
-  connection(): ConnectionOptions & { connectionString: string; schema: string } {
+  /**
+   * Options for a library call; a missing database URL is bad usage. The
+   * library logs through `logger(level)`: human lines on stderr, from `warn` up
+   * unless the command asks for more.
+   */
+  connection(level: LogLevel = 'warn'): ConnectionOptions & { connectionString: string; schema: string; logger: Logger } {
     const connectionString = this.databaseUrl;
     if (connectionString === undefined) {
       throw new UsageError('no database: pass --database-url URL or set DATABASE_URL');
     }
-    return { connectionString, schema: this.globals.schema };
+    return { connectionString, schema: this.globals.schema, logger: this.logger(level) };
+  }
+
+  /**
+   * The library's log lines, readable, on this run's stderr (never JSON: the
+   * CLI is for people; scripts read --json on stdout). Passwords are masked.
+   */
+  logger(level: LogLevel = 'warn', write: (text: string) => void = (text) => void this.io.err.write(text)): Logger {
+    return humanLogger(level, (text) => write(sanitize(text, this.databaseUrl, this.io.env)));
   }
 
   /** With --json, prints `value` as one line of JSON; otherwise the human-readable lines. */

@@ -37,7 +37,8 @@ export function registerDash(program: CliProgram, ctx: CliContext): void {
       `\nWith --token, open http://HOST:PORT/?token=TOKEN once (a cookie keeps you in) or send\n"Authorization: Bearer TOKEN" (Prometheus: authorization.credentials).\n${jsonNote('one line with the URL and the settings once it listens')}`,
     )
     .action(async (opts) => {
-      const conn = ctx.connection();
+      // At info: the dashboard's actions (pause, delete, …) are on record in the terminal.
+      const conn = ctx.connection('info');
       const envToken = ctx.io.env.PGASYNQ_DASH_TOKEN;
       const token = opts.token ?? (envToken === undefined || envToken === '' ? undefined : envToken);
       if (token !== undefined && !/^[\x21-\x7e]{1,512}$/.test(token)) throw new UsageError('--token must be 1–512 visible ASCII characters without spaces');

@@ -126,18 +126,26 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
     .option('--data-dir <dir>', 'keep the embedded database in this directory')
     .action(async (opts) => {
       const out = ctx.io.out;
+      const interactive = (out as { isTTY?: boolean }).isTTY === true;
       const embeddedForced = ctx.io.env.PGASYNQ_EMBEDDED === '1';
       const useEmbedded = embeddedForced || ctx.databaseUrl === undefined;
       const t0 = performance.now();
+      // The library's log lines, human-readable on stderr, errors only: the poison task
+      // archived on purpose shows as one line, while at warn the flaky webhook's first
+      // attempts would add dozens of retry lines. While the live view is drawn on a
+      // terminal, lines wait and are printed above it, and the view is redrawn below them.
+      const held: string[] = [];
+      let live = false;
+      const logger = ctx.logger('error', (text) => (live ? held.push(text) : ctx.io.err.write(text)));
       let embedded: EmbeddedDatabase | undefined;
-      let conn: { embedded?: EmbeddedDatabase; connectionString?: string; schema: string };
+      let conn: { embedded?: EmbeddedDatabase; connectionString?: string; schema: string; logger: typeof logger };
       if (useEmbedded) {
         out.write(`starting the embedded database${opts.dataDir ? ` in ${opts.dataDir}` : ' (in memory)'}…\n`);
         embedded = await createEmbeddedDatabase(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir });
-        conn = { embedded, schema: ctx.globals.schema };
+        conn = { embedded, schema: ctx.globals.schema, logger };
       } else {
         const explicit = program.getOptionValueSource('schema') !== 'default';
-        conn = { connectionString: ctx.connection().connectionString, schema: explicit ? ctx.globals.schema : 'pgasynq_demo' };
+        conn = { connectionString: ctx.connection().connectionString, schema: explicit ? ctx.globals.schema : 'pgasynq_demo', logger };
       }
       const where = useEmbedded ? 'embedded database' : `schema "${conn.schema}"`;
       if (!useEmbedded) {
@@ -157,7 +165,6 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
         groupGracePeriod: 500,
         groupMaxSize: 10,
       });
-      const interactive = (out as { isTTY?: boolean }).isTTY === true;
       let stopping = false;
       const onSignal = () => (stopping = true);
       process.once('SIGINT', onSignal);
@@ -187,6 +194,13 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
             burst = { processed: counters.processed, seconds: elapsed / 1000 };
           }
           if (interactive) {
+            live = true;
+            if (held.length > 0) {
+              // Up to the top of the view, clear to the end of the screen, print the lines there.
+              if (shown) out.write(`\x1b[${shown}A\x1b[J`);
+              ctx.io.err.write(held.splice(0).join(''));
+              shown = 0;
+            }
             const lines = render(rows, elapsed);
             out.write(`${shown ? `\x1b[${shown}A` : ''}${lines.map((l) => `\x1b[2K${l}`).join('\n')}\n`);
             shown = lines.length;
@@ -197,6 +211,8 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
           if (unfinished(rows) === 0 || stopping || elapsed > opts.duration * 1000) break;
           await new Promise((r) => setTimeout(r, interactive ? 200 : 250));
         }
+        live = false;
+        ctx.io.err.write(held.splice(0).join(''));
         const elapsed = (performance.now() - started) / 1000;
         await server.shutdown();
         rows = await snapshot(inspector);
@@ -240,6 +256,8 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
         ]);
         if (left > 0 && !stopping) throw new Error(`${left} tasks were still unfinished after --duration ${opts.duration} s`);
       } finally {
+        live = false;
+        if (held.length > 0) ctx.io.err.write(held.splice(0).join(''));
         process.off('SIGINT', onSignal);
         process.off('SIGTERM', onSignal);
         await server.shutdown();

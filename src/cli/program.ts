@@ -13,9 +13,10 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from '@commander-js/extra-typings';
-import { DEFAULT_SCHEMA, redact, redactConnectionString, secretsOf } from '../broker/db.js';
-import { isValidationError } from '../errors.js';
+import { DEFAULT_SCHEMA, redactConnectionString } from '../broker/db.js';
+import { FailedPreconditionError, isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
+import { sanitize } from './sanitize.js';
 import { registerCron } from './cron.js';
 import { registerDash } from './dash.js';
 import { registerDemo } from './demo.js';
@@ -75,6 +76,8 @@ export function createProgram(io: CliIO): { program: CliProgram; ctx: CliContext
 }
 
 const UNREACHABLE = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ECONNRESET']);
+/** undefined_table, invalid_schema_name, undefined_function. */
+const NOT_MIGRATED = new Set(['42P01', '3F000', '42883']);
 
 function codeOf(err: unknown): string | undefined {
   const code = (err as { code?: unknown } | null)?.code;
@@ -90,18 +93,6 @@ function messageOf(err: unknown): string {
   }
   if (err instanceof Error) return err.message || err.name;
   return String(err);
-}
-
-/**
- * Never lets a password reach the terminal: connection strings in the text
- * are redacted, and the passwords of the one in use (and PGPASSWORD) are
- * masked wherever they appear, however the text quotes them.
- */
-export function sanitize(text: string, databaseUrl: string | undefined, env: Record<string, string | undefined> = {}): string {
-  let out = redact(text);
-  const secrets = [...secretsOf(databaseUrl), ...(env.PGPASSWORD ? [env.PGPASSWORD] : [])].sort((a, b) => b.length - a.length);
-  for (const secret of secrets) out = out.split(secret).join('***');
-  return out;
 }
 
 function oneLine(text: string): string {
@@ -142,9 +133,13 @@ function report(err: unknown, ctx: CliContext): number {
   if (!usage && UNREACHABLE.has(codeOf(err) ?? '')) {
     message = `cannot reach the database${url === undefined ? '' : ` at ${redactConnectionString(url)}`}: ${message}`;
   }
-  // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
-  if (!usage && (codeOf(err) === '42P01' || codeOf(err) === '3F000')) {
-    message = `${message} (is the schema migrated? run: pgasynq${schema === undefined || schema === DEFAULT_SCHEMA ? '' : ` --schema ${schema}`} migrate)`;
+  const migrateCommand = `pgasynq${schema === undefined || schema === DEFAULT_SCHEMA ? '' : ` --schema ${schema}`} migrate`;
+  if (err instanceof FailedPreconditionError && NOT_MIGRATED.has(codeOf(err.cause) ?? '')) {
+    // The library's message says to run `pgasynq migrate`; here, with this run's --schema.
+    message = `schema "${schema ?? DEFAULT_SCHEMA}" is not migrated (${messageOf(err.cause)}): run: ${migrateCommand}`;
+  } else if (!usage && NOT_MIGRATED.has(codeOf(err) ?? '')) {
+    // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
+    message = `${message} (is the schema migrated? run: ${migrateCommand})`;
   }
   ctx.io.err.write(`error: ${oneLine(sanitize(message, url, ctx.io.env))}\n`);
   if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');

@@ -26,7 +26,7 @@ import type { ConnectionOptions } from '../broker/db.js';
 import { redact } from '../broker/db.js';
 import { ConfigError } from '../errors.js';
 import { Inspector } from '../inspector.js';
-import { silentLogger, type Logger } from '../logger.js';
+import { resolveLogger, type Logger } from '../logger.js';
 import { BadActionError, confirmationFor, parseAction, runAction, type FormFields } from './actions.js';
 import { CSS, etagOf, JS } from './assets.js';
 import type { Html } from './html.js';
@@ -161,9 +161,11 @@ function formFields(body: string): FormFields {
 export function createDashboard(opts: DashboardOptions = {}): Dashboard {
   const cfg = resolve(opts);
   const { readOnly: _r, token: _t, hidePayloads: _h, refreshInterval: _i, allowedHosts: _a, basePath: _b, metricsExtra, ...conn } = opts;
-  const inspector = new Inspector(conn);
+  const root = resolveLogger(conn);
+  const { logLevel: _level, ...connection } = conn;
+  const inspector = new Inspector({ ...connection, logger: root });
   const sampler = new QueueSampler(inspector);
-  const log: Logger = (opts.logger ?? silentLogger).child({ component: 'dashboard' });
+  const log: Logger = root.child({ component: 'dashboard' });
   // Mounted in a server of yours, the dashboard cannot know the address: listen() narrows this to the one it binds.
   const guard = new Guard({ token: cfg.token, allowedHosts: cfg.allowedHosts ?? defaultAllowedHosts(undefined), cookiePath: cfg.basePath || '/' });
   const flashes = new Map<string, { ok: boolean; message: string; at: number }>();

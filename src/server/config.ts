@@ -5,7 +5,7 @@
 import { availableParallelism } from 'node:os';
 import { checkConnectionString, type ConnectionOptions } from '../broker/db.js';
 import { ConfigError } from '../errors.js';
-import { silentLogger, type Logger } from '../logger.js';
+import { resolveLogger, type Logger } from '../logger.js';
 import type { Task } from '../task.js';
 import * as v from '../validate.js';
 
@@ -74,7 +74,7 @@ export interface ServerConfig extends ConnectionOptions {
 }
 
 const KEYS = [
-  'connectionString', 'pool', 'schema', 'logger', 'embedded', 'preparedStatements', 'listenConnectionString',
+  'connectionString', 'pool', 'schema', 'logger', 'logLevel', 'embedded', 'preparedStatements', 'listenConnectionString',
   'concurrency', 'prefetch', 'queues', 'strictPriority', 'retryDelay', 'isFailure', 'errorHandler', 'healthCheck',
   'healthCheckInterval', 'shutdownTimeout', 'delayedTaskCheckInterval', 'groupGracePeriod', 'groupMaxDelay',
   'groupMaxSize', 'groupAggregator', 'janitorInterval', 'janitorBatchSize', 'taskCheckInterval',
@@ -150,7 +150,7 @@ export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
   if (c.groupGracePeriod !== undefined && gracePeriod < 100) throw new ConfigError('groupGracePeriod', `must be at least 100 ms (got ${gracePeriod})`);
 
   return Object.freeze({
-    logger: (c.logger as Logger | undefined) ?? silentLogger,
+    logger: resolveLogger(c),
     concurrency: c.concurrency === undefined ? availableParallelism() : v.integer(c.concurrency, 'concurrency', 1, 10_000, ConfigError),
     prefetch: c.prefetch === undefined ? 0 : v.integer(c.prefetch, 'prefetch', 0, 10_000, ConfigError),
     queues: Object.freeze(c.queues === undefined ? { default: 1 } : validateQueues(c.queues)),

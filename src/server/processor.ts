@@ -25,10 +25,11 @@ import {
   isRevokeTask,
   isSkipRetry,
 } from '../errors.js';
-import type { Logger } from '../logger.js';
+import { isTransientConnectionError } from '../broker/db-errors.js';
+import { FailureRun, type Logger } from '../logger.js';
 import type { Handler, TaskContext } from '../mux.js';
 import { decodePayload, encodePayload } from '../payload.js';
-import { lastErrorText, safeRetryDelay, warnInvalidRetryDelay } from '../retry.js';
+import { errorSummary, lastErrorText, safeRetryDelay, warnInvalidRetryDelay } from '../retry.js';
 import { Task } from '../task.js';
 import { MAX_DURATION_MS } from '../validate.js';
 import { Batcher } from './batcher.js';
@@ -86,10 +87,13 @@ export class Processor {
   #wake: (() => void) | undefined;
   #idle: (() => void)[] = [];
   #claimFailures = 0;
+  /** Claim failures other than a lost database (the Db's health log reports those), rate-limited. */
+  readonly #claimErrors: FailureRun;
 
   constructor(db: Db, logger: Logger, cfg: ProcessorConfig, handler: Handler, stats: StatsCollector) {
     this.#db = db;
     this.#logger = logger;
+    this.#claimErrors = new FailureRun(logger, 'claim failed', 'claim succeeded again', 'error');
     this.#cfg = cfg;
     this.#handler = handler;
     this.#stats = stats;
@@ -156,6 +160,7 @@ export class Processor {
   async drain(timeoutMs: number, graceMs = 1000): Promise<void> {
     await this.stopClaiming();
     if (await this.#idleWithin(timeoutMs)) return;
+    this.#logger.warn({ tasks: this.leases.size, shutdownTimeoutMs: timeoutMs }, 'shutdown timeout reached; aborting the running tasks, which go back to pending');
     for (const lease of this.leases.values()) lease.abort(new ServerClosedError());
     await this.#idleWithin(graceMs);
   }
@@ -192,9 +197,11 @@ export class Processor {
       try {
         rows = await claim(this.#db, queueOrder(this.#cfg.queues, this.#cfg.strictPriority), free, this.#cfg.serverId, this.#cfg.leaseDuration);
         this.#claimFailures = 0;
+        this.#claimErrors.succeeded();
       } catch (err) {
         this.#claimFailures++;
-        if (this.#claimFailures === 1 || this.#claimFailures % 20 === 0) this.#logger.error({ err, failures: this.#claimFailures }, 'claim failed');
+        if (isTransientConnectionError(err)) this.#logger.debug({ err, failures: this.#claimFailures }, 'claim failed: database unreachable');
+        else this.#claimErrors.failed(err);
         await this.#sleep(Math.min(this.#cfg.taskCheckInterval, 50 * 2 ** Math.min(this.#claimFailures, 8)));
         continue;
       }
@@ -345,7 +352,7 @@ export class Processor {
     const { queue } = row;
     if (lease.completedInTransaction) {
       this.#stats.processed(queue);
-      if (error) this.#logger.warn({ err: error, task: { id: row.id, queue } }, 'handler failed after its transaction committed; the task stays completed');
+      if (error) this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
       return;
     }
     const shutdown = error instanceof ServerClosedError && lease.signal.reason === error;
@@ -380,10 +387,15 @@ export class Processor {
           warnInvalidRetryDelay(this.#logger, row.type, value),
         );
     const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
-    if ((await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure))) && counts) {
+    if (!(await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure)))) return;
+    if (counts) {
       this.#stats.processed(queue);
       this.#stats.failed(queue);
     }
+    // One line per failed attempt, never the payload: what failed, how often, and what comes next.
+    const fields = { task: taskFields(row), retried: row.retried + (counts && !archive ? 1 : 0), maxRetry: row.max_retry, err: errorSummary(error) };
+    if (archive) this.#logger.error({ ...fields, reason: isSkipRetry(error) ? 'skip-retry' : 'retries-exhausted' }, 'task archived');
+    else this.#logger.warn({ ...fields, counted: counts, retryInMs: Math.round(delayMs) }, 'task failed; will retry');
   }
 
   #countsAsFailure(err: Error): boolean {
@@ -431,3 +443,5 @@ export class Processor {
 }
 
 const leaseKey = (l: Lease) => ({ queue: l.queue, id: l.id, token: l.token });
+/** A task as log lines name it: never its payload. */
+const taskFields = (row: ClaimedRow) => ({ id: row.id, type: row.type, queue: row.queue });

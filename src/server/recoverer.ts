@@ -16,6 +16,8 @@ import type { StatsCollector } from './stats.js';
 import { Ticker } from './ticker.js';
 
 const BATCH = 100;
+/** Tasks archived by one pass that get a line each; the rest are only counted. */
+const ARCHIVED_LINES = 20;
 
 export interface RecovererConfig {
   recoverInterval: number;
@@ -57,10 +59,14 @@ export class Recoverer {
       const counts = { retried: 0, archived: 0 };
       const queues: string[] = [];
       const implausible: { queue: string; id: string; owner: string }[] = [];
+      const archived: { task: { id: string; type: string; queue: string }; retried: number; maxRetry: number }[] = [];
       const done = await recoverExpired(this.#db, { cutoffMs: this.#cfg.recoverCutoff, leaseMs: this.#cfg.leaseDuration, limit: BATCH }, (t) => {
         queues.push(t.queue);
         if (t.implausible) implausible.push({ queue: t.queue, id: t.id, owner: t.lease_owner });
-        if (t.retried >= t.max_retry) return { archive: true, delayMs: 0 };
+        if (t.retried >= t.max_retry) {
+          archived.push({ task: { id: t.id, type: t.type, queue: t.queue }, retried: t.retried, maxRetry: t.max_retry });
+          return { archive: true, delayMs: 0 };
+        }
         const task = Task.restore(t.type, decodePayload(t.payload, t.payload_bytes), t.headers);
         const retryDelay = this.#cfg.retryDelay;
         return {
@@ -76,6 +82,9 @@ export class Recoverer {
           'recovered leases that ran out impossibly far in the future: a clock or data problem, not a dead worker',
         );
       }
+      for (const a of archived.slice(0, Math.max(0, ARCHIVED_LINES - total.archived))) {
+        this.#logger.error({ ...a, reason: 'retries-exhausted', err: { type: err.name, message: err.message } }, 'task archived');
+      }
       counts.retried = done.retried;
       counts.archived = done.archived;
       for (const q of queues) {
@@ -88,7 +97,8 @@ export class Recoverer {
     }
     this.counters.retried += total.retried;
     this.counters.archived += total.archived;
-    if (total.retried + total.archived > 0) this.#logger.info(total, 'recovered tasks with expired leases');
+    // An expired lease is a failed attempt whose worker died or stalled: worth a warning.
+    if (total.retried + total.archived > 0) this.#logger.warn(total, 'recovered tasks with expired leases');
     return total;
   }
 }

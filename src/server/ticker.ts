@@ -6,7 +6,8 @@
  * Modes: idle → running (start) → stopping (stop) → idle. start() while running
  * and stop() while idle are no-ops; stop() twice returns the same promise.
  */
-import type { Logger } from '../logger.js';
+import { isTransientConnectionError } from '../broker/db-errors.js';
+import { FailureRun, type Logger } from '../logger.js';
 
 export interface TickerOptions {
   /** Sleep between ticks, in ms. */
@@ -25,10 +26,13 @@ export class Ticker {
   #woken = false;
   #timer: NodeJS.Timeout | undefined;
   #failures = 0;
+  /** Failures other than a lost database (the Db's health log reports those): logged rate-limited, at error. */
+  readonly #errors: FailureRun;
 
   /** `tick` returns nothing, or the ms to sleep before the next tick when sooner than the interval. */
   constructor(logger: Logger, tick: () => Promise<number | void>, opts: TickerOptions) {
     this.#logger = logger;
+    this.#errors = new FailureRun(logger, 'tick failed', 'tick succeeded again', 'error');
     this.#tick = tick;
     this.#opts = opts;
   }
@@ -59,11 +63,14 @@ export class Ticker {
       try {
         const requested = await this.#tick();
         this.#failures = 0;
+        this.#errors.succeeded();
         delay = Math.min(this.#opts.interval(), typeof requested === 'number' ? Math.max(0, requested) : Number.POSITIVE_INFINITY);
       } catch (err) {
-        // A lost database is retried with backoff; the server keeps running and says so.
+        // A lost database is retried with backoff; the server keeps running and says so
+        // (once for all components, in the Db's health log).
         this.#failures++;
-        if (this.#failures === 1 || this.#failures % 10 === 0) this.#logger.error({ err, failures: this.#failures }, 'tick failed');
+        if (isTransientConnectionError(err)) this.#logger.debug({ err, failures: this.#failures }, 'tick failed: database unreachable');
+        else this.#errors.failed(err);
         delay = Math.min(this.#opts.interval(), 100 * 2 ** Math.min(this.#failures, 10));
       }
     }
