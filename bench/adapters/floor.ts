@@ -155,7 +155,7 @@ export function create(prefetch?: number): Adapter {
   return {
     name: prefetch ? 'floor-prefetch' : 'floor',
     label: prefetch ? `raw-SQL floor, claims of up to ${prefetch} held locally` : 'raw-SQL floor (pg, SKIP LOCKED, claims sized to free slots, batched DELETE)',
-    table: T,
+    schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) {
         await dropSchema(admin(), SCHEMA);
