@@ -213,8 +213,10 @@ function systemsFor(w: Workload): SystemName[] {
 
 function buildPlan(): Case[] {
   const cases: Case[] = [];
-  const add = (w: Workload, c: Omit<Case, 'workload' | 'systems'>) => {
-    if (workloads.includes(w) && systemsFor(w).length > 0) cases.push({ workload: w, systems: systemsFor(w), ...c });
+  /** `notByDefault`: systems this case leaves out unless --systems names them. */
+  const add = (w: Workload, c: Omit<Case, 'workload' | 'systems'>, notByDefault: readonly SystemName[] = []) => {
+    const systems = chosenSystems ? systemsFor(w) : without(systemsFor(w), notByDefault);
+    if (workloads.includes(w) && systems.length > 0) cases.push({ workload: w, systems, ...c });
   };
   // A drain still going after capMs reports its rate so far: bounds the suite's time when a system is slow.
   const capMs = 10_000;
@@ -238,7 +240,9 @@ function buildPlan(): Case[] {
       params: { n, concurrency, capMs, payload },
       timeoutMs: capMs + 180_000,
       rows: [{ label: `W2 drain ${fmt(n)} ${what} tasks, concurrency ${concurrency}, tasks/s`, metric: 'perSec', better: 'higher', unit: 'rate' }],
-    });
+    },
+    // With payloads, BullMQ on request: on Redis its claim does not rewrite the job's data, on PostgreSQL it drains ~700/s either way.
+    payload ? ['bullmq', 'bullmq-pg'] : []);
   }
   const w3n = q(500);
   add('W3', {
@@ -294,7 +298,7 @@ function buildPlan(): Case[] {
     ],
   });
   // W8: BENCH.md's 4 minutes at 400/s, the snapshot from second 20; --quick: 40 s, from second 5.
-  const w8 = { rate: 400, seconds: quick ? 40 : 240, snapshotAt: quick ? 5 : 20, window: 10, concurrency: 10, producers: 8, drainWait: quick ? 10 : 30 };
+  const w8 = { rate: 400, seconds: quick ? 40 : 240, snapshotAt: quick ? 5 : 20, window: 10, concurrency: 10, producers: 16, drainWait: quick ? 10 : 30 };
   const before = `before the snapshot (first ${w8.snapshotAt} s)`;
   add('W8', {
     key: 'W8',
@@ -422,7 +426,8 @@ function formatValue(v: number | undefined, unit: Row['unit']): string {
     case 'bytes':
       return (v / 1024 / 1024).toFixed(1);
     case 'count':
-      return v < 100 && !Number.isInteger(v) ? v.toFixed(1) : fmt(Math.round(v));
+      if (Math.abs(v) < 0.05) return '0';
+      return Math.abs(v) < 100 && !Number.isInteger(v) ? v.toFixed(1) : fmt(Math.round(v));
     case 'ratio':
       return `${v.toFixed(2)}×`;
   }
@@ -462,22 +467,17 @@ function tabulate(cases: Case[], ms: Measurement[]): TableRow[] {
       if (s !== 'pgasynq') {
         const paired = repList
           .map((r) => [get('pgasynq', r), get(s, r)] as const)
-          .filter((p): p is readonly [number, number] => p[0] !== undefined && p[1] !== undefined && p[1] !== 0)
+          // A ratio means something only between two positive figures (WAL's net figures may be 0 or, within noise, below).
+          .filter((p): p is readonly [number, number] => p[0] !== undefined && p[1] !== undefined && p[0] > 0 && p[1] > 0)
           .map(([a, b]) => a / b);
         if (paired.length) row.ratios[s] = median(paired);
       }
     }
     rows.push(row);
   };
-  for (const c of cases) {
-    for (const r of c.rows) {
-      const capped = (s: SystemName, rep: number) => r.unit === 'rate' && value(ms, c, s, rep, 'capped') === 1;
-      summarize(r.label, r.better, r.unit, c.systems, (s, rep) => value(ms, c, s, rep, r.metric), repsOf(c), capped);
-    }
-  }
-  // W5: claim cost at the larger size ÷ at the smaller, paired by repetition.
+  // W5: claim cost at the larger size ÷ at the smaller, paired by repetition; right after W5's own rows.
   const w5 = cases.filter((c) => c.workload === 'W5');
-  if (w5.length === 2) {
+  const w5Ratios = () => {
     const [small, large] = w5 as [Case, Case];
     for (const [metric, what] of [['claimMs', 'claim round trip'], ['explainMs', 'claim execution']] as const) {
       summarize(
@@ -493,6 +493,13 @@ function tabulate(cases: Case[], ms: Measurement[]): TableRow[] {
         repsOf(small),
       );
     }
+  };
+  for (const c of cases) {
+    for (const r of c.rows) {
+      const capped = (s: SystemName, rep: number) => r.unit === 'rate' && value(ms, c, s, rep, 'capped') === 1;
+      summarize(r.label, r.better, r.unit, c.systems, (s, rep) => value(ms, c, s, rep, r.metric), repsOf(c), capped);
+    }
+    if (w5.length === 2 && c === w5[1]) w5Ratios();
   }
   return rows;
 }
