@@ -2,7 +2,7 @@
  * WAL — what a task costs in write-ahead log, per phase of its life, black
  * box, on the throwaway cluster with nothing else running:
  *
- *   idle      the client connected, nothing happening, `idleMs`: baseline of (a)
+ *   idle      the client connected, nothing happening, `idleMs` in two halves: baseline of (a)
  *   (a)       `n` tasks enqueued in ONE bulk call (enqueueMany / addJobs / …)
  *   (b)       a worker with concurrency `n` whose handler blocks until released:
  *             from its start until every one of the `n` handlers has started
@@ -11,7 +11,7 @@
  *             cost while nothing else happens (lease heartbeats, …)
  *   (c)       the handlers released, until the system's tables hold nothing
  *             unfinished (every completion recorded)
- *   idle-w    the worker running with nothing to do, `idleMs`: baseline of (b), hold, (c)
+ *   idle-w    the worker running with nothing to do, `idleMs` in two halves: baseline of (b), hold, (c)
  *
  * Each phase ends with `settleMs` of quiet, counted in it. Phase boundaries
  * are WAL positions (pg_current_wal_insert_lsn(), exact at the instant it is
@@ -25,7 +25,9 @@
  * the phases fall back to pg_stat_wal deltas with 11 s of quiet after each.
  *
  * Net figure of a phase = its WAL − the baseline's rate × the phase's
- * duration; ÷ n for per task. Counted: everything any backend of the cluster
+ * duration; ÷ n for per task. A baseline's rate is that of the quieter of its
+ * two halves, so that an autovacuum which happened to run in one half is not
+ * subtracted as if it were steady. Counted: everything any backend of the cluster
  * wrote meanwhile — the system's statements and commits, its own maintenance
  * (heartbeats of a server or worker registry, janitors), and autovacuum or
  * autoanalyze if they ran (their counts for the schema are recorded per
@@ -148,7 +150,9 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
   let tornDown = false;
   try {
     const r0 = await read(pool, schema);
-    await sleep(p.idleMs);
+    await sleep(p.idleMs / 2);
+    const r0b = await read(pool, schema);
+    await sleep(p.idleMs / 2);
     const r1 = await read(pool, schema);
 
     // (a) one bulk call
@@ -191,7 +195,9 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
     const r5 = await read(pool, schema);
 
     // idle worker: baseline of (b), hold and (c)
-    await sleep(p.idleMs);
+    await sleep(p.idleMs / 2);
+    const r5b = await read(pool, schema);
+    await sleep(p.idleMs / 2);
     const r6 = await read(pool, schema);
     await workers.stop();
     await a.teardown();
@@ -208,13 +214,26 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
       statBytes = (rEnd.bytes - r0.bytes) / whole.bytes;
     }
 
-    const phases = { idle: [r0, r1], enqueue: [r1, r2], claim: [r2, r3], hold: [r3, r4], complete: [r4, r5], idleWorker: [r5, r6] } as const;
+    const phases = {
+      idle1: [r0, r0b],
+      idle2: [r0b, r1],
+      enqueue: [r1, r2],
+      claim: [r2, r3],
+      hold: [r3, r4],
+      complete: [r4, r5],
+      idleWorker1: [r5, r5b],
+      idleWorker2: [r5b, r6],
+    } as const;
     type Phase = keyof typeof phases;
     const measured = {} as Record<Phase, Wal & { seconds: number; autovacuums: number }>;
     for (const [name, [from, to]] of Object.entries(phases) as [Phase, readonly [Reading, Reading]][]) {
       const w: Wal = waldump ? waldump(from.lsn, to.lsn) : { records: to.records - from.records, bytes: to.bytes - from.bytes, fpiBytes: Number.NaN, byRmgr: {} };
       measured[name] = { ...w, seconds: (to.t - from.t) / 1000, autovacuums: to.auto - from.auto };
     }
+    // Each baseline is the quieter of its two halves: an autovacuum that ran in one half is not a steady rate to subtract.
+    const quieter = (x: Phase, y: Phase): Phase => (measured[x].bytes / measured[x].seconds <= measured[y].bytes / measured[y].seconds ? x : y);
+    const idle = quieter('idle1', 'idle2');
+    const idleWorker = quieter('idleWorker1', 'idleWorker2');
     const net = (phase: Phase, base: Phase, k: 'records' | 'bytes' | 'fpiBytes') => {
       const d = measured[phase];
       const b = measured[base];
@@ -225,18 +244,18 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
       payloadBytes: JSON.stringify(tasks[0]).length,
       source: waldump ? 1 : 0,
       checkpoint,
-      enqueueBytes: net('enqueue', 'idle', 'bytes'),
-      enqueueRecords: net('enqueue', 'idle', 'records'),
-      claimBytes: net('claim', 'idleWorker', 'bytes'),
-      claimRecords: net('claim', 'idleWorker', 'records'),
-      completeBytes: net('complete', 'idleWorker', 'bytes'),
-      completeRecords: net('complete', 'idleWorker', 'records'),
+      enqueueBytes: net('enqueue', idle, 'bytes'),
+      enqueueRecords: net('enqueue', idle, 'records'),
+      claimBytes: net('claim', idleWorker, 'bytes'),
+      claimRecords: net('claim', idleWorker, 'records'),
+      completeBytes: net('complete', idleWorker, 'bytes'),
+      completeRecords: net('complete', idleWorker, 'records'),
       // While running: per running task per second, over the idle worker.
-      holdBytesPerTaskSec: net('hold', 'idleWorker', 'bytes') / measured.hold.seconds,
-      holdRecordsPerTaskSec: net('hold', 'idleWorker', 'records') / measured.hold.seconds,
-      idleBytesPerSec: measured.idle.bytes / measured.idle.seconds,
-      idleWorkerBytesPerSec: measured.idleWorker.bytes / measured.idleWorker.seconds,
-      idleWorkerRecordsPerSec: measured.idleWorker.records / measured.idleWorker.seconds,
+      holdBytesPerTaskSec: net('hold', idleWorker, 'bytes') / measured.hold.seconds,
+      holdRecordsPerTaskSec: net('hold', idleWorker, 'records') / measured.hold.seconds,
+      idleBytesPerSec: measured[idle].bytes / measured[idle].seconds,
+      idleWorkerBytesPerSec: measured[idleWorker].bytes / measured[idleWorker].seconds,
+      idleWorkerRecordsPerSec: measured[idleWorker].records / measured[idleWorker].seconds,
       claimedMs,
       completedMs,
       pgStatWalRecordsOverWaldump: statRecords,
