@@ -340,6 +340,7 @@ function buildPlan(): Case[] {
         ...per('all three', 'total'),
         { label: `WAL per ${what} task while running, bytes/s (heartbeats)`, metric: 'holdBytesPerTaskSec', better: 'lower', unit: 'count' },
         { label: `WAL of an idle worker (baseline), bytes/s`, metric: 'idleWorkerBytesPerSec', better: 'lower', unit: 'count' },
+        { label: `WAL (${what}): autovacuum/autoanalyze runs inside the phases (their WAL is counted in them)`, metric: 'autovacuumsInPhases', better: 'lower', unit: 'count' },
       ],
     });
   }

@@ -261,6 +261,8 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
       pgStatWalRecordsOverWaldump: statRecords,
       pgStatWalBytesOverWaldump: statBytes,
     };
+    // Autovacuum or autoanalyze runs on the schema's tables that ended inside (a), (b), hold or (c): their WAL is in those figures.
+    out.autovacuumsInPhases = (['enqueue', 'claim', 'hold', 'complete'] as const).reduce((sum, ph) => sum + measured[ph].autovacuums, 0);
     out.totalBytes = out.enqueueBytes! + out.claimBytes! + out.completeBytes!;
     out.totalRecords = out.enqueueRecords! + out.claimRecords! + out.completeRecords!;
     for (const [name, m] of Object.entries(measured)) {
