@@ -3,7 +3,7 @@
  * workload case and repetition): no pool, timer or JIT state carries over from
  * one system to the next, and a peer that hangs on shutdown cannot stall the
  * suite. Usage: node --import tsx bench/measure.ts '<json>' where json is
- * { workload: 'W1'…'W7', system, params }. Prints `RESULT <json>` on stdout.
+ * { workload: 'W1'…'W8' or 'WAL', system, params }. Prints `RESULT <json>` on stdout.
  */
 import { load, type SystemName } from './adapters/index.js';
 
@@ -16,6 +16,8 @@ const modules: Record<string, () => Promise<{ measure: (a: never, p: never) => P
   W5: () => import('./workloads/w5-claim-cost.js'),
   W6: () => import('./workloads/w6-processes.js'),
   W7: () => import('./workloads/w7-bloat.js'),
+  W8: () => import('./workloads/w8-snapshot.js'),
+  WAL: () => import('./workloads/wal.js'),
 };
 const mod = modules[spec.workload];
 if (!mod) throw new Error(`unknown workload ${spec.workload}`);

@@ -1,5 +1,5 @@
 /**
- * BullMQ 6, on Redis (its default backend) and on PostgreSQL (its
+ * BullMQ 6.7, on Redis (its default backend) and on PostgreSQL (its
  * createPostgresBackend, new in 6.x). Tuned as its docs advise for throughput:
  *  - removeOnComplete / removeOnFail: finished jobs are deleted, so the store
  *    does not grow (their "let retention do its work");
@@ -38,7 +38,7 @@ export function create(backend: 'redis' | 'pg'): Adapter {
   return {
     name: backend === 'pg' ? 'bullmq-pg' : 'bullmq',
     label: backend === 'pg' ? 'BullMQ (PostgreSQL backend)' : 'BullMQ (Redis)',
-    ...(backend === 'pg' ? { table: `"${PG_SCHEMA}".job` } : {}),
+    ...(backend === 'pg' ? { schema: PG_SCHEMA } : {}),
     async setup({ fresh = false } = {}) {
       if (fresh && backend === 'pg') {
         const admin = adminPool(1);

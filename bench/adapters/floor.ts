@@ -151,11 +151,12 @@ async function startFloorWorkers(opts: { concurrency: number; handler: TaskHandl
 export function create(prefetch?: number): Adapter {
   // The admin pool lives from setup() to teardown(): a workload may set up again after a teardown.
   let pool: pg.Pool | undefined;
-  const admin = (): pg.Pool => (pool ??= adminPool(3));
+  // Enqueues go through this pool: 10 connections, as pgasynq's Client and graphile's WorkerUtils have (W8's producers run concurrently).
+  const admin = (): pg.Pool => (pool ??= adminPool(10));
   return {
     name: prefetch ? 'floor-prefetch' : 'floor',
     label: prefetch ? `raw-SQL floor, claims of up to ${prefetch} held locally` : 'raw-SQL floor (pg, SKIP LOCKED, claims sized to free slots, batched DELETE)',
-    table: T,
+    schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) {
         await dropSchema(admin(), SCHEMA);

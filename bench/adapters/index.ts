@@ -1,14 +1,18 @@
 /** The systems under test, by the names --systems takes. Loaded lazily: each pulls in its own library. */
 import type { Adapter } from './types.js';
 
-export const SYSTEMS = ['pgasynq', 'floor', 'graphile', 'pgboss', 'bullmq', 'bullmq-pg', 'floor-prefetch'] as const;
+export const SYSTEMS = ['pgasynq', 'pgasynq-tuned', 'floor', 'graphile', 'graphile-default', 'pgboss', 'bullmq', 'bullmq-pg', 'floor-prefetch'] as const;
 /** Run only when named in --systems: a diagnostic, not one of BENCH.md's systems. */
 export const EXTRA: readonly SystemName[] = ['floor-prefetch'];
 export type SystemName = (typeof SYSTEMS)[number];
 
 /** Other spellings --systems accepts. */
 export const ALIASES: Record<string, SystemName> = {
+  'pgasynq-default': 'pgasynq',
+  'pgasynq-prefetch': 'pgasynq-tuned',
   'graphile-worker': 'graphile',
+  'graphile-tuned': 'graphile',
+  'graphile-worker-default': 'graphile-default',
   'pg-boss': 'pgboss',
   'bullmq-redis': 'bullmq',
   bullmqpg: 'bullmq-pg',
@@ -21,13 +25,19 @@ export async function load(name: SystemName): Promise<Adapter> {
   switch (name) {
     case 'pgasynq':
       return await (await import('./pgasynq.js')).create();
+    case 'pgasynq-tuned': {
+      const m = await import('./pgasynq.js');
+      return await m.create(m.TUNED_PREFETCH);
+    }
     case 'floor':
       return (await import('./floor.js')).create();
     case 'floor-prefetch':
       // graphile-worker's tuned localQueue size: what claims larger than the free slots buy.
       return (await import('./floor.js')).create(Number(process.env.FLOOR_PREFETCH ?? 500));
     case 'graphile':
-      return (await import('./graphile.js')).create();
+      return (await import('./graphile.js')).create(true);
+    case 'graphile-default':
+      return (await import('./graphile.js')).create(false);
     case 'pgboss':
       return (await import('./pgboss.js')).create();
     case 'bullmq':

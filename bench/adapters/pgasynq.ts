@@ -4,19 +4,27 @@
  * (PGASYNQ_SRC names its index.ts), so every measurement of one run measures
  * the same code even while src/ is being edited; the working tree's
  * ../../src/index.ts when PGASYNQ_SRC is unset (measure.ts run by hand, or
- * run.ts --live). Default settings except `concurrency` and `prefetch`, tuned
- * as graphile-worker is (its localQueue of 500 is our prefetch of 500: claims
+ * run.ts --live).
+ *
+ * Only the public API (Client, Server, Task, migrate from src/index.ts) and
+ * SQL on the `tasks` view or the catalog: the storage behind `tasks` may
+ * change. The one exception, W5's finished rows, is pgasynq-fill.ts.
+ *
+ * Two systems: `pgasynq` is `new Server({ concurrency })` and nothing else
+ * (the defaults a user gets); `pgasynq-tuned` adds `prefetch: 500`, tuned as
+ * graphile-worker is (its localQueue of 500 is our prefetch of 500: claims
  * larger than the free slots, held leased until a slot frees).
- * PGASYNQ_PREFETCH=0 measures the defaults.
  */
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
 import { DATABASE_URL, adminPool, count, dropSchema } from '../lib/common.js';
 import { instrumentPool } from '../lib/instrument.js';
+import { fillFinished } from './pgasynq-fill.js';
 import type { Adapter, ClaimObserver, Payload, TaskHandler, Workers } from './types.js';
 
 const SCHEMA = 'bench_pgasynq';
-const PREFETCH = Number(process.env.PGASYNQ_PREFETCH ?? 500);
+/** pgasynq-tuned's prefetch: graphile-worker's tuned localQueue size. */
+export const TUNED_PREFETCH = 500;
 
 /**
  * A pool like the one pgasynq makes for itself (same size and options), whose
@@ -33,7 +41,8 @@ function timedPool(onClaim: ClaimObserver): pg.Pool {
 
 type Pgasynq = typeof import('../../src/index.js');
 
-export async function create(): Promise<Adapter> {
+/** `prefetch` undefined: the server's own default (whatever the library chooses). */
+export async function create(prefetch?: number): Promise<Adapter> {
   const src = process.env.PGASYNQ_SRC;
   const { Client, Server, Task, migrate }: Pgasynq = src ? await import(pathToFileURL(src).href) : await import('../../src/index.js');
   // The admin pool lives from setup() to teardown(): a workload may set up again after a teardown.
@@ -41,7 +50,13 @@ export async function create(): Promise<Adapter> {
   const admin = (): pg.Pool => (pool ??= adminPool());
   let client: InstanceType<Pgasynq['Client']> | undefined;
   const start = async (opts: { concurrency: number; handler: TaskHandler; pool?: pg.Pool }): Promise<Workers> => {
-    const server = new Server({ connectionString: DATABASE_URL, schema: SCHEMA, concurrency: opts.concurrency, prefetch: PREFETCH, ...(opts.pool ? { pool: opts.pool } : {}) });
+    const server = new Server({
+      connectionString: DATABASE_URL,
+      schema: SCHEMA,
+      concurrency: opts.concurrency,
+      ...(prefetch !== undefined ? { prefetch } : {}),
+      ...(opts.pool ? { pool: opts.pool } : {}),
+    });
     await server.start((task) => opts.handler(task.payload as Payload));
     return {
       stop: async () => {
@@ -51,9 +66,9 @@ export async function create(): Promise<Adapter> {
     };
   };
   return {
-    name: 'pgasynq',
-    label: src ? 'pgasynq (src/ as copied at the start of the run, via tsx)' : 'pgasynq (working tree src/, via tsx)',
-    table: `"${SCHEMA}".tasks`,
+    name: prefetch !== undefined ? 'pgasynq-tuned' : 'pgasynq',
+    label: `pgasynq (${src ? 'src/ as copied at the start of the run' : 'working tree src/'}, via tsx; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'})`,
+    schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) {
         await dropSchema(admin(), SCHEMA);
@@ -73,19 +88,7 @@ export async function create(): Promise<Adapter> {
     startWorkers: (opts) => start(opts),
     startTimedWorkers: (opts) => start({ ...opts, pool: timedPool(opts.onClaim) }),
     remaining: () => count(admin(), `SELECT count(*) AS n FROM "${SCHEMA}".tasks WHERE state IN ('pending', 'active', 'scheduled', 'retry')`),
-    async fillFinished(n) {
-      // Half completed (kept for a day of retention), half archived: rows no claim may touch.
-      await admin().query(`
-        INSERT INTO "${SCHEMA}".queues (name) VALUES ('default') ON CONFLICT DO NOTHING;
-        INSERT INTO "${SCHEMA}".tasks (queue, id, type, payload, state, run_at, completed_at, retention)
-        SELECT 'default', 'done-' || g, 'noop', jsonb_build_object('i', g),
-               CASE WHEN g % 2 = 0 THEN 'completed' ELSE 'archived' END,
-               CASE WHEN g % 2 = 0 THEN now() + interval '1 day' ELSE now() END,
-               CASE WHEN g % 2 = 0 THEN now() END,
-               CASE WHEN g % 2 = 0 THEN interval '1 day' ELSE interval '0' END
-        FROM generate_series(1, ${Math.floor(n)}) g`);
-      await admin().query(`VACUUM ANALYZE "${SCHEMA}".tasks`);
-    },
+    fillFinished: (n) => fillFinished(admin(), SCHEMA, n),
     async teardown() {
       await client?.close();
       await pool?.end();

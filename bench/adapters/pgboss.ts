@@ -1,23 +1,31 @@
 /**
- * pg-boss 10 (the newest release whose engines allow Node 20; 11 and 12 ask
- * for Node 22), tuned for throughput as BENCH.md did with 12.x:
- *  - batchSize 100: one fetch statement claims up to 100 jobs, one completes them;
- *  - pollingIntervalSeconds 0.5: the smallest pg-boss accepts (default 2 s);
- *  - one work() loop per unit of concurrency (10.x dropped teamSize: "call
- *    work() again for more concurrency"; 12.x calls it localConcurrency);
- *  - a full batch calls boss.notifyWorker(id), the documented way to skip the
- *    polling sleep: 10.x otherwise sleeps the interval after every fetch, and
- *    this is what 12.x's burstWhenBatchFull does. 10.x has no LISTEN/NOTIFY.
+ * pg-boss 12, tuned for throughput as BENCH.md did:
+ *  - `useListenNotify: true` on the worker's instance and `notify: true` on
+ *    the queue: a new job wakes the workers at once (12.x; 10.x only polled);
+ *  - `work(queue, { localConcurrency, batchSize: 100, burstWhenBatchFull,
+ *    pollingIntervalSeconds: 0.5, notifyPollingIntervalSeconds: 0.5 })`:
+ *    `localConcurrency` workers, each fetching up to 100 jobs per statement
+ *    and completing them in one; a full batch fetches again at once instead of
+ *    sleeping; 0.5 s (the smallest allowed) between polls otherwise, also while
+ *    NOTIFY is on (its default then is 30 s, which W4's delayed jobs — they
+ *    get no NOTIFY when they come due — would wait out);
+ *  - the queue's other options at their defaults (completed jobs are kept
+ *    for `deleteAfterSeconds` = 7 days, as a user gets).
  * The producer is a second instance with supervise/schedule off (a client).
  */
-import PgBoss from 'pg-boss';
+import { PgBoss, type WorkOptions } from 'pg-boss';
 import type pg from 'pg';
 import { DATABASE_URL, adminPool, count, dropSchema } from '../lib/common.js';
 import type { Adapter, Payload } from './types.js';
 
 const SCHEMA = 'bench_pgboss';
 const QUEUE = 'noop';
-export const TUNING = { batchSize: 100, pollingIntervalSeconds: 0.5 };
+export const TUNING = {
+  batchSize: 100,
+  burstWhenBatchFull: true,
+  pollingIntervalSeconds: 0.5,
+  notifyPollingIntervalSeconds: 0.5,
+} satisfies WorkOptions;
 
 export function create(): Adapter {
   // The admin pool lives from setup() to teardown(): a workload may set up again after a teardown.
@@ -26,40 +34,39 @@ export function create(): Adapter {
   let producer: PgBoss | undefined;
   return {
     name: 'pgboss',
-    label: 'pg-boss',
-    table: `"${SCHEMA}".job`,
+    label: 'pg-boss (tuned: batchSize 100, burstWhenBatchFull, polling 0.5 s, LISTEN/NOTIFY)',
+    schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) await dropSchema(admin(), SCHEMA);
       producer = new PgBoss({ connectionString: DATABASE_URL, schema: SCHEMA, supervise: false, schedule: false });
       producer.on('error', () => {});
       await producer.start();
-      if (fresh) await producer.createQueue(QUEUE);
+      if (fresh) await producer.createQueue(QUEUE, { notify: true });
     },
     async enqueueOne(payload) {
       await producer!.send(QUEUE, payload);
     },
     async enqueueMany(payloads) {
-      await producer!.insert(payloads.map((p) => ({ name: QUEUE, data: p })));
+      await producer!.insert(
+        QUEUE,
+        payloads.map((p) => ({ data: p })),
+      );
     },
     async enqueueAt(payload, at) {
       await producer!.send(QUEUE, payload, { startAfter: at });
     },
     async startWorkers({ concurrency, handler }) {
-      const boss = new PgBoss({ connectionString: DATABASE_URL, schema: SCHEMA });
+      const boss = new PgBoss({ connectionString: DATABASE_URL, schema: SCHEMA, useListenNotify: true });
       boss.on('error', () => {});
       await boss.start();
-      for (let k = 0; k < concurrency; k++) {
-        let id = '';
-        id = await boss.work<Payload>(QUEUE, TUNING, async (jobs) => {
-          for (const job of jobs) handler(job.data);
-          if (jobs.length === TUNING.batchSize && id) boss.notifyWorker(id);
-        });
-      }
-      return { stop: () => boss.stop({ graceful: true, wait: true, timeout: 10_000 }) };
+      await boss.work<Payload>(QUEUE, { ...TUNING, localConcurrency: concurrency }, async (jobs) => {
+        await Promise.all(jobs.map((job) => handler(job.data)));
+      });
+      return { stop: () => boss.stop({ graceful: true, timeout: 10_000 }) };
     },
     remaining: () => count(admin(), `SELECT count(*) AS n FROM "${SCHEMA}".job WHERE name = $1 AND state IN ('created', 'retry', 'active')`, [QUEUE]),
     async teardown() {
-      await producer?.stop({ graceful: false, wait: true });
+      await producer?.stop({ graceful: false });
       await pool?.end();
       pool = undefined;
     },

@@ -6,13 +6,16 @@
 /** A small JSON task: its index, and whatever clock a workload needs. */
 export interface Payload {
   i: number;
+  /** A realistic document (lib/payload.ts), the same bytes for every system; absent in the no-op workloads. */
+  doc?: Record<string, unknown>;
   /** W3: the enqueuer's monotonic clock just before the enqueue call. */
   sentAt?: number;
   /** W4: when the task is due, wall-clock ms since the epoch. */
   due?: number;
 }
 
-export type TaskHandler = (payload: Payload) => void;
+/** A handler may return a promise (WAL: handlers that block until released); every adapter awaits it. */
+export type TaskHandler = (payload: Payload) => void | Promise<void>;
 
 export type ClaimObserver = (ms: number, rows: number, statement: { text: string; values: unknown[] }) => void;
 
@@ -42,9 +45,16 @@ export interface Adapter {
   remaining(): Promise<number>;
   /** Closes what setup() opened. */
   teardown(): Promise<void>;
-  /** PostgreSQL systems: the schema-qualified main table (W7 sizes). */
-  readonly table?: string;
-  /** W5: adds `n` finished rows (completed/archived, or that system's equivalent) with one INSERT … SELECT generate_series. */
+  /**
+   * PostgreSQL systems: the schema holding everything the system stores. W7,
+   * W8 and WAL read sizes and dead tuples summed over all its tables.
+   */
+  readonly schema?: string;
+  /**
+   * W5: adds `n` finished rows (completed/archived, or that system's
+   * equivalent) with one INSERT … SELECT generate_series. The one place where
+   * the bench writes into a system's tables by hand.
+   */
   fillFinished?(n: number): Promise<void>;
   /**
    * W5: starts workers whose claim statements are timed. `onClaim` gets the

@@ -5,7 +5,12 @@
 import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 
-export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+export const DEFAULT_DATABASE_URL = 'postgres://postgres@127.0.0.1:5432/test';
+/**
+ * The database of a measurement process: run.ts passes its throwaway
+ * cluster's URL (or the one given with --database-url) in DATABASE_URL.
+ */
+export const DATABASE_URL = process.env.DATABASE_URL ?? DEFAULT_DATABASE_URL;
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 
 /** Monotonic ms, comparable within one process. */
@@ -32,9 +37,13 @@ export function percentile(xs: readonly number[], p: number): number {
 
 export const mean = (xs: readonly number[]): number => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : Number.NaN);
 
-/** A small pool for administrative statements (drop schema, counts, sizes). */
+/**
+ * A small pool for administrative statements (drop schema, counts, sizes).
+ * Reads DATABASE_URL when called, not when this module loaded: run.ts sets
+ * it once its throwaway cluster is up.
+ */
 export function adminPool(max = 2): pg.Pool {
-  const pool = new pg.Pool({ connectionString: DATABASE_URL, max, application_name: 'bench:admin' });
+  const pool = new pg.Pool({ connectionString: process.env.DATABASE_URL ?? DEFAULT_DATABASE_URL, max, application_name: 'bench:admin' });
   pool.on('error', () => {});
   return pool;
 }
@@ -42,6 +51,67 @@ export function adminPool(max = 2): pg.Pool {
 export async function dropSchema(pool: pg.Pool, schema: string): Promise<void> {
   // Quiet the NOTICEs that DROP … CASCADE prints for every dependent object.
   await pool.query(`SET client_min_messages = warning; DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+}
+
+/**
+ * What a system keeps in its schema, summed over every table in it (heap,
+ * indexes, toast), so that a design that splits a task over several tables is
+ * counted whole. Partitions live in the parent's schema for every system
+ * here; a partitioned parent itself has no storage.
+ */
+export interface SchemaStats {
+  tables: number;
+  /** Main fork of every table. */
+  heapBytes: number;
+  indexBytes: number;
+  /** TOAST tables (with their indexes), free-space and visibility maps. */
+  toastBytes: number;
+  totalBytes: number;
+  liveTuples: number;
+  deadTuples: number;
+  autovacuums: number;
+  autoanalyzes: number;
+}
+
+export async function schemaStats(pool: pg.Pool, schema: string): Promise<SchemaStats> {
+  const { rows } = await pool.query(
+    `SELECT count(*)::float8 AS tables,
+            coalesce(sum(pg_relation_size(c.oid)), 0)::float8 AS heap,
+            coalesce(sum(pg_indexes_size(c.oid)), 0)::float8 AS indexes,
+            coalesce(sum(pg_total_relation_size(c.oid) - pg_indexes_size(c.oid) - pg_relation_size(c.oid)), 0)::float8 AS toast,
+            coalesce(sum(pg_total_relation_size(c.oid)), 0)::float8 AS total,
+            coalesce(sum(s.n_live_tup), 0)::float8 AS live,
+            coalesce(sum(s.n_dead_tup), 0)::float8 AS dead,
+            coalesce(sum(s.autovacuum_count), 0)::float8 AS autovacuums,
+            coalesce(sum(s.autoanalyze_count), 0)::float8 AS autoanalyzes
+     FROM pg_class c
+     JOIN pg_namespace n ON n.oid = c.relnamespace
+     LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+     WHERE n.nspname = $1 AND c.relkind IN ('r', 'm')`,
+    [schema],
+  );
+  const r = rows[0] as Record<string, number>;
+  return {
+    tables: r.tables!,
+    heapBytes: r.heap!,
+    indexBytes: r.indexes!,
+    toastBytes: r.toast!,
+    totalBytes: r.total!,
+    liveTuples: r.live!,
+    deadTuples: r.dead!,
+    autovacuums: r.autovacuums!,
+    autoanalyzes: r.autoanalyzes!,
+  };
+}
+
+/** Plain VACUUM of every table in a schema (what autovacuum would give back). */
+export async function vacuumSchema(pool: pg.Pool, schema: string): Promise<void> {
+  const { rows } = await pool.query<{ t: string }>(
+    `SELECT format('%I.%I', n.nspname, c.relname) AS t FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = $1 AND c.relkind = 'r'`,
+    [schema],
+  );
+  for (const { t } of rows) await pool.query(`VACUUM ${t}`);
 }
 
 export async function count(pool: pg.Pool, sql: string, params: unknown[] = []): Promise<number> {

@@ -4,21 +4,26 @@
  * handler starts (so library start-up does not count) and stops when the
  * system's own tables say nothing is left: every completion recorded.
  * A run still going after `capMs` stops early and reports the rate so far
- * (completed ÷ elapsed), flagged `capped`.
+ * (completed ÷ elapsed), flagged `capped`. With `payload` > 0 every task
+ * carries a realistic JSON document of that many bytes (lib/payload.ts, the
+ * same bytes for every system) instead of `{ i }` alone.
  */
-import type { Adapter, Payload } from '../adapters/types.js';
+import type { Adapter } from '../adapters/types.js';
 import { now, sleep } from '../lib/common.js';
+import { payload } from '../lib/payload.js';
 
 export interface W2Params {
   n: number;
   concurrency: number;
   capMs: number;
+  /** Bytes of JSON per task; 0 or absent: `{ i }` alone. */
+  payload?: number;
 }
 
-export async function enqueueInChunks(a: Adapter, n: number, chunk = 10_000): Promise<void> {
+export async function enqueueInChunks(a: Adapter, n: number, chunk = 10_000, bytes = 0): Promise<void> {
   for (let from = 0; from < n; from += chunk) {
     const size = Math.min(chunk, n - from);
-    await a.enqueueMany(Array.from({ length: size }, (_, i): Payload => ({ i: from + i })));
+    await a.enqueueMany(Array.from({ length: size }, (_, i) => payload(from + i, bytes)));
   }
 }
 
@@ -33,7 +38,7 @@ export async function untilDrained(a: Adapter, deadline: number, everyMs = 2): P
 
 export async function measure(a: Adapter, p: W2Params): Promise<Record<string, number>> {
   await a.setup({ fresh: true });
-  await enqueueInChunks(a, p.n);
+  await enqueueInChunks(a, p.n, 10_000, p.payload ?? 0);
   let handled = 0;
   let first = 0;
   const workers = await a.startWorkers({

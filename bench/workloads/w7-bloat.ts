@@ -2,13 +2,15 @@
  * W7 — what `total` tasks leave behind: workers (`concurrency` slots) run
  * while a producer keeps a backlog of at most `backlog`, enqueueing in bulk
  * calls of `batch`. Once every completion is recorded, the workers and
- * clients close (so every backend flushes its statistics), and the main
- * table's heap, index and total size and its live/dead tuples are read;
- * then once more after a plain VACUUM (what autovacuum would give back: the
- * server this was written on runs with autovacuum off).
+ * clients close (so every backend flushes its statistics), and the sizes and
+ * live/dead tuples of the system's schema are read, summed over ALL its
+ * tables (heap, indexes, toast): a design that splits a task over several
+ * tables is counted whole. Then once more after a plain VACUUM of every table
+ * (what a vacuum would give back now; autovacuum runs during the workload on
+ * the throwaway cluster, with each library's own per-table settings).
  */
 import type { Adapter } from '../adapters/types.js';
-import { adminPool, now, sleep } from '../lib/common.js';
+import { adminPool, now, schemaStats, sleep, vacuumSchema } from '../lib/common.js';
 import { untilDrained } from './w2-drain.js';
 
 export interface W7Params {
@@ -19,7 +21,7 @@ export interface W7Params {
 }
 
 export async function measure(a: Adapter, p: W7Params): Promise<Record<string, number>> {
-  if (!a.table) throw new Error(`${a.name} has no table to measure`);
+  if (!a.schema) throw new Error(`${a.name} has no schema to measure`);
   await a.setup({ fresh: true });
   let handled = 0;
   const workers = await a.startWorkers({ concurrency: p.concurrency, handler: () => void handled++ });
@@ -41,36 +43,26 @@ export async function measure(a: Adapter, p: W7Params): Promise<Record<string, n
   await a.teardown();
   await sleep(1500);
   const pool = adminPool(1);
-  const sizes = async () => {
-    const { rows } = await pool.query(
-      `SELECT sum(pg_relation_size(t.relid))::float8 AS heap, sum(pg_indexes_size(t.relid))::float8 AS indexes,
-              sum(pg_total_relation_size(t.relid))::float8 AS total,
-              sum(s.n_live_tup)::float8 AS live, sum(s.n_dead_tup)::float8 AS dead,
-              sum(s.autovacuum_count)::float8 AS autovacuums, sum(s.autoanalyze_count)::float8 AS autoanalyzes
-       FROM (SELECT relid FROM pg_partition_tree($1::regclass) UNION SELECT $1::regclass) t
-       LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid`,
-      [a.table],
-    );
-    return rows[0] as Record<string, number>;
-  };
   try {
-    const r = await sizes();
-    // What a (auto)vacuum would give back: this server may run with autovacuum off.
-    await pool.query(`VACUUM ${a.table}`);
+    const r = await schemaStats(pool, a.schema);
+    await vacuumSchema(pool, a.schema);
     await sleep(1000);
-    const v = await sizes();
+    const v = await schemaStats(pool, a.schema);
     return {
-      totalBytes: r.total!,
-      heapBytes: r.heap!,
-      indexBytes: r.indexes!,
-      liveTuples: r.live!,
-      deadTuples: r.dead!,
-      autovacuums: r.autovacuums!,
-      autoanalyzes: r.autoanalyzes!,
+      totalBytes: r.totalBytes,
+      heapBytes: r.heapBytes,
+      indexBytes: r.indexBytes,
+      toastBytes: r.toastBytes,
+      tables: r.tables,
+      liveTuples: r.liveTuples,
+      deadTuples: r.deadTuples,
+      autovacuums: r.autovacuums,
+      autoanalyzes: r.autoanalyzes,
       perSec: p.total / seconds,
-      totalBytesAfterVacuum: v.total!,
-      indexBytesAfterVacuum: v.indexes!,
-      deadTuplesAfterVacuum: v.dead!,
+      totalBytesAfterVacuum: v.totalBytes,
+      heapBytesAfterVacuum: v.heapBytes,
+      indexBytesAfterVacuum: v.indexBytes,
+      deadTuplesAfterVacuum: v.deadTuples,
     };
   } finally {
     await pool.end();
