@@ -90,7 +90,7 @@ const WORKER_TASK_COLUMNS =
 const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expires_at, payload, payload_bytes, cancel_requested, updated_at';
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
-const REQUIRED = ['tasks', 'queues', 'unique_locks', 'servers', 'daily_stats', 'scheduler_entries', 'scheduler_events', 'queue_stats', 'active_tasks'];
+const REQUIRED = ['migrations', 'tasks', 'queues', 'unique_locks', 'servers', 'daily_stats', 'scheduler_entries', 'scheduler_events', 'queue_stats', 'active_tasks'];
 
 const lit = (s: string) => `'${s}'`;
 
@@ -232,6 +232,8 @@ BEGIN
   -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}), UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (name), UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
+  -- Server.start and Scheduler.start check the schema version (which migrations are applied).
+  GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (status, heartbeat_at, expires_at), DELETE ON ${t('servers')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (processed, failed), DELETE ON ${t('daily_stats')} TO ${id(r.worker)};
