@@ -41,7 +41,7 @@ after(async () => {
 });
 beforeEach(async () => {
   await db.query(
-    'TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.scheduler_entries, {{schema}}.scheduler_events',
+    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.scheduler_entries, {{schema}}.scheduler_events',
   );
 });
 
@@ -709,7 +709,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0003 and 0002 roll back and apply again', async () => {
+  test('migrations 0004, 0003 and 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -722,15 +722,15 @@ describe('validation, closing, migration', () => {
       db.pool
         .query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`)
         .then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0004_storage_v2');
     assert.ok((await objects()).v && (await objects()).a && (await objects()).i);
     assert.match(await activeIndex(), /\(queue, started_at, seq\) WHERE \(\(state = 'active'::text\) AND \(lease_owner IS NOT NULL\)\)/);
     assert.equal(await migrateDown(opts), '0003_active_index');
     assert.match(await activeIndex(), /\(lease_expires_at\) WHERE \(state = 'active'::text\)$/);
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
-    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index'] });
+    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index', '0004_storage_v2'] });
     assert.ok((await objects()).v);
-    assert.match(await activeIndex(), /lease_owner IS NOT NULL/);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
   });
 });

@@ -38,7 +38,7 @@ after(async () => {
 });
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.side_effects');
+  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.side_effects');
 }
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
@@ -88,7 +88,7 @@ describe('lease at claim', () => {
     assert.equal(r1.lease_owner, 'server-a');
     const [{ secs }] = await db.query('SELECT round(extract(epoch FROM lease_expires_at - now()))::int AS secs FROM {{schema}}.tasks WHERE id = $1', [info.id]);
     assert.equal(secs, 30);
-    await requeue(broker, [{ queue: 'default', id: info.id, token: r1.lease_token }]);
+    await requeue(broker, [{ queue: 'default', id: info.id, seq: row!.seq, token: r1.lease_token }]);
     const [again] = await claim(broker, ['default'], 10, 'server-b', 30_000);
     assert.notEqual(again?.lease_token, r1.lease_token, 'a new token on every claim');
   });
@@ -117,7 +117,7 @@ describe('fencing', () => {
     // Someone else claims it: the lease moves on to a new token.
     await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'b' WHERE id = $1", [info.id]);
     const before = await taskRow(info.id);
-    const stale = { queue: 'default', id: info.id, token: row.lease_token };
+    const stale = { queue: 'default', id: info.id, seq: row.seq, token: row.lease_token };
     assert.deepEqual(await complete(broker, [{ ...stale, keep: false }]), []);
     assert.deepEqual(await complete(broker, [{ ...stale, keep: true }]), []);
     assert.deepEqual(await fail(broker, [{ ...stale, archive: false, counts: true, delayMs: 0, error: 'x' }]), []);
@@ -335,7 +335,7 @@ describe('graceful shutdown', () => {
     assert.equal(row.state, 'pending');
     assert.equal(row.retried, 2);
     assert.equal(row.lease_token, null);
-    const order = await db.query("SELECT id FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY run_at, seq");
+    const order = await db.query("SELECT id FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY pending_seq");
     assert.deepEqual(order.map((r) => r.id), [info.id, other.id], 'requeued to the front');
   });
 

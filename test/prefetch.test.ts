@@ -17,7 +17,7 @@ before(async () => {
 });
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
 });
 after(async () => {
   await client.close();

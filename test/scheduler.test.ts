@@ -42,7 +42,7 @@ function scheduler(opts: SchedulerOptions = {}): Scheduler {
 }
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.scheduler_entries, {{schema}}.scheduler_events');
+  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.scheduler_entries, {{schema}}.scheduler_events');
 }
 
 const iso = (d: Date | null) => d?.toISOString() ?? null;

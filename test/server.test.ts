@@ -65,7 +65,7 @@ async function startServer(handler: ServeMux | ((t: Task, c: TaskContext) => unk
 }
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.tasks, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
 }
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
@@ -546,11 +546,11 @@ describe('configuration', () => {
   test('start refuses a schema that lacks migrations, naming them; an up-to-date one starts', { timeout: 30_000 }, async () => {
     const schema = `${db.schema}_old`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    await migrate({ connectionString: db.connectionString, schema, to: '0002_views', logger: false });
+    await migrate({ connectionString: db.connectionString, schema, to: '0003_active_index', logger: false });
     const server = new Server({ connectionString: db.connectionString, schema, logger: false });
     await assert.rejects(server.start(() => {}), (err: unknown) => {
       assert.ok(err instanceof FailedPreconditionError);
-      assert.match(err.message, /schema "t_server\w*_old" lacks migration 0003_active_index: run `pgasynq migrate`/);
+      assert.match(err.message, /schema "t_server\w*_old" lacks migration 0004_storage_v2: run `pgasynq migrate`/);
       return true;
     });
     assert.equal(server.status, 'new');

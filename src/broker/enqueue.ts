@@ -30,27 +30,27 @@ function toJsonRows(records: TaskRecord[]): string {
   return `[${parts.join(',')}]`;
 }
 
-const TASK_COLUMNS = sql`queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at`;
-const TASK_VALUES = sql`queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout_ms * interval '1 millisecond',
-  deadline, unique_key, group_key, retention_ms * interval '1 millisecond', CASE state WHEN 'pending' THEN now() WHEN 'scheduled' THEN due END`;
-
-/** Rows in the caller's order; the identity numbers them (seq orders tasks due at the same instant: FIFO). */
-const insertInCallerOrder = (db: Db) => sql`
-      INSERT INTO ${db.table('tasks')} (${TASK_COLUMNS})
-      SELECT ${TASK_VALUES} FROM routed ORDER BY ord
-      RETURNING *`;
-
 /**
- * Rows in key order, numbered in the caller's order: a volatile function in
- * the select list runs after the sort. For batches with given ids or unique
- * keys, which another enqueue may hold in another order (see the header).
+ * The inputs in key order (see the header) or in the caller's order, each numbered in
+ * the caller's order: nextval() in the select list of `numbered` runs after its sort,
+ * so seq — and with it the pending order — is FIFO within the batch either way.
+ * A pending task's position is its own seq.
  */
-const insertInKeyOrder = (db: Db) => sql`
-      INSERT INTO ${db.table('tasks')} (${TASK_COLUMNS}, seq) OVERRIDING SYSTEM VALUE
-      SELECT ${TASK_VALUES}, seq
-      FROM (SELECT r.*, nextval(pg_get_serial_sequence(${db.qualified('tasks')}, 'seq')) AS seq FROM routed r ORDER BY r.ord) n
-      ORDER BY queue, id
-      RETURNING *`;
+const insertRows = (db: Db, keyed: boolean) => sql`
+    numbered AS (
+      SELECT r.*, nextval(${db.qualified('task_seq')}) AS seq FROM (SELECT * FROM routed ORDER BY ord) r
+    ),
+    inputs AS (
+      INSERT INTO ${db.table('task_inputs')} (seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout,
+                                              deadline, unique_key, retention)
+      SELECT seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout_ms * interval '1 millisecond',
+             deadline, unique_key, retention_ms * interval '1 millisecond'
+      FROM numbered ORDER BY ${keyed ? sql`queue, id` : sql`seq`}
+    ),
+    states AS (
+      INSERT INTO ${db.table('task_states')} (seq, queue, state, pending_seq, run_at, group_key)
+      SELECT seq, queue, state, CASE WHEN state = 'pending' THEN seq END, run_at, group_key FROM numbered ORDER BY seq
+    )`;
 
 export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
   // Generated ids and no unique keys: nothing another enqueue could hold, so no lock order to keep.
@@ -69,8 +69,11 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     ),
     routed AS (
       -- asynq's routing: due later → scheduled (group or not); else group → aggregating; else pending.
-      SELECT i.*, CASE WHEN i.due > now() THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
-      FROM (SELECT input.*, coalesce(process_at, now() + process_in_ms * interval '1 millisecond', now()) AS due FROM input) i
+      SELECT r.*, CASE r.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN r.due END AS run_at
+      FROM (
+        SELECT i.*, CASE WHEN i.due > now() THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
+        FROM (SELECT input.*, coalesce(process_at, now() + process_in_ms * interval '1 millisecond', now()) AS due FROM input) i
+      ) r
     ),
     expired_locks AS (
       DELETE FROM ${db.table('unique_locks')} l USING routed r
@@ -89,14 +92,14 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     registered AS (
       INSERT INTO ${db.table('queues')} (name) SELECT DISTINCT queue FROM routed ON CONFLICT DO NOTHING
     ),
-    t AS (${keyed ? insertInKeyOrder(db) : insertInCallerOrder(db)}),
+    ${insertRows(db, keyed)},
     notified AS (
       SELECT pg_notify(CASE WHEN s.pending THEN ${db.channels.tasks} ELSE ${db.channels.delayed} END, s.queue)
-      FROM (SELECT DISTINCT state = 'pending', queue FROM t WHERE state <> 'aggregating') s(pending, queue)
+      FROM (SELECT DISTINCT state = 'pending', queue FROM routed WHERE state <> 'aggregating') s(pending, queue)
     )
-    SELECT t.queue, t.id, t.state, (extract(epoch FROM t.run_at) * 1000)::float8 AS run_at_ms,
-           (extract(epoch FROM t.enqueued_at) * 1000)::float8 AS enqueued_at_ms
-    FROM t WHERE (SELECT count(*) FROM notified) >= 0`;
+    SELECT queue, id, state, (extract(epoch FROM run_at) * 1000)::float8 AS run_at_ms,
+           (extract(epoch FROM now()) * 1000)::float8 AS enqueued_at_ms
+    FROM routed WHERE (SELECT count(*) FROM notified) >= 0`;
   let rows: Inserted[];
   try {
     rows = await db.run(query, tx, keyed ? 'enqueue-keyed' : 'enqueue');
@@ -156,7 +159,7 @@ function translateConflict(err: unknown, records: TaskRecord[]): unknown {
   if (e.code !== '23505') return err;
   // detail: Key (queue, id)=(default, abc) already exists.
   const [queue = '', key = ''] = /=\((.*?), (.*)\) already exists/.exec(e.detail ?? '')?.slice(1) ?? [];
-  if (e.constraint === 'tasks_pkey') return new TaskIdConflictError(queue, key);
+  if (e.constraint === 'task_inputs_queue_id_key') return new TaskIdConflictError(queue, key);
   if (e.constraint === 'unique_locks_pkey') {
     const first = records.find((r) => r.queue === queue && r.uniqueKey === key);
     return new DuplicateTaskError(queue || (first?.queue ?? ''), key);

@@ -1,15 +1,20 @@
 /**
  * Claiming tasks and every write about a claimed task. Each of those writes is
- * fenced: it matches the row only while `state = 'active'` and `lease_token`
- * is the token of this claim, so a worker that lost its lease changes nothing.
- * Batch statements take one row per lease through unnest() and lock rows in
- * (queue, id) order, so concurrent batches cannot deadlock.
+ * fenced: it matches the task's state row only while `state = 'active'` and
+ * `lease_token` is the token of this claim, so a worker that lost its lease
+ * changes nothing. Leases are found by the task's `seq` (the state row's
+ * primary key); batch statements take one row per lease through unnest() and
+ * lock rows in seq order, so concurrent batches cannot deadlock.
+ * The claim and every fenced write touch task_states, the narrow row; the
+ * task's inputs (payload, headers, options) are read at the claim and deleted
+ * with the task, never rewritten.
  */
 import { sql, type Transaction } from 'kysely';
 import type { Db } from './db.js';
 
 /** A claimed task, as the processor needs it. */
 export interface ClaimedRow {
+  seq: string;
   queue: string;
   id: string;
   type: string;
@@ -25,12 +30,23 @@ export interface ClaimedRow {
   lease_token: string;
 }
 
-/** Identifies one lease: the row and the token it was claimed with. */
+/** Identifies one lease: the task, its state row and the token it was claimed with. */
 export interface LeaseKey {
   queue: string;
   id: string;
+  /** The task's internal key (bigint, as text). */
+  seq: string;
   token: string;
 }
+
+/** The items whose state row the statement returned: the leases that were still held. */
+function held<T extends LeaseKey>(items: readonly T[], rows: readonly { seq: string }[]): T[] {
+  const seqs = new Set(rows.map((r) => String(r.seq)));
+  return items.filter((i) => seqs.has(String(i.seq)));
+}
+
+const bySeq = <T extends LeaseKey>(items: readonly T[]): T[] =>
+  [...items].sort((a, b) => (BigInt(a.seq) < BigInt(b.seq) ? -1 : BigInt(a.seq) > BigInt(b.seq) ? 1 : 0));
 
 const ms = (n: number) => sql`(${n}::float8 * interval '1 millisecond')`;
 
@@ -46,49 +62,61 @@ export async function claim(db: Db, queues: readonly string[], limit: number, ow
       WHERE NOT EXISTS (SELECT 1 FROM ${db.table('queues')} p WHERE p.name = u.name AND p.paused)
     ),
     c AS (
-      SELECT c.queue, c.id FROM q CROSS JOIN LATERAL (
-        SELECT t.queue, t.id FROM ${db.table('tasks')} t
-        WHERE t.queue = q.name AND t.state = 'pending'
-        ORDER BY t.run_at, t.seq
+      SELECT c.seq, c.pending_seq, q.ord FROM q CROSS JOIN LATERAL (
+        SELECT s.seq, s.pending_seq FROM ${db.table('task_states')} s
+        WHERE s.queue = q.name AND s.state = 'pending'
+        ORDER BY s.pending_seq
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) c
       -- The queues' order is the weighted shuffle: without ORDER BY a hash anti-join may
       -- reorder them. unnest WITH ORDINALITY is already in ord order, so this costs no sort.
       ORDER BY q.ord
       LIMIT ${limit}
+    ),
+    claimed AS (
+      UPDATE ${db.table('task_states')} s
+      SET state = 'active', lease_owner = ${owner}, lease_token = gen_random_uuid(),
+          lease_expires_at = now() + ${ms(leaseMs)}, started_at = now(), run_at = NULL, pending_seq = NULL,
+          cancel_requested = false, updated_at = now()
+      FROM c WHERE s.seq = c.seq
+      RETURNING s.seq, s.retried, s.lease_token
     )
-    UPDATE ${db.table('tasks')} t
-    SET state = 'active', lease_owner = ${owner}, lease_token = gen_random_uuid(),
-        lease_expires_at = now() + ${ms(leaseMs)}, started_at = now(), run_at = NULL,
-        cancel_requested = false, updated_at = now()
-    FROM c WHERE t.queue = c.queue AND t.id = c.id
-    RETURNING t.queue, t.id, t.type, t.payload, t.payload_bytes, t.headers, t.retried, t.max_retry,
-      (extract(epoch FROM t.timeout) * 1000)::float8 AS timeout_ms,
-      (extract(epoch FROM t.deadline - now()) * 1000)::float8 AS deadline_in_ms,
-      (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms,
-      t.lease_token`, undefined, 'claim');
+    SELECT u.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, u.retried, i.max_retry,
+      (extract(epoch FROM i.timeout) * 1000)::float8 AS timeout_ms,
+      (extract(epoch FROM i.deadline - now()) * 1000)::float8 AS deadline_in_ms,
+      (extract(epoch FROM i.retention) * 1000)::float8 AS retention_ms,
+      u.lease_token
+    FROM claimed u JOIN c ON c.seq = u.seq JOIN ${db.table('task_inputs')} i ON i.seq = u.seq
+    ORDER BY c.ord, c.pending_seq`, undefined, 'claim');
 }
 
-const leaseRows = (db: Db, leases: readonly LeaseKey[]) => sql`(
-  SELECT t.queue, t.id FROM ${db.table('tasks')} t
-  JOIN unnest(${leases.map((l) => l.queue)}::text[], ${leases.map((l) => l.id)}::text[], ${leases.map((l) => l.token)}::uuid[]) AS h(queue, id, token)
-    ON t.queue = h.queue AND t.id = h.id AND t.lease_token = h.token
-  WHERE t.state = 'active'
-  ORDER BY t.queue, t.id
-  FOR UPDATE OF t)`;
+/** The state rows of the leases still held, locked in seq order (`extra` names more unnest columns). */
+const leaseRows = (db: Db, leases: readonly LeaseKey[]) => {
+  const sorted = bySeq(leases);
+  return sql`(
+  SELECT s.seq, s.queue FROM ${db.table('task_states')} s
+  JOIN unnest(${sorted.map((l) => l.seq)}::bigint[], ${sorted.map((l) => l.token)}::uuid[]) AS h(seq, token)
+    ON s.seq = h.seq AND s.lease_token = h.token
+  WHERE s.state = 'active'
+  ORDER BY s.seq
+  FOR UPDATE OF s)`;
+};
 
 /**
  * Extends every lease still held, by `leaseMs` from now (database clock).
  * Returns the leases extended, each with whether a cancellation was requested;
- * a lease missing from the result is lost.
+ * a lease missing from the result is lost. lease_expires_at is in no index, so
+ * an extension is a HOT update of the narrow row.
  */
 export async function extendLeases(db: Db, leases: readonly LeaseKey[], leaseMs: number): Promise<{ queue: string; id: string; cancel_requested: boolean }[]> {
   if (leases.length === 0) return [];
-  return db.run(sql<{ queue: string; id: string; cancel_requested: boolean }>`
-    UPDATE ${db.table('tasks')} t SET lease_expires_at = now() + ${ms(leaseMs)}
+  const rows = await db.run(sql<{ seq: string; cancel_requested: boolean }>`
+    UPDATE ${db.table('task_states')} s SET lease_expires_at = now() + ${ms(leaseMs)}
     FROM ${leaseRows(db, leases)} h
-    WHERE t.queue = h.queue AND t.id = h.id AND t.lease_expires_at > now()
-    RETURNING t.queue, t.id, t.cancel_requested`, undefined, 'extend');
+    WHERE s.seq = h.seq AND s.lease_expires_at > now()
+    RETURNING s.seq, s.cancel_requested`, undefined, 'extend');
+  const cancel = new Map(rows.map((r) => [String(r.seq), r.cancel_requested]));
+  return leases.filter((l) => cancel.has(String(l.seq))).map((l) => ({ queue: l.queue, id: l.id, cancel_requested: cancel.get(String(l.seq))! }));
 }
 
 /** A successful (or revoked) attempt: `keep` marks it completed for its retention, otherwise it is deleted. */
@@ -96,71 +124,81 @@ export interface Completion extends LeaseKey {
   keep: boolean;
 }
 
+/** Deletes the inputs of the tasks in `from` and the unique locks they still hold. */
+const deleteInputs = (db: Db, from: string) => sql`
+    inputs AS (
+      DELETE FROM ${db.table('task_inputs')} i USING ${sql.raw(from)} d WHERE i.seq = d.seq
+      RETURNING i.seq, i.queue, i.id, i.unique_key
+    ),
+    unlocked AS (
+      DELETE FROM ${db.table('unique_locks')} l USING inputs f
+      WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+    )`;
+
 /**
- * Finishes successful attempts: deletes each row, or marks it completed until
+ * Finishes successful attempts: deletes each task, or marks it completed until
  * its retention ends, and releases its unique lock if it still holds it.
  * Returns the leases that were still held (the others are fenced off).
  */
-export async function complete(db: Db, items: readonly Completion[], trx?: Transaction<any>): Promise<{ queue: string; id: string }[]> {
+export async function complete<T extends Completion>(db: Db, items: readonly T[], trx?: Transaction<any>): Promise<T[]> {
   if (items.length === 0) return [];
   if (!items.some((i) => i.keep)) return deleteCompleted(db, items, trx);
-  const fenced = sql`(
-    SELECT t.queue, t.id, h.keep FROM ${db.table('tasks')} t
-    JOIN unnest(${items.map((l) => l.queue)}::text[], ${items.map((l) => l.id)}::text[],
-                ${items.map((l) => l.token)}::uuid[], ${items.map((l) => l.keep)}::bool[]) AS h(queue, id, token, keep)
-      ON t.queue = h.queue AND t.id = h.id AND t.lease_token = h.token
-    WHERE t.state = 'active' ORDER BY t.queue, t.id FOR UPDATE OF t)`;
-  return db.run(
-    sql<{ queue: string; id: string }>`
-    WITH h AS MATERIALIZED ${fenced},
+  const sorted = bySeq(items);
+  const rows = await db.run(
+    sql<{ seq: string }>`
+    WITH h AS MATERIALIZED (
+      SELECT s.seq, h.keep FROM ${db.table('task_states')} s
+      JOIN unnest(${sorted.map((l) => l.seq)}::bigint[], ${sorted.map((l) => l.token)}::uuid[], ${sorted.map((l) => l.keep)}::bool[])
+        AS h(seq, token, keep) ON s.seq = h.seq AND s.lease_token = h.token
+      WHERE s.state = 'active' ORDER BY s.seq FOR UPDATE OF s
+    ),
     deleted AS (
-      DELETE FROM ${db.table('tasks')} t USING h
-      WHERE t.queue = h.queue AND t.id = h.id AND NOT h.keep
-      RETURNING t.queue, t.id, t.unique_key
+      DELETE FROM ${db.table('task_states')} s USING h WHERE s.seq = h.seq AND NOT h.keep
+      RETURNING s.seq
     ),
+    ${deleteInputs(db, 'deleted')},
     kept AS (
-      UPDATE ${db.table('tasks')} t
-      SET state = 'completed', completed_at = now(), run_at = now() + t.retention,
+      UPDATE ${db.table('task_states')} s
+      SET state = 'completed', completed_at = now(), run_at = now() + i.retention,
           lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-      FROM h WHERE t.queue = h.queue AND t.id = h.id AND h.keep
-      RETURNING t.queue, t.id, t.unique_key
+      FROM h JOIN ${db.table('task_inputs')} i ON i.seq = h.seq
+      WHERE s.seq = h.seq AND h.keep
+      RETURNING s.seq
     ),
-    finished AS (SELECT * FROM deleted UNION ALL SELECT * FROM kept),
-    unlocked AS (
-      DELETE FROM ${db.table('unique_locks')} l USING finished f
-      WHERE l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+    unlocked_kept AS (
+      DELETE FROM ${db.table('unique_locks')} l USING kept k JOIN ${db.table('task_inputs')} i ON i.seq = k.seq
+      WHERE i.unique_key IS NOT NULL AND l.queue = i.queue AND l.key = i.unique_key AND l.task_id = i.id
     )
-    SELECT queue, id FROM finished`,
+    SELECT seq FROM h`,
     trx,
     'complete',
   );
+  return held(items, rows);
 }
 
 /**
  * complete() when no task is kept (retention 0, the common case): a plain
  * fenced DELETE. Without the separate FOR UPDATE pass each row is written
  * once, not locked and then deleted. Rows are locked as the plan meets them:
- * the leases go in sorted by (queue, id) and the plan is a nested loop over
- * them, so this meets rows in the same order as every other batch statement.
+ * the leases go in sorted by seq and the plan is a nested loop over them, so
+ * this meets rows in the same order as every other batch statement.
  */
-async function deleteCompleted(db: Db, items: readonly Completion[], trx?: Transaction<any>): Promise<{ queue: string; id: string }[]> {
-  const sorted = [...items].sort((a, b) => (a.queue === b.queue ? (a.id < b.id ? -1 : a.id > b.id ? 1 : 0) : a.queue < b.queue ? -1 : 1));
-  return db.run(
-    sql<{ queue: string; id: string }>`
+async function deleteCompleted<T extends Completion>(db: Db, items: readonly T[], trx?: Transaction<any>): Promise<T[]> {
+  const sorted = bySeq(items);
+  const rows = await db.run(
+    sql<{ seq: string }>`
     WITH deleted AS (
-      DELETE FROM ${db.table('tasks')} t
-      USING unnest(${sorted.map((l) => l.queue)}::text[], ${sorted.map((l) => l.id)}::text[], ${sorted.map((l) => l.token)}::uuid[]) AS h(queue, id, token)
-      WHERE t.queue = h.queue AND t.id = h.id AND t.lease_token = h.token AND t.state = 'active'
-      RETURNING t.queue, t.id, t.unique_key
+      DELETE FROM ${db.table('task_states')} s
+      USING unnest(${sorted.map((l) => l.seq)}::bigint[], ${sorted.map((l) => l.token)}::uuid[]) AS h(seq, token)
+      WHERE s.seq = h.seq AND s.lease_token = h.token AND s.state = 'active'
+      RETURNING s.seq
     ),
-    unlocked AS (
-      DELETE FROM ${db.table('unique_locks')} l USING deleted f
-      WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
-    )
-    SELECT queue, id FROM deleted`,
+    ${deleteInputs(db, 'deleted')}
+    SELECT seq FROM deleted`,
     trx,
     'complete-delete',
   );
+  return held(items, rows);
 }
 
 /** A failed attempt: to retry after `delayMs`, or to the archive. */
@@ -173,64 +211,74 @@ export interface Failure extends LeaseKey {
 }
 
 /** Moves failed attempts to retry or archived. Returns the leases that were still held. */
-export async function fail(db: Db, items: readonly Failure[]): Promise<{ queue: string; id: string }[]> {
+export async function fail<T extends Failure>(db: Db, items: readonly T[]): Promise<T[]> {
   if (items.length === 0) return [];
-  return db.run(sql<{ queue: string; id: string }>`
-    UPDATE ${db.table('tasks')} t
+  const sorted = bySeq(items);
+  const rows = await db.run(sql<{ seq: string }>`
+    UPDATE ${db.table('task_states')} s
     SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
-        retried = t.retried + CASE WHEN h.counts AND NOT h.archive THEN 1 ELSE 0 END,
+        retried = s.retried + CASE WHEN h.counts AND NOT h.archive THEN 1 ELSE 0 END,
         run_at = now() + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
         error_msg = h.error, last_failed_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
     FROM (
-      SELECT t.queue, t.id, h.archive, h.counts, h.delay_ms, h.error FROM ${db.table('tasks')} t
-      JOIN unnest(${items.map((l) => l.queue)}::text[], ${items.map((l) => l.id)}::text[], ${items.map((l) => l.token)}::uuid[],
-                  ${items.map((l) => l.archive)}::bool[], ${items.map((l) => l.counts)}::bool[],
-                  ${items.map((l) => l.delayMs)}::float8[], ${items.map((l) => l.error)}::text[])
-        AS h(queue, id, token, archive, counts, delay_ms, error)
-        ON t.queue = h.queue AND t.id = h.id AND t.lease_token = h.token
-      WHERE t.state = 'active' ORDER BY t.queue, t.id FOR UPDATE OF t
+      SELECT s.seq, h.archive, h.counts, h.delay_ms, h.error FROM ${db.table('task_states')} s
+      JOIN unnest(${sorted.map((l) => l.seq)}::bigint[], ${sorted.map((l) => l.token)}::uuid[],
+                  ${sorted.map((l) => l.archive)}::bool[], ${sorted.map((l) => l.counts)}::bool[],
+                  ${sorted.map((l) => l.delayMs)}::float8[], ${sorted.map((l) => l.error)}::text[])
+        AS h(seq, token, archive, counts, delay_ms, error)
+        ON s.seq = h.seq AND s.lease_token = h.token
+      WHERE s.state = 'active' ORDER BY s.seq FOR UPDATE OF s
     ) h
-    WHERE t.queue = h.queue AND t.id = h.id
-    RETURNING t.queue, t.id`, undefined, 'fail');
+    WHERE s.seq = h.seq
+    RETURNING s.seq`, undefined, 'fail');
+  return held(items, rows);
 }
 
 /**
  * Gives leases back at shutdown: the tasks return to the front of pending with
  * their retry count unchanged (asynq's requeue). Returns the leases still held.
  */
-export async function requeue(db: Db, leases: readonly LeaseKey[]): Promise<{ queue: string; id: string }[]> {
+export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]): Promise<T[]> {
   if (leases.length === 0) return [];
-  return db.run(sql<{ queue: string; id: string }>`
-    UPDATE ${db.table('tasks')} t
-    SET state = 'pending',
-        run_at = coalesce((SELECT min(p.run_at) FROM ${db.table('tasks')} p WHERE p.queue = t.queue AND p.state = 'pending'), now())
-                 - interval '1 microsecond',
+  const rows = await db.run(sql<{ seq: string }>`
+    UPDATE ${db.table('task_states')} s
+    SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-    FROM ${leaseRows(db, leases)} h
-    WHERE t.queue = h.queue AND t.id = h.id
-    RETURNING t.queue, t.id`);
+    FROM (
+      -- Ahead of the queue's first pending task, in the order they were claimed.
+      SELECT l.seq, row_number() OVER w AS rank, count(*) OVER (PARTITION BY l.queue) AS n,
+             coalesce((SELECT min(p.pending_seq) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
+                      nextval(${db.qualified('task_seq')})) AS front,
+             coalesce((SELECT min(p.run_at) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
+                      now()) AS front_at
+      FROM ${leaseRows(db, leases)} l
+      WINDOW w AS (PARTITION BY l.queue ORDER BY l.seq)
+    ) h
+    WHERE s.seq = h.seq
+    RETURNING s.seq`);
+  return held(leases, rows);
 }
 
 /** Stores a handler's result on its task. Returns false when the lease is gone. */
 export async function writeResult(db: Db, lease: LeaseKey, json: string | null, bytes: Buffer | null): Promise<boolean> {
-  const rows = await db.run(sql<{ id: string }>`
-    UPDATE ${db.table('tasks')} SET result = ${json}::jsonb, result_bytes = ${bytes}, updated_at = now()
-    WHERE queue = ${lease.queue} AND id = ${lease.id} AND lease_token = ${lease.token}::uuid AND state = 'active'
-    RETURNING id`);
+  const rows = await db.run(sql<{ seq: string }>`
+    UPDATE ${db.table('task_states')} SET result = ${json}::jsonb, result_bytes = ${bytes}, updated_at = now()
+    WHERE seq = ${lease.seq}::bigint AND lease_token = ${lease.token}::uuid AND state = 'active'
+    RETURNING seq`);
   return rows.length === 1;
 }
 
 /**
- * Inside a handler's transaction: locks the task's row if this lease still
- * holds it. While the lock is held no recoverer can take the task (they skip
- * locked rows), so the completion at the end of the transaction cannot miss.
+ * Inside a handler's transaction: locks the task's state row if this lease
+ * still holds it. While the lock is held no recoverer can take the task (they
+ * skip locked rows), so the completion at the end of the transaction cannot miss.
  */
 export async function lockLease(db: Db, trx: Transaction<any>, lease: LeaseKey): Promise<boolean> {
   const rows = await db.run(
-    sql<{ id: string }>`
-    SELECT id FROM ${db.table('tasks')}
-    WHERE queue = ${lease.queue} AND id = ${lease.id} AND lease_token = ${lease.token}::uuid AND state = 'active'
+    sql<{ seq: string }>`
+    SELECT seq FROM ${db.table('task_states')}
+    WHERE seq = ${lease.seq}::bigint AND lease_token = ${lease.token}::uuid AND state = 'active'
     FOR UPDATE`,
     trx,
   );

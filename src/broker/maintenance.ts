@@ -14,16 +14,20 @@ import { transaction, type Db } from './db.js';
 export async function forwardDue(db: Db, limit: number): Promise<number> {
   const rows = await db.run(sql<{ n: number }>`
     WITH moved AS (
-      UPDATE ${db.table('tasks')} t
-      SET state = CASE WHEN t.group_key IS NULL THEN 'pending' ELSE 'aggregating' END,
-          run_at = CASE WHEN t.group_key IS NULL THEN now() END, updated_at = now()
+      UPDATE ${db.table('task_states')} s
+      SET state = CASE WHEN s.group_key IS NULL THEN 'pending' ELSE 'aggregating' END,
+          run_at = CASE WHEN s.group_key IS NULL THEN now() END,
+          pending_seq = CASE WHEN s.group_key IS NULL THEN d.position END, updated_at = now()
       FROM (
-        SELECT queue, id FROM ${db.table('tasks')}
-        WHERE state IN ('scheduled', 'retry') AND run_at <= now()
-        ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
+        -- Positions drawn after the sort: tasks due first go first.
+        SELECT x.seq, nextval(${db.qualified('task_seq')}) AS position FROM (
+          SELECT seq FROM ${db.table('task_states')}
+          WHERE state IN ('scheduled', 'retry') AND run_at <= now()
+          ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
+        ) x
       ) d
-      WHERE t.queue = d.queue AND t.id = d.id
-      RETURNING t.queue, t.state
+      WHERE s.seq = d.seq
+      RETURNING s.queue, s.state
     ),
     notified AS (
       SELECT pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
@@ -36,12 +40,13 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
 export async function nextDueIn(db: Db): Promise<number | null> {
   const rows = await db.run(sql<{ ms: number | null }>`
     SELECT (extract(epoch FROM min(run_at) - now()) * 1000)::float8 AS ms
-    FROM ${db.table('tasks')} WHERE state IN ('scheduled', 'retry')`, undefined, 'next_due');
+    FROM ${db.table('task_states')} WHERE state IN ('scheduled', 'retry')`, undefined, 'next_due');
   return rows[0]?.ms ?? null;
 }
 
 /** An active task whose lease expired past the cutoff, as the recoverer needs it. */
 export interface ExpiredLease {
+  seq: string;
   queue: string;
   id: string;
   type: string;
@@ -70,29 +75,29 @@ export async function recoverExpired(
   return transaction(db, async (trx) => {
     const expired = await db.run(
       sql<ExpiredLease>`
-      SELECT queue, id, type, payload, payload_bytes, headers, retried, max_retry, lease_owner,
-             lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
-      FROM ${db.table('tasks')}
-      WHERE state = 'active' AND lease_owner IS NOT NULL -- always true; lets tasks_active_idx serve
-        AND (lease_expires_at < now() - ${opts.cutoffMs}::float8 * interval '1 millisecond'
-             OR lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')
-      ORDER BY queue, id LIMIT ${opts.limit} FOR UPDATE SKIP LOCKED`,
+      SELECT s.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, s.retried, i.max_retry, s.lease_owner,
+             s.lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
+      FROM ${db.table('task_states')} s JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
+      WHERE s.state = 'active' AND s.lease_owner IS NOT NULL -- always true; lets task_states_active_idx serve
+        AND (s.lease_expires_at < now() - ${opts.cutoffMs}::float8 * interval '1 millisecond'
+             OR s.lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')
+      ORDER BY s.seq LIMIT ${opts.limit} FOR UPDATE OF s SKIP LOCKED`,
       trx,
     );
     if (expired.length === 0) return { retried: 0, archived: 0 };
     const decisions = expired.map(decide);
     await db.run(
       sql`
-      UPDATE ${db.table('tasks')} t
+      UPDATE ${db.table('task_states')} s
       SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
-          retried = t.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
+          retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
           run_at = now() + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
           error_msg = 'task lease expired', last_failed_at = now(),
           lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-      FROM unnest(${expired.map((e) => e.queue)}::text[], ${expired.map((e) => e.id)}::text[],
+      FROM unnest(${expired.map((e) => e.seq)}::bigint[],
                   ${decisions.map((d) => d.archive)}::bool[], ${decisions.map((d) => d.delayMs)}::float8[])
-        AS h(queue, id, archive, delay_ms)
-      WHERE t.queue = h.queue AND t.id = h.id AND t.state = 'active'`,
+        AS h(seq, archive, delay_ms)
+      WHERE s.seq = h.seq AND s.state = 'active'`,
       trx,
     );
     const archived = decisions.filter((d) => d.archive).length;
@@ -104,11 +109,13 @@ export async function recoverExpired(
 export async function deleteExpiredCompleted(db: Db, limit: number): Promise<number> {
   const rows = await db.run(sql<{ n: number }>`
     WITH d AS (
-      DELETE FROM ${db.table('tasks')} t USING (
-        SELECT queue, id FROM ${db.table('tasks')} WHERE state = 'completed' AND run_at <= now()
+      DELETE FROM ${db.table('task_states')} s USING (
+        SELECT seq FROM ${db.table('task_states')} WHERE state = 'completed' AND run_at <= now()
         ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
-      ) x WHERE t.queue = x.queue AND t.id = x.id RETURNING 1
-    ) SELECT count(*)::int AS n FROM d`);
+      ) x WHERE s.seq = x.seq RETURNING s.seq
+    ),
+    inputs AS (DELETE FROM ${db.table('task_inputs')} i USING d WHERE i.seq = d.seq)
+    SELECT count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }
 
@@ -131,20 +138,22 @@ export async function deleteExpiredLocks(db: Db, limit: number): Promise<number>
 export async function trimArchive(db: Db, maxSize: number, maxAgeMs: number, limit: number): Promise<number> {
   const rows = await db.run(sql<{ n: number }>`
     WITH doomed AS (
-      SELECT a.queue, a.id FROM ${db.table('queues')} q CROSS JOIN LATERAL (
-        SELECT t.queue, t.id FROM ${db.table('tasks')} t
-        WHERE t.queue = q.name AND t.state = 'archived'
-        ORDER BY t.run_at DESC OFFSET ${maxSize}
+      SELECT a.seq FROM ${db.table('queues')} q CROSS JOIN LATERAL (
+        SELECT s.seq FROM ${db.table('task_states')} s
+        WHERE s.queue = q.name AND s.state = 'archived'
+        ORDER BY s.run_at DESC OFFSET ${maxSize}
       ) a
       UNION
-      SELECT queue, id FROM ${db.table('tasks')}
+      SELECT seq FROM ${db.table('task_states')}
       WHERE state = 'archived' AND run_at < now() - ${maxAgeMs}::float8 * interval '1 millisecond'
     ),
     d AS (
-      DELETE FROM ${db.table('tasks')} t USING (
-        SELECT t.queue, t.id FROM ${db.table('tasks')} t JOIN doomed USING (queue, id)
-        WHERE t.state = 'archived' LIMIT ${limit} FOR UPDATE OF t SKIP LOCKED
-      ) x WHERE t.queue = x.queue AND t.id = x.id RETURNING 1
-    ) SELECT count(*)::int AS n FROM d`);
+      DELETE FROM ${db.table('task_states')} s USING (
+        SELECT s.seq FROM ${db.table('task_states')} s JOIN doomed USING (seq)
+        WHERE s.state = 'archived' LIMIT ${limit} FOR UPDATE OF s SKIP LOCKED
+      ) x WHERE s.seq = x.seq RETURNING s.seq
+    ),
+    inputs AS (DELETE FROM ${db.table('task_inputs')} i USING d WHERE i.seq = d.seq)
+    SELECT count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }

@@ -89,8 +89,15 @@ export function revertLastMigration(db: Db, all: MigrationFile[], force = false)
   });
 }
 
+/**
+ * A down script whose first line is this copies every task into the tables it
+ * restores before it drops any (0004 goes back to v1's one table): nothing to refuse.
+ */
+const KEEPS_TASKS = '-- pgasynq: keeps every task';
+
 /** The tables a down script drops that hold rows, with how many (at most 1,000 counted). */
 async function populatedTables(client: pg.PoolClient, db: Db, down: string): Promise<{ table: string; rows: number }[]> {
+  if (down.startsWith(KEEPS_TASKS)) return [];
   const dropped = [...down.matchAll(/DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?\{\{schema\}\}\.([a-z_][a-z0-9_]*)/gi)].map((m) => m[1] as string);
   const held: { table: string; rows: number }[] = [];
   for (const table of dropped) {

@@ -84,7 +84,8 @@ const KEYS = [
 export interface ResolvedServerConfig {
   readonly logger: Logger;
   readonly concurrency: number;
-  readonly prefetch: number;
+  /** null: adaptive (server/prefetch.ts). */
+  readonly prefetch: number | null;
   readonly queues: Readonly<Record<string, number>>;
   readonly strictPriority: boolean;
   readonly retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
@@ -152,7 +153,7 @@ export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
   return Object.freeze({
     logger: resolveLogger(c),
     concurrency: c.concurrency === undefined ? availableParallelism() : v.integer(c.concurrency, 'concurrency', 1, 10_000, ConfigError),
-    prefetch: c.prefetch === undefined ? 0 : v.integer(c.prefetch, 'prefetch', 0, 10_000, ConfigError),
+    prefetch: c.prefetch === undefined ? null : v.integer(c.prefetch, 'prefetch', 0, 10_000, ConfigError),
     queues: Object.freeze(c.queues === undefined ? { default: 1 } : validateQueues(c.queues)),
     strictPriority: c.strictPriority === undefined ? false : v.boolean(c.strictPriority, 'strictPriority', ConfigError),
     retryDelay: fn<ResolvedServerConfig['retryDelay']>('retryDelay'),

@@ -18,6 +18,7 @@ import type { LeaseKey } from '../broker/leases.js';
 export class Lease implements LeaseKey {
   readonly queue: string;
   readonly id: string;
+  readonly seq: string;
   readonly token: string;
   readonly controller = new AbortController();
   /** The database no longer gives this worker the task: write nothing more about it. */
@@ -39,6 +40,7 @@ export class Lease implements LeaseKey {
   constructor(key: LeaseKey, trustMs: number, claimSentAt: number) {
     this.queue = key.queue;
     this.id = key.id;
+    this.seq = key.seq;
     this.token = key.token;
     this.#trustMs = trustMs;
     this.extended(claimSentAt);

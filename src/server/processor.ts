@@ -7,9 +7,10 @@
  * held tasks at stop) removes an entry; the heartbeater reads `leases` and
  * marks leases lost.
  *
- * With `prefetch`, a claim may bring more tasks than there are free slots:
- * the extra ones wait in `#held`, leased and heartbeated like running ones,
- * and start the moment a slot frees, without a round trip.
+ * With prefetch (adaptive by default, see prefetch.ts), a claim may bring more
+ * tasks than there are free slots: the extra ones wait in `#held`, leased and
+ * heartbeated like running ones, and start the moment a slot frees, without a
+ * round trip.
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
@@ -34,14 +35,15 @@ import { Task } from '../task.js';
 import { MAX_DURATION_MS } from '../validate.js';
 import { Batcher } from './batcher.js';
 import { Lease } from './lease.js';
+import { Prefetch } from './prefetch.js';
 import { queueOrder } from './queues.js';
 import type { StatsCollector } from './stats.js';
 
 export interface ProcessorConfig {
   serverId: string;
   concurrency: number;
-  /** Tasks claimed ahead of free slots, held leased until one frees. */
-  prefetch: number;
+  /** Tasks claimed ahead of free slots, held leased until one frees; null: adaptive. */
+  prefetch: number | null;
   queues: Readonly<Record<string, number>>;
   strictPriority: boolean;
   taskCheckInterval: number;
@@ -75,6 +77,7 @@ export class Processor {
   readonly #handler: Handler;
   readonly #stats: StatsCollector;
   readonly #completer: Batcher<Completion, Set<string>>;
+  readonly #prefetch: Prefetch;
   readonly #failer: Batcher<Failure, Set<string>>;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
   #running = 0;
@@ -97,6 +100,8 @@ export class Processor {
     this.#cfg = cfg;
     this.#handler = handler;
     this.#stats = stats;
+    // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
+    this.#prefetch = new Prefetch(cfg.prefetch, Math.min(1000, 50 * cfg.concurrency));
     this.#completer = new Batcher(async (items) => keySet(await complete(db, items)));
     this.#failer = new Batcher(async (items) => keySet(await fail(db, items)));
   }
@@ -177,8 +182,9 @@ export class Processor {
   }
 
   async #claimLoop(): Promise<void> {
-    const { concurrency, prefetch } = this.#cfg;
+    const { concurrency } = this.#cfg;
     while (this.#claiming) {
+      const prefetch = this.#prefetch.count;
       const capacity = concurrency + prefetch;
       // Tasks whose outcome is still being written hold their leases too. Without a
       // cap on them, claims would outrun a database slower than the handlers, and
@@ -196,6 +202,7 @@ export class Processor {
       let rows: ClaimedRow[];
       try {
         rows = await claim(this.#db, queueOrder(this.#cfg.queues, this.#cfg.strictPriority), free, this.#cfg.serverId, this.#cfg.leaseDuration);
+        this.#prefetch.claimed(performance.now() - sentAt);
         this.#claimFailures = 0;
         this.#claimErrors.succeeded();
       } catch (err) {
@@ -207,7 +214,7 @@ export class Processor {
       }
       this.counters.claimed += rows.length;
       for (const row of rows) {
-        const lease = new Lease({ queue: row.queue, id: row.id, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
+        const lease = new Lease({ queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
         this.leases.set(lease.key, lease);
         this.#held.push({ row, lease, claimedAt: sentAt });
       }
@@ -242,6 +249,7 @@ export class Processor {
     while (this.#running < this.#cfg.concurrency && this.#held.length > 0) {
       const { row, lease, claimedAt } = this.#held.shift()!;
       this.#running++;
+      this.#prefetch.started();
       void this.#run(row, lease, claimedAt);
     }
   }
@@ -331,7 +339,7 @@ export class Processor {
       const result = await durableTransaction(this.#db, async (trx) => {
         if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
         const value = await fn(trx);
-        const done = await complete(this.#db, [{ queue: lease.queue, id: lease.id, token: lease.token, keep: row.retention_ms > 0 }], trx);
+        const done = await complete(this.#db, [{ ...leaseKey(lease), keep: row.retention_ms > 0 }], trx);
         if (done.length !== 1) throw new LeaseExpiredError();
         return value;
       }, this.#cfg.leaseDuration);
@@ -442,6 +450,6 @@ export class Processor {
   }
 }
 
-const leaseKey = (l: Lease) => ({ queue: l.queue, id: l.id, token: l.token });
+const leaseKey = (l: Lease) => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });
 /** A task as log lines name it: never its payload. */
 const taskFields = (row: ClaimedRow) => ({ id: row.id, type: row.type, queue: row.queue });
