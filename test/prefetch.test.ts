@@ -44,6 +44,56 @@ async function startServer(handler: Handler, config: ServerConfig): Promise<Serv
 
 const enqueueN = (n: number, opts = {}) => client.enqueueMany(Array.from({ length: n }, (_, i) => new Task('held', { i })), opts);
 
+/**
+ * Samples, from SQL, the tasks that are active (claimed) but whose handler has
+ * not started: held for a slot. Returns the most seen at once, and the longest
+ * any one was seen held.
+ */
+async function sampleHeld(started: Set<string>, until: () => boolean): Promise<{ most: number; longestMs: number }> {
+  const firstSeen = new Map<string, number>();
+  let most = 0;
+  let longestMs = 0;
+  while (!until()) {
+    const rows = await db.query("SELECT id FROM {{schema}}.tasks WHERE state = 'active'");
+    const now = performance.now();
+    const held = rows.map((r) => r.id as string).filter((id) => !started.has(id));
+    most = Math.max(most, held.length);
+    for (const id of held) longestMs = Math.max(longestMs, now - (firstSeen.get(id) ?? firstSeen.set(id, now).get(id)!));
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return { most, longestMs };
+}
+
+describe('adaptive prefetch (the default)', () => {
+  test('short tasks: claims come to bring more tasks than there are slots', { timeout: 60_000 }, async () => {
+    // Kept after completion, so each task's started_at (its claim's transaction time) stays readable.
+    await enqueueN(3000, { retention: 60_000 });
+    let done = 0;
+    await startServer(async () => void done++, { concurrency: 2 });
+    await waitFor(async () => (await countByState(db)).completed === 3000, 30_000, 'all completed');
+    const [{ most }] = await db.query('SELECT max(n)::int AS most FROM (SELECT count(*) AS n FROM {{schema}}.task_states GROUP BY started_at) c');
+    // Without prefetch a claim takes at most the free slots: 2.
+    assert.ok(most > 2, `the largest claim brought ${most} tasks with concurrency 2`);
+  });
+
+  test('tasks slower than a claim round trip: none waits held for a slot', { timeout: 60_000 }, async () => {
+    await enqueueN(6);
+    const started = new Set<string>();
+    let done = 0;
+    await startServer(
+      async (_task, ctx) => {
+        started.add(ctx.taskId);
+        await new Promise((r) => setTimeout(r, 1000));
+        done++;
+      },
+      { concurrency: 2 },
+    );
+    const { longestMs } = await sampleHeld(started, () => done >= 6);
+    // A held task would wait for a slot: up to a second here.
+    assert.ok(longestMs < 200, `a task was held ${Math.round(longestMs)} ms`);
+  });
+});
+
 describe('prefetch', () => {
   test('a claim holds up to concurrency + prefetch tasks; no more than concurrency run', { timeout: 30_000 }, async () => {
     await enqueueN(20);

@@ -101,7 +101,7 @@ export class Processor {
     this.#handler = handler;
     this.#stats = stats;
     // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
-    this.#prefetch = new Prefetch(cfg.prefetch, Math.min(1000, 50 * cfg.concurrency));
+    this.#prefetch = new Prefetch(cfg.prefetch, cfg.concurrency, Math.min(1000, 50 * cfg.concurrency));
     this.#completer = new Batcher(async (items) => keySet(await complete(db, items)));
     this.#failer = new Batcher(async (items) => keySet(await fail(db, items)));
   }
@@ -249,7 +249,6 @@ export class Processor {
     while (this.#running < this.#cfg.concurrency && this.#held.length > 0) {
       const { row, lease, claimedAt } = this.#held.shift()!;
       this.#running++;
-      this.#prefetch.started();
       void this.#run(row, lease, claimedAt);
     }
   }
@@ -257,7 +256,9 @@ export class Processor {
   async #run(row: ClaimedRow, lease: Lease, claimedAt: number): Promise<void> {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
+    const startedAt = performance.now();
     const outcome = await this.#invoke(task, this.#context(row, lease), lease.signal);
+    this.#prefetch.ran(performance.now() - startedAt);
     for (const t of timers) clearTimeout(t);
     // The slot is free once the handler settled: a held task starts in it now, and the
     // next claim overlaps this outcome's write, which still holds (and heartbeats) the
