@@ -2,7 +2,7 @@
  * Task, its enqueue options and their validation, and the TaskInfo that every
  * read of a task returns.
  */
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash, randomFillSync } from 'node:crypto';
 import { InvalidOptionError, InvalidTaskTypeError } from './errors.js';
 import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, type EncodedPayload } from './payload.js';
 import * as v from './validate.js';
@@ -190,7 +190,7 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
   const timeoutMs = o.timeout ?? 0;
   const queue = o.queue ?? DEFAULT_QUEUE;
   return {
-    id: o.taskId ?? randomUUID(),
+    id: o.taskId ?? timeOrderedUuid(),
     idGiven: o.taskId !== undefined,
     queue,
     type: task.type,
@@ -212,4 +212,22 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
 function uniqueKey(task: Task): string {
   const bytes = task.encoded.bytes ?? Buffer.from(task.encoded.json ?? '');
   return `${task.type}:${createHash('md5').update(bytes).digest('hex')}`;
+}
+
+const uuidBytes = Buffer.alloc(16);
+
+/**
+ * A new task id: a UUID version 7 (RFC 9562), its first 48 bits the time in
+ * ms. Ids made in the same millisecond sort next to each other, so each
+ * enqueue adds to the right-hand edge of the (queue, id) index instead of a
+ * random page of it (a random UUID's insert touches a different leaf, and
+ * after a checkpoint writes that whole page to the WAL).
+ */
+export function timeOrderedUuid(): string {
+  randomFillSync(uuidBytes, 6, 10);
+  uuidBytes.writeUIntBE(Date.now(), 0, 6);
+  uuidBytes[6] = 0x70 | (uuidBytes[6]! & 0x0f);
+  uuidBytes[8] = 0x80 | (uuidBytes[8]! & 0x3f);
+  const hex = uuidBytes.toString('hex');
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
 }

@@ -28,7 +28,8 @@ import {
 import { caught, countByState, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 
 const SCHEMA = 't_client';
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+/** A UUID version 7: 48 bits of Unix ms first, so ids sort by creation time. */
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 const MIB = 1_048_576;
 const THIRTY_MIN = 1_800_000;
 
@@ -150,10 +151,16 @@ describe('enqueue: defaults and overrides', () => {
     assert.equal(queues.length, 1, 'the queue is registered');
   });
 
-  test('generated ids are distinct UUIDs', async () => {
+  test('generated ids are distinct UUIDs (version 7) carrying their creation time', async () => {
+    const before = Date.now();
     const infos = await Promise.all([1, 2, 3].map(() => client.enqueue(new Task('defaults:ids'))));
     for (const info of infos) assert.match(info.id, UUID);
     assert.equal(new Set(infos.map((i) => i.id)).size, 3);
+    const ms = (id: string) => parseInt(id.replaceAll('-', '').slice(0, 12), 16);
+    for (const info of infos) assert.ok(ms(info.id) >= before && ms(info.id) <= Date.now(), `${info.id} carries ${ms(info.id)}`);
+    const many = await client.enqueueMany(Array.from({ length: 50 }, () => new Task('defaults:ids')));
+    const stamps = many.map((i) => ms(i.id));
+    assert.deepEqual(stamps, [...stamps].sort((a, b) => a - b), 'ids of one batch in creation order, to the millisecond');
   });
 
   test('only a deadline: TaskInfo.timeout is 0 and the deadline is stored', async () => {
