@@ -112,9 +112,10 @@ export class Server {
     notifier.on(this.#db.channels.tasks, (queue) => processor.notify(queue));
     notifier.on(this.#db.channels.delayed, () => forwarder.wake());
     notifier.on(this.#db.channels.cancel, (id) => processor.abortTask(id, new TaskCanceledError()));
+    notifier.on(this.#db.channels.sweep, (queue) => (queue in cfg.queues ? processor.sweep() : undefined));
     // After every (re)connect, sweep: notifications sent while disconnected are lost.
     notifier.onConnected(() => {
-      processor.notify();
+      processor.sweep();
       forwarder.wake();
     });
     return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker };

@@ -185,7 +185,8 @@ export class Db {
   /** Set when the database is the in-process one. */
   readonly embedded: EmbeddedDatabase | undefined;
   /** Channels of this schema: new pending work, new delayed work, cancellations. */
-  readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string };
+  /** Channels: new pending tasks, new scheduled ones, cancellations, and tasks put below the claim cursors' floors. */
+  readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string; readonly sweep: string };
   /** The server, for messages: "host:port/database" (never a user or password), or "embedded". */
   readonly target: string;
   /** The logger of whoever owns this Db. */
@@ -248,6 +249,7 @@ export class Db {
       tasks: `${this.schema}_tasks`,
       delayed: `${this.schema}_delayed`,
       cancel: `${this.schema}_cancel`,
+      sweep: `${this.schema}_sweep`,
     };
   }
 

@@ -37,8 +37,12 @@ function toJsonRows(records: TaskRecord[]): string {
  * A pending task's position is its own seq.
  */
 const insertRows = (db: Db, keyed: boolean) => sql`
+    -- A transaction id before any position is drawn: the claim cursor (server/cursor.ts)
+    -- relies on every transaction that draws one having an id already.
+    tx AS MATERIALIZED (SELECT pg_current_xact_id() AS xid),
     numbered AS (
       SELECT r.*, nextval(${db.qualified('task_seq')}) AS seq FROM (SELECT * FROM routed ORDER BY ord) r
+      WHERE (SELECT xid FROM tx) IS NOT NULL
     ),
     inputs AS (
       INSERT INTO ${db.table('task_inputs')} (seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout,

@@ -162,8 +162,8 @@ export async function requestCancel(db: Db, id: string): Promise<number> {
 
 /**
  * Sets a queue's paused flag. `wasPaused` is the flag before (null: no such
- * queue). Unpausing announces the queue on the tasks channel, so servers
- * claim its waiting tasks at once.
+ * queue). Unpausing announces the queue on the tasks and sweep channels, so
+ * servers claim its waiting tasks at once, from the head.
  */
 export async function setPaused(db: Db, queue: string, paused: boolean): Promise<{ wasPaused: boolean | null }> {
   const rows = await db.run(sql<{ was_paused: boolean | null }>`
@@ -173,7 +173,8 @@ export async function setPaused(db: Db, queue: string, paused: boolean): Promise
       RETURNING u.name, u.paused
     ),
     notified AS (
-      SELECT pg_notify(${db.channels.tasks}, name) FROM changed WHERE NOT paused
+      -- The sweep: claims passed over the paused queue and may have raised their floors above its tasks.
+      SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed WHERE NOT paused
     )
     SELECT (SELECT paused FROM q) AS was_paused, (SELECT count(*) FROM notified) AS notifications`);
   return { wasPaused: rows[0]?.was_paused ?? null };

@@ -15,6 +15,8 @@ import type { Db } from './db.js';
 /** A claimed task, as the processor needs it. */
 export interface ClaimedRow {
   seq: string;
+  /** The task's position in its queue's pending order when claimed. */
+  pending_seq: string;
   queue: string;
   id: string;
   type: string;
@@ -51,28 +53,77 @@ const bySeq = <T extends LeaseKey>(items: readonly T[]): T[] =>
 const ms = (n: number) => sql`(${n}::float8 * interval '1 millisecond')`;
 
 /**
- * Claims up to `limit` pending tasks in one statement, taking queues in the
- * given order and skipping paused ones. The inner LIMIT stops the lateral scan
- * as soon as enough rows are locked, so no row is locked without being claimed.
+ * What a claim read besides its tasks, for the claim cursor (server/cursor.ts):
+ * how far task_seq had drawn before the claim took its transaction id `xid`,
+ * and the oldest transaction still running when its snapshot was taken.
  */
-export async function claim(db: Db, queues: readonly string[], limit: number, owner: string, leaseMs: number): Promise<ClaimedRow[]> {
-  return db.run(sql<ClaimedRow>`
-    WITH q AS (
-      SELECT u.name, u.ord FROM unnest(${queues}::text[]) WITH ORDINALITY AS u(name, ord)
+export interface ClaimMark {
+  drawn: bigint;
+  xid: bigint;
+  xmin: bigint;
+  /** Queues of the claim that were paused: not scanned. */
+  paused: string[];
+}
+
+/**
+ * Claims up to `limit` pending tasks in one statement: from each queue its
+ * share, then what the shares left from the queues in the given order,
+ * skipping paused queues, each from above its floor (the claim cursor's; the
+ * head is any number below every position). The LIMITs stop the scans as soon
+ * as enough rows are locked, so no row is locked without being claimed.
+ */
+export async function claimFrom(
+  db: Db,
+  queues: readonly string[],
+  floors: readonly string[],
+  shares: readonly number[],
+  limit: number,
+  owner: string,
+  leaseMs: number,
+): Promise<{ mark: ClaimMark; rows: ClaimedRow[] }> {
+  const result = await db.run(sql<ClaimedRow & { drawn: string; xid: string; xmin: string; paused: string[] }>`
+    WITH mark AS MATERIALIZED (
+      -- A sequence that has handed out nothing yet has drawn nothing.
+      SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS drawn FROM ${db.table('task_seq')}
+    ),
+    me AS MATERIALIZED (
+      -- The transaction id is taken after the sequence was read (see server/cursor.ts).
+      SELECT m.drawn, pg_current_xact_id() AS xid, pg_snapshot_xmin(pg_current_snapshot()) AS xmin FROM mark m
+    ),
+    q AS (
+      SELECT u.name, u.floor, u.share, u.ord
+      FROM unnest(${queues}::text[], ${floors}::bigint[], ${shares}::int[]) WITH ORDINALITY AS u(name, floor, share, ord)
       WHERE NOT EXISTS (SELECT 1 FROM ${db.table('queues')} p WHERE p.name = u.name AND p.paused)
     ),
-    c AS (
+    -- Each queue's share first (the weights' proportions within one claim)…
+    shared AS (
       SELECT c.seq FROM q CROSS JOIN LATERAL (
         SELECT s.seq FROM ${db.table('task_states')} s
-        WHERE s.queue = q.name AND s.state = 'pending'
+        WHERE s.queue = q.name AND s.state = 'pending' AND s.pending_seq > q.floor
+          -- Referenced here so that the mark is taken before the first row is locked
+          -- (a row lock assigns the transaction id).
+          AND (SELECT xid FROM me) IS NOT NULL
+        ORDER BY s.pending_seq
+        LIMIT q.share FOR UPDATE SKIP LOCKED
+      ) c
+    ),
+    -- …then what the shares left, from the queues in order, so no slot stays idle
+    -- while a queue has tasks. The outer LIMIT stops the scans as soon as enough rows
+    -- are locked. The queues' order is the weighted shuffle: without ORDER BY a hash
+    -- anti-join may reorder them (unnest WITH ORDINALITY is already in order: no sort).
+    more AS (
+      SELECT m.seq FROM q CROSS JOIN LATERAL (
+        SELECT s.seq FROM ${db.table('task_states')} s
+        WHERE s.queue = q.name AND s.state = 'pending' AND s.pending_seq > q.floor
+          AND s.seq <> ALL(ARRAY(SELECT seq FROM shared))
         ORDER BY s.pending_seq
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
-      ) c
-      -- The queues' order is the weighted shuffle: without ORDER BY a hash anti-join may
-      -- reorder them. unnest WITH ORDINALITY is already in ord order, so this costs no sort.
+      ) m
+      WHERE (SELECT count(*) FROM shared) < ${limit}
       ORDER BY q.ord
-      LIMIT ${limit}
+      LIMIT greatest(${limit} - (SELECT count(*) FROM shared), 0)
     ),
+    c AS (SELECT seq FROM shared UNION ALL SELECT seq FROM more),
     -- Rows are found by key arrays (= ANY) and index probes, never by joining CTEs:
     -- their row estimates are guesses, and a join planned on a guess either hashes a
     -- whole table or rescans a CTE once per row. pending_seq stays on the active row
@@ -84,14 +135,31 @@ export async function claim(db: Db, queues: readonly string[], limit: number, ow
           cancel_requested = false, updated_at = now()
       WHERE s.seq = ANY(ARRAY(SELECT seq FROM c))
       RETURNING s.seq, s.queue, s.pending_seq, s.retried, s.lease_token
+    ),
+    tasks AS (
+      SELECT u.seq::text AS seq, u.pending_seq::text AS pending_seq, i.queue, i.id, i.type, i.payload, i.payload_bytes,
+        i.headers, u.retried, i.max_retry,
+        (extract(epoch FROM i.timeout) * 1000)::float8 AS timeout_ms,
+        (extract(epoch FROM i.deadline - now()) * 1000)::float8 AS deadline_in_ms,
+        (extract(epoch FROM i.retention) * 1000)::float8 AS retention_ms,
+        u.lease_token, array_position(${queues}::text[], u.queue) AS ord, u.pending_seq AS position
+      FROM claimed u CROSS JOIN LATERAL (SELECT * FROM ${db.table('task_inputs')} i WHERE i.seq = u.seq) i
     )
-    SELECT u.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, u.retried, i.max_retry,
-      (extract(epoch FROM i.timeout) * 1000)::float8 AS timeout_ms,
-      (extract(epoch FROM i.deadline - now()) * 1000)::float8 AS deadline_in_ms,
-      (extract(epoch FROM i.retention) * 1000)::float8 AS retention_ms,
-      u.lease_token
-    FROM claimed u CROSS JOIN LATERAL (SELECT * FROM ${db.table('task_inputs')} i WHERE i.seq = u.seq) i
-    ORDER BY array_position(${queues}::text[], u.queue), u.pending_seq`, undefined, 'claim');
+    SELECT me.drawn::text AS drawn, me.xid::text AS xid, me.xmin::text AS xmin,
+      ARRAY(SELECT p.name FROM ${db.table('queues')} p WHERE p.paused AND p.name = ANY(${queues}::text[])) AS paused, t.*
+    FROM me LEFT JOIN tasks t ON true
+    ORDER BY t.ord, t.position`, undefined, 'claim');
+  const first = result[0]!;
+  const mark = { drawn: BigInt(first.drawn), xid: BigInt(first.xid), xmin: BigInt(first.xmin), paused: first.paused };
+  return { mark, rows: result.filter((r) => r.seq !== null) };
+}
+
+/** Below every position: a claim from the head of the queue. */
+export const HEAD = String(-(2n ** 62n));
+
+/** claimFrom() from the head of every queue, taking the queues strictly in order. */
+export async function claim(db: Db, queues: readonly string[], limit: number, owner: string, leaseMs: number): Promise<ClaimedRow[]> {
+  return (await claimFrom(db, queues, queues.map(() => HEAD), queues.map((_, i) => (i === 0 ? limit : 0)), limit, owner, leaseMs)).rows;
 }
 
 /**
@@ -248,6 +316,7 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
   if (leases.length === 0) return [];
   const b = batch(leases);
   const rows = await db.run(sql<{ seq: string }>`
+  WITH requeued AS (
     UPDATE ${db.table('task_states')} s
     SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
@@ -262,7 +331,11 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
       WINDOW w AS (PARTITION BY l.queue ORDER BY l.seq)
     ) h
     WHERE s.seq = h.seq
-    RETURNING s.seq`);
+    RETURNING s.seq, s.queue
+  ),
+  -- Below the claim cursors' floors: every server's next claim of the queue starts from its head.
+  notified AS (SELECT pg_notify(${db.channels.sweep}, queue) FROM (SELECT DISTINCT queue FROM requeued) q)
+  SELECT seq FROM requeued WHERE (SELECT count(*) FROM notified) >= 0`);
   return held(leases, rows);
 }
 

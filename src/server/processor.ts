@@ -16,7 +16,7 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import type { Transaction } from 'kysely';
 import { durableTransaction, type Db } from '../broker/db.js';
-import { claim, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure } from '../broker/leases.js';
+import { claimFrom, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure } from '../broker/leases.js';
 import {
   FailedPreconditionError,
   LeaseExpiredError,
@@ -35,8 +35,9 @@ import { Task } from '../task.js';
 import { MAX_DURATION_MS } from '../validate.js';
 import { Batcher } from './batcher.js';
 import { Lease } from './lease.js';
+import { ClaimCursor } from './cursor.js';
 import { Prefetch } from './prefetch.js';
-import { queueOrder } from './queues.js';
+import { claimShares, queueOrder } from './queues.js';
 import type { StatsCollector } from './stats.js';
 
 export interface ProcessorConfig {
@@ -78,6 +79,7 @@ export class Processor {
   readonly #stats: StatsCollector;
   readonly #completer: Batcher<Completion, Set<string>>;
   readonly #prefetch: Prefetch;
+  readonly #cursor = new ClaimCursor();
   readonly #failer: Batcher<Failure, Set<string>>;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
   #running = 0;
@@ -114,6 +116,12 @@ export class Processor {
     if (this.#claiming) return;
     this.#claiming = true;
     this.#loop = this.#claimLoop();
+  }
+
+  /** Tasks may have landed below the claim cursor's floors (a requeue): the next claim starts from the heads. */
+  sweep(): void {
+    this.#cursor.sweep();
+    this.#poke();
   }
 
   /** New work may be waiting in `queue`. */
@@ -201,8 +209,12 @@ export class Processor {
       const sentAt = performance.now();
       let rows: ClaimedRow[];
       try {
-        rows = await claim(this.#db, queueOrder(this.#cfg.queues, this.#cfg.strictPriority), free, this.#cfg.serverId, this.#cfg.leaseDuration);
+        const queues = queueOrder(this.#cfg.queues, this.#cfg.strictPriority);
+        const shares = claimShares(this.#cfg.queues, queues, this.#cfg.strictPriority, free);
+        const claimed = await claimFrom(this.#db, queues, this.#cursor.floors(queues), shares, free, this.#cfg.serverId, this.#cfg.leaseDuration);
+        rows = claimed.rows;
         this.#prefetch.claimed(performance.now() - sentAt);
+        this.#cursor.claimed(claimed.mark, free, topPositions(rows), rows.length, queues);
         this.#claimFailures = 0;
         this.#claimErrors.succeeded();
       } catch (err) {
@@ -449,6 +461,17 @@ export class Processor {
   async flushed(): Promise<void> {
     await Promise.all([this.#completer.drained(), this.#failer.drained()]);
   }
+}
+
+/** The highest position claimed in each queue. */
+function topPositions(rows: readonly ClaimedRow[]): Map<string, bigint> {
+  const top = new Map<string, bigint>();
+  for (const r of rows) {
+    const p = BigInt(r.pending_seq);
+    const t = top.get(r.queue);
+    if (t === undefined || p > t) top.set(r.queue, p);
+  }
+  return top;
 }
 
 const leaseKey = (l: Lease) => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });

@@ -22,3 +22,20 @@ export function queueOrder(queues: Readonly<Record<string, number>>, strict: boo
   }
   return [...new Set(pool)];
 }
+
+/**
+ * How many of a claim's `limit` tasks each queue of `order` (queueOrder's)
+ * is asked for. Weighted: in proportion to the weights, the remainder one
+ * each to the queues first in the order, so a claim of one task goes to the
+ * first queue, as asynq's per-slot choice does, and a claim of many keeps the
+ * weights' proportions within itself. Strict: the first queue is asked for
+ * all. What a queue cannot give, the claim takes from the others in order.
+ */
+export function claimShares(queues: Readonly<Record<string, number>>, order: readonly string[], strict: boolean, limit: number): number[] {
+  if (strict || order.length <= 1) return order.map((_, i) => (i === 0 ? limit : 0));
+  const total = order.reduce((sum, n) => sum + (queues[n] as number), 0);
+  const shares = order.map((n) => Math.floor((limit * (queues[n] as number)) / total));
+  let rest = limit - shares.reduce((a, b) => a + b, 0);
+  for (let i = 0; rest > 0; i = (i + 1) % shares.length, rest--) shares[i]!++;
+  return shares;
+}

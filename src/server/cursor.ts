@@ -1,0 +1,79 @@
+/**
+ * Where this server's claims start in each queue's pending order.
+ *
+ * Every claim leaves dead index entries behind it at the low end of the
+ * pending order (the rows it took). Vacuum removes them, unless a snapshot
+ * older than them is held (a report, a pg_dump, a forgotten BEGIN): then a
+ * claim that starts from the head of the queue steps over every one of them,
+ * and claims slow down by the minute. So each queue has a floor: claims look
+ * only above it, and it rises behind them.
+ *
+ * A floor may rise to a position only once no task can still appear below it.
+ * Positions come from one sequence, and every statement that draws one has a
+ * transaction id before it draws (broker/enqueue.ts and the other callers of
+ * task_seq). Each claim reads how far the sequence has drawn and then takes
+ * its own transaction id: any transaction that drew up to that mark has a
+ * smaller id. Once a later claim's snapshot shows no transaction older than
+ * that id running, every task up to the mark is committed (or gone) and
+ * visible to that claim: that claim may raise the floor up to the mark, and
+ * up to the last position it took (rows it skipped as locked are being
+ * claimed by another server).
+ *
+ * What can still land below a floor — a task given back at shutdown (requeued
+ * to the front), a claim that rolled back — is found by a sweep: a claim from
+ * the head, every SWEEP_EVERY_MS, at start, after a reconnect and when a
+ * server requeues (the sweep channel).
+ */
+import { performance } from 'node:perf_hooks';
+import { HEAD, type ClaimMark } from '../broker/leases.js';
+
+/** How often claims start from the head of every queue regardless of the floors. */
+export const SWEEP_EVERY_MS = 10_000;
+
+export class ClaimCursor {
+  readonly #floors = new Map<string, bigint>();
+  /** A mark of an earlier claim, waiting for every transaction older than its id to end. */
+  #pending: { drawn: bigint; xid: bigint } | undefined;
+  #lastSweep = Number.NEGATIVE_INFINITY;
+
+  /** The floor of each queue for the next claim; all at the head when a sweep is due. */
+  floors(queues: readonly string[]): string[] {
+    if (performance.now() - this.#lastSweep >= SWEEP_EVERY_MS) {
+      this.#lastSweep = performance.now();
+      this.#floors.clear();
+    }
+    return queues.map((q) => this.#floors.get(q)?.toString() ?? HEAD);
+  }
+
+  /** Start the next claim from the head of every queue. */
+  sweep(): void {
+    this.#lastSweep = Number.NEGATIVE_INFINITY;
+  }
+
+  /**
+   * After a claim asked for `limit` tasks: `mark` is what it read of the
+   * sequence and the transactions, `taken` the highest position it took per
+   * queue, `count` how many it took in all.
+   */
+  claimed(mark: ClaimMark, limit: number, taken: ReadonlyMap<string, bigint>, count: number, queues: readonly string[]): void {
+    let safe: bigint | undefined;
+    if (this.#pending !== undefined && mark.xmin > this.#pending.xid) {
+      safe = this.#pending.drawn;
+      this.#pending = undefined;
+    }
+    this.#pending ??= { drawn: mark.drawn, xid: mark.xid };
+    if (safe === undefined) return;
+    // Fewer than asked: every queue's scan ran out above its floor. Otherwise only the
+    // queues that gave tasks are known to hold nothing unclaimed below what they gave.
+    const exhausted = count < limit;
+    for (const queue of queues) {
+      // A paused queue was not scanned: nothing is known of it.
+      if (mark.paused.includes(queue)) continue;
+      const top = taken.get(queue);
+      const candidate = exhausted ? safe : top === undefined ? undefined : top < safe ? top : safe;
+      if (candidate === undefined) continue;
+      const floor = this.#floors.get(queue);
+      if (floor === undefined || candidate > floor) this.#floors.set(queue, candidate);
+    }
+  }
+}

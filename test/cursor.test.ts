@@ -1,0 +1,126 @@
+/**
+ * The claim cursor (server/cursor.ts): claims start above a floor that rises
+ * behind them, so a held snapshot's dead index entries are not stepped over
+ * again and again; and no task is ever left below a floor for longer than a
+ * notification takes, however late its transaction commits.
+ */
+import assert from 'node:assert/strict';
+import { after, afterEach, before, describe, test } from 'node:test';
+import pg from 'pg';
+import { Client, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
+import { testDb, waitFor, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let client: Client;
+const running: Server[] = [];
+
+before(async () => {
+  db = await testDb('t_cursor');
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+});
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((s) => s.shutdown()));
+  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.queues, {{schema}}.servers');
+});
+after(async () => {
+  await client.close();
+  await db.close();
+});
+
+async function startServer(handler: Handler, config: ServerConfig = {}): Promise<Server> {
+  const server = new Server({
+    connectionString: db.connectionString,
+    schema: db.schema,
+    logger: false,
+    taskCheckInterval: 50,
+    shutdownTimeout: 200,
+    ...config,
+  });
+  running.push(server);
+  await server.start(handler);
+  return server;
+}
+
+describe('claim cursor', () => {
+  test('a task whose transaction commits after later tasks were claimed is still claimed at once', { timeout: 60_000 }, async () => {
+    const done: number[] = [];
+    await startServer((t) => void done.push(t.payload as number), { concurrency: 1 });
+    // The queue exists first: an open transaction that registers it would hold up every other enqueue.
+    await client.enqueue(new Task('late', -1));
+    await waitFor(() => done.includes(-1), 10_000, 'the queue registered');
+    // Task 0 draws its position inside a transaction that stays open…
+    const late = new pg.Client({ connectionString: db.connectionString });
+    await late.connect();
+    try {
+      await late.query('BEGIN');
+      await client.enqueue(new Task('late', 0), { tx: late });
+      // …while tasks drawn after it are enqueued, claimed and done, many claims over.
+      for (let i = 1; i <= 30; i++) await client.enqueue(new Task('late', i));
+      await waitFor(() => done.length === 31, 20_000, '30 later tasks done');
+      await late.query('COMMIT');
+    } finally {
+      await late.end();
+    }
+    // Well before the periodic sweep (10 s): the floor never rose past task 0's position.
+    const t0 = performance.now();
+    await waitFor(() => done.includes(0), 20_000, 'the late task done');
+    assert.ok(performance.now() - t0 < 5000, `the late task waited ${Math.round(performance.now() - t0)} ms`);
+  });
+
+  test('a task requeued to the front by another server is claimed at once (the sweep channel)', { timeout: 60_000 }, async () => {
+    const done: string[] = [];
+    const busy = new Set<string>();
+    // Server A holds a task (its handler waits for shutdown) while B drains the rest above it.
+    const a = await startServer(
+      (_t, ctx) =>
+        new Promise<void>((resolve) => {
+          busy.add(ctx.taskId);
+          ctx.signal.addEventListener('abort', () => resolve());
+        }),
+      { concurrency: 1, prefetch: 0, shutdownTimeout: 100 },
+    );
+    const first = await client.enqueue(new Task('front', 0));
+    await waitFor(() => busy.has(first.id), 10_000, 'A holds the first task');
+    await startServer((_t, ctx) => void done.push(ctx.taskId), { concurrency: 1 });
+    for (let i = 1; i <= 20; i++) await client.enqueue(new Task('front', i));
+    await waitFor(() => done.length === 20, 20_000, 'B drained the later tasks');
+    // A stops: the task goes back to the front of pending, below B's floor.
+    await a.shutdown();
+    running.splice(running.indexOf(a), 1);
+    const t0 = performance.now();
+    await waitFor(() => done.includes(first.id), 20_000, 'B ran the requeued task');
+    assert.ok(performance.now() - t0 < 5000, `the requeued task waited ${Math.round(performance.now() - t0)} ms`);
+  });
+
+  test('under a held snapshot, claims do not step over the dead entries of earlier claims again', { timeout: 120_000 }, async () => {
+    const n = 1500;
+    // A REPEATABLE READ snapshot held by another session: no dead row of the queue can be vacuumed.
+    const holder = new pg.Client({ connectionString: db.connectionString });
+    await holder.connect();
+    await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+    await holder.query('SELECT count(*) FROM pg_class');
+    const reads = async () => {
+      await new Promise((r) => setTimeout(r, 1200)); // statistics reach pg_stat_* within a second
+      const rows = await db.query(
+        "SELECT pg_stat_clear_snapshot(), (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = $1 AND indexrelname = 'task_states_pending_idx')::float8 AS n",
+        [db.schema],
+      );
+      return rows[0]!.n as number;
+    };
+    try {
+      const before = await reads();
+      let done = 0;
+      // One task per claim: n claims, each of which would start at the head of the queue.
+      await startServer(() => void done++, { concurrency: 1, prefetch: 0 });
+      for (let i = 0; i < n; i += 100) await client.enqueueMany(Array.from({ length: 100 }, (_, j) => new Task('snap', i + j)));
+      await waitFor(() => done === n, 90_000, 'all done');
+      const read = (await reads()) - before;
+      // From the head, the k-th claim reads the k dead entries before it: about n²/2 = 1,125,000.
+      // Above a floor it reads what is left of the queue plus a sweep every 10 s.
+      assert.ok(read < 20 * n, `the pending index was read ${read} times for ${n} claims`);
+    } finally {
+      await holder.query('ROLLBACK');
+      await holder.end();
+    }
+  });
+});
