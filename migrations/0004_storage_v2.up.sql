@@ -133,8 +133,10 @@ SELECT i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, s.state, i.
        i.timeout, i.deadline, i.unique_key, s.group_key, i.retention, s.run_at, s.lease_owner,
        s.lease_expires_at, s.lease_token, s.started_at, s.cancel_requested, s.error_msg, s.last_failed_at,
        s.completed_at, s.result, s.result_bytes, i.enqueued_at, s.updated_at, i.seq, s.pending_seq
-FROM {{schema}}.task_inputs i
-JOIN {{schema}}.task_states s ON s.seq = i.seq;
+-- task_states first: a SELECT … FOR UPDATE on the view locks the state row before the
+-- inputs, in the order every fenced write and the janitor lock them (else they deadlock).
+FROM {{schema}}.task_states s
+JOIN {{schema}}.task_inputs i ON i.seq = s.seq;
 
 -- Writes to the view, for repairs in SQL (and the Inspector's rarer
 -- operations). A row that becomes pending without a position given is put at
@@ -167,6 +169,8 @@ BEGIN
     DELETE FROM {{schema}}.task_inputs WHERE seq = OLD.seq;
     RETURN OLD;
   END IF;
+  -- A transaction id before any position is drawn (see the claim cursor, server/cursor.ts).
+  PERFORM pg_current_xact_id();
   IF TG_OP = 'INSERT' AND NEW.seq IS NULL THEN
     NEW.seq := nextval('{{schema}}.task_seq');
     own_seq := true;
@@ -250,6 +254,12 @@ BEGIN
   END IF;
   IF NEW.state = 'pending' AND (TG_OP = 'INSERT' OR OLD.state <> 'pending') THEN
     PERFORM pg_notify(TG_TABLE_SCHEMA || '_tasks', NEW.queue);
+  END IF;
+  -- A position chosen by hand may be below the servers' claim cursors: they start from the head.
+  IF NEW.state = 'pending' AND NEW.pending_seq IS DISTINCT FROM
+     (CASE WHEN TG_OP = 'UPDATE' AND OLD.state = 'pending' THEN OLD.pending_seq END)
+     AND NEW.pending_seq < (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {{schema}}.task_seq) THEN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '_sweep', NEW.queue);
   END IF;
   RETURN NEW;
 END

@@ -376,19 +376,35 @@ function describeTarget(pool: pg.Pool): string {
  * are passed on as they are: ours were mapped by run() already, and a user's
  * (ctx.transaction) are none of the broker's business.
  */
-async function inTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
-  let thrownByFn = false;
-  try {
-    return await db.kysely.transaction().execute(async (trx) => {
-      try {
-        return await fn(trx);
-      } catch (err) {
-        thrownByFn = true;
-        throw err;
-      }
-    });
-  } catch (err) {
-    throw thrownByFn ? err : db.failed(err);
+async function inTransaction<T>(
+  db: Db,
+  fn: (trx: Transaction<any>) => Promise<T>,
+  prelude?: (trx: Transaction<any>) => Promise<void>,
+): Promise<T> {
+  // A pooled connection may have died while idle (a restart, a terminated backend): when
+  // getting it, its BEGIN or our own prelude fails that way, nothing of `fn` has run, so
+  // another try is safe, and spares the caller an error it did not cause. Each failure drops
+  // that connection from the pool; all of its idle ones may be dead at once.
+  const tries = 1 + ((db.pool as { options?: { max?: number } }).options?.max ?? 10);
+  for (let attempt = 1; ; attempt++) {
+    let entered = false;
+    let thrownByFn = false;
+    try {
+      return await db.kysely.transaction().execute(async (trx) => {
+        await prelude?.(trx);
+        entered = true;
+        try {
+          return await fn(trx);
+        } catch (err) {
+          thrownByFn = true;
+          throw err;
+        }
+      });
+    } catch (err) {
+      if (thrownByFn) throw err;
+      if (!entered && attempt < tries && isTransientConnectionError(err)) continue;
+      throw db.failed(err);
+    }
   }
 }
 
@@ -397,17 +413,29 @@ export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>
   return inTransaction(db, fn);
 }
 
-/** A transaction whose commit waits for the WAL flush whatever the session says: for users' writes. */
-export function durableTransaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>, idleLimitMs?: number): Promise<T> {
-  return inTransaction(db, async (trx) => {
-    if (!db.embedded) {
-      // One round trip for both settings, local to this transaction. A holder that stalls
-      // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
-      // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
-      const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
-      await db.run(sql`SELECT set_config('synchronous_commit', 'on', true),
-                       set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`, trx);
-    }
-    return fn(trx);
-  });
+/**
+ * A transaction whose commit waits for the WAL flush whatever the session says: for users'
+ * writes. `prelude` runs first, as part of the setup that is retried once on a dead connection.
+ */
+export function durableTransaction<T>(
+  db: Db,
+  fn: (trx: Transaction<any>) => Promise<T>,
+  idleLimitMs?: number,
+  prelude?: (trx: Transaction<any>) => Promise<void>,
+): Promise<T> {
+  return inTransaction(
+    db,
+    fn,
+    async (trx) => {
+      if (!db.embedded) {
+        // One round trip for both settings, local to this transaction. A holder that stalls
+        // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
+        // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
+        const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
+        await db.run(sql`SELECT set_config('synchronous_commit', 'on', true),
+                         set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`, trx);
+      }
+      await prelude?.(trx);
+    },
+  );
 }

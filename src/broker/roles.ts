@@ -5,6 +5,16 @@
  * scheduler.ts, aggregation.ts, inspector-read.ts, inspector-write.ts); a
  * statement that starts touching another table or column changes this file.
  *
+ * Tasks (schema v2, migration 0004) live in two tables, task_inputs and
+ * task_states, which the hot paths (enqueue, claims, fenced writes,
+ * forwarder, recoverer, janitor) read and write directly; the cold paths
+ * (Inspector, aggregator, server registry) go through the view `tasks`,
+ * whose INSTEAD OF trigger function tasks_write() is SECURITY DEFINER: a
+ * write through the view is gated by the role's column privileges on the
+ * view, never on the tables, so the view carries v1's grants on `tasks` and
+ * the tables only what the hot-path statements need (nothing v1's grants on
+ * `tasks` did not allow: the pending position stands for v1's run_at order).
+ *
  * Six NOLOGIN group roles; users grant them to their own login roles:
  *
  *   owner      owns the schema and every object in it: `pgasynq migrate`.
@@ -77,20 +87,30 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
   ['tasks', 'headers'],
   ['tasks', 'result'],
   ['tasks', 'result_bytes'],
+  ['task_inputs', 'payload'],
+  ['task_inputs', 'payload_bytes'],
+  ['task_inputs', 'headers'],
+  ['task_states', 'result'],
+  ['task_states', 'result_bytes'],
   ['scheduler_entries', 'payload'],
   ['scheduler_entries', 'payload_bytes'],
 ];
 
-/** What an enqueue writes (enqueue.ts insertTasks): the rest are defaults or the worker's. */
+/** What an enqueue writes (v1's columns, granted on the view `tasks`): the rest are defaults or the worker's. */
 const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at, seq';
+/** The same, as enqueue.ts insertTasks writes it: a task's inputs, then its state row (its pending position is its seq). */
+const ENQUEUE_INPUT_COLUMNS = 'seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout, deadline, unique_key, retention';
+const ENQUEUE_STATE_COLUMNS = 'seq, queue, state, pending_seq, run_at, group_key';
 /** What the worker's statements change about a task (leases.ts, maintenance.ts): never its identity or payload. */
 const WORKER_TASK_COLUMNS =
   'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
+/** The same on task_states, with the pending position (claim, forwarder and requeue set it; run_at ordered v1's pending tasks). */
+const WORKER_STATE_COLUMNS = `${WORKER_TASK_COLUMNS}, pending_seq`;
 /** What the Inspector's actions change (inspector-write.ts). */
 const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expires_at, payload, payload_bytes, cancel_requested, updated_at';
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
-const REQUIRED = ['migrations', 'tasks', 'queues', 'unique_locks', 'servers', 'daily_stats', 'scheduler_entries', 'scheduler_events', 'queue_stats', 'active_tasks'];
+const REQUIRED = ['migrations', 'task_inputs', 'task_states', 'task_seq', 'tasks', 'queues', 'unique_locks', 'servers', 'daily_stats', 'scheduler_entries', 'scheduler_events', 'queue_stats', 'active_tasks'];
 
 const lit = (s: string) => `'${s}'`;
 
@@ -214,23 +234,36 @@ BEGIN
   REVOKE ALL ON ALL SEQUENCES IN SCHEMA ${S} FROM PUBLIC, ${users};
   REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${S} FROM PUBLIC, ${users};
 
-  -- producer: one INSERT … RETURNING * of the new rows (hence SELECT on tasks),
-  -- the queue registry, and unique locks (an expired lock is deleted in the
-  -- same statement). No UPDATE, no DELETE of tasks.
+  -- producer: one statement inserts each task's inputs and state row, the
+  -- queue registry, and unique locks (an expired lock is deleted in the same
+  -- statement). No UPDATE, no DELETE of tasks. SELECT (queue, id) of
+  -- task_inputs: without it PostgreSQL leaves the key out of a duplicate id's
+  -- error, which names the task in TaskIdConflictError. On the view, v1's
+  -- grants on tasks (its enqueue read the new rows back; a producer still
+  -- reads tasks and may enqueue by INSERT INTO tasks).
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
+  GRANT SELECT (queue, id), INSERT (${ENQUEUE_INPUT_COLUMNS}) ON ${t('task_inputs')} TO ${id(r.producer)};
+  GRANT INSERT (${ENQUEUE_STATE_COLUMNS}) ON ${t('task_states')} TO ${id(r.producer)};
   GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
-  -- enqueue numbers a batch's tasks in the caller's order with nextval() on the identity's sequence
-  EXECUTE format('GRANT USAGE ON SEQUENCE %s TO %I, %I', pg_get_serial_sequence(${lit(`${S}.tasks`)}, 'seq'), ${lit(r.producer)}, ${lit(r.worker)});
+  -- enqueue numbers a batch's tasks in the caller's order with nextval() on task_seq
+  -- (the identity's sequence of task_inputs.seq), the worker also pending positions;
+  -- the worker's claim reads how far it has drawn (SELECT last_value: the claim cursor).
+  GRANT USAGE ON SEQUENCE ${t('task_seq')} TO ${id(r.producer)}, ${id(r.worker)};
+  GRANT SELECT ON SEQUENCE ${t('task_seq')} TO ${id(r.worker)};
   GRANT SELECT (queue, key, expires_at), INSERT (queue, key, task_id, expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.producer)};
 
-  -- worker: claims and fenced writes (tasks: UPDATE of the lease, state,
-  -- error and result columns only, never a payload), completion without
-  -- retention, the janitor, archive trimming and aggregation (DELETE), the
-  -- forwarder and recoverer, the scheduler and aggregator's enqueues, the
-  -- server registry, stats (queues: the totals only, never paused).
+  -- worker: claims and fenced writes (task_states: UPDATE of the lease,
+  -- state, position, error and result columns only; task_inputs: never
+  -- updated), completion without retention, the janitor, archive trimming
+  -- and aggregation (DELETE), the forwarder and recoverer, the scheduler and
+  -- aggregator's enqueues, the server registry, stats (queues: the totals
+  -- only, never paused). The aggregator and the server registry use the view
+  -- (its FOR UPDATE needs an UPDATE privilege on it): v1's grants on tasks.
   -- unique_locks: UPDATE of one column only because the janitor's
   -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}), UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT (${ENQUEUE_INPUT_COLUMNS}), DELETE ON ${t('task_inputs')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT (${ENQUEUE_STATE_COLUMNS}), UPDATE (${WORKER_STATE_COLUMNS}), DELETE ON ${t('task_states')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (name), UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
   -- Server.start and Scheduler.start check the schema version (which migrations are applied).
   GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
@@ -242,11 +275,12 @@ BEGIN
 
   -- inspector: reads everything, payloads included (task ls / inspect show them).
   GRANT SELECT ON ALL TABLES IN SCHEMA ${S} TO ${id(r.inspector)};
-  -- queue_stats calls queue_counts(), which reads tasks as the caller.
+  -- queue_stats calls queue_counts(), which reads task_states as the caller.
   GRANT EXECUTE ON FUNCTION ${t('queue_counts(text)')} TO ${id(r.monitor)}, ${id(r.inspector)};
 
   -- monitor: every column of every table and view except the contents of
-  -- tasks and cron entries; a statement that reads one fails with 42501.
+  -- tasks (payload, headers, result: in task_inputs, task_states and the
+  -- view) and cron entries; a statement that reads one fails with 42501.
   FOR o IN
     SELECT c.relname, string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols
     FROM pg_class c
@@ -260,7 +294,9 @@ BEGIN
 
   -- admin (a member of inspector): the Inspector's actions. Task transitions
   -- and payload updates of scheduled tasks, deletions (with the unique locks
-  -- they release), cancellation, pause, queue removal with its stats.
+  -- they release), cancellation, pause, queue removal with its stats. All
+  -- through the view (tasks_write() writes the tables): no privilege on them
+  -- but the inspector's SELECT.
   GRANT UPDATE (${ADMIN_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.admin)};
   GRANT UPDATE (paused), DELETE ON ${t('queues')} TO ${id(r.admin)};
   GRANT DELETE ON ${t('unique_locks')} TO ${id(r.admin)};

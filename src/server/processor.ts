@@ -349,13 +349,19 @@ export class Processor {
     if (lease.lost) throw new LeaseExpiredError();
     lease.inTransaction = true;
     try {
-      const result = await durableTransaction(this.#db, async (trx) => {
-        if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
-        const value = await fn(trx);
-        const done = await complete(this.#db, [{ ...leaseKey(lease), keep: row.retention_ms > 0 }], trx);
-        if (done.length !== 1) throw new LeaseExpiredError();
-        return value;
-      }, this.#cfg.leaseDuration);
+      const result = await durableTransaction(
+        this.#db,
+        async (trx) => {
+          const value = await fn(trx);
+          const done = await complete(this.#db, [{ ...leaseKey(lease), keep: row.retention_ms > 0 }], trx);
+          if (done.length !== 1) throw new LeaseExpiredError();
+          return value;
+        },
+        this.#cfg.leaseDuration,
+        async (trx) => {
+          if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
+        },
+      );
       lease.completedInTransaction = true;
       return result;
     } catch (err) {

@@ -83,15 +83,17 @@ after(async () => {
 
 test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, exactly as the table says', async () => {
   // Audit: every transition out of active, with the values before and after, logged in the same transaction.
+  // A state change rewrites the task's state row (task_states); its id is in task_inputs, which a rescue leaves alone.
   await q(`
     CREATE TABLE {{schema}}.f16_log (queue text, id text, new_state text, old_retried int, new_retried int,
                                      at timestamptz NOT NULL DEFAULT clock_timestamp(), backend int NOT NULL DEFAULT pg_backend_pid());
     CREATE FUNCTION {{schema}}.f16_audit() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-      INSERT INTO {{schema}}.f16_log (queue, id, new_state, old_retried, new_retried) VALUES (NEW.queue, NEW.id, NEW.state, OLD.retried, NEW.retried);
+      INSERT INTO {{schema}}.f16_log (queue, id, new_state, old_retried, new_retried)
+      VALUES (NEW.queue, (SELECT i.id FROM {{schema}}.task_inputs i WHERE i.seq = NEW.seq), NEW.state, OLD.retried, NEW.retried);
       RETURN NULL;
     END $$;
-    CREATE TRIGGER f16_audit AFTER UPDATE ON {{schema}}.tasks FOR EACH ROW
+    CREATE TRIGGER f16_audit AFTER UPDATE ON {{schema}}.task_states FOR EACH ROW
       WHEN (OLD.state = 'active' AND NEW.state IS DISTINCT FROM 'active') EXECUTE FUNCTION {{schema}}.f16_audit();`);
 
   // Seed, in one transaction: one now() for every boundary.

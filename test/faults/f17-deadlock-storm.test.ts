@@ -132,13 +132,24 @@ after(async () => {
 test('F17: servers, recoverers and admin bulk actions on the same rows: no deadlock, nothing lost, every task final', async () => {
   await q(`
     CREATE TABLE {{schema}}.f17_effects (task_id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-    CREATE TABLE {{schema}}.f17_deleted (queue text NOT NULL, id text NOT NULL, state text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-    CREATE FUNCTION {{schema}}.f17_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+    -- A task is deleted as two rows, its state (task_states) and its inputs (task_inputs), in one
+    -- statement: each is logged by seq, and f17_deleted pairs them (a half-deleted task is in neither tasks nor f17_deleted).
+    CREATE TABLE {{schema}}.f17_deleted_states (seq bigint NOT NULL, state text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+    CREATE TABLE {{schema}}.f17_deleted_inputs (seq bigint NOT NULL, queue text NOT NULL, id text NOT NULL);
+    CREATE FUNCTION {{schema}}.f17_audit_state() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-      INSERT INTO {{schema}}.f17_deleted (queue, id, state) VALUES (OLD.queue, OLD.id, OLD.state);
+      INSERT INTO {{schema}}.f17_deleted_states (seq, state) VALUES (OLD.seq, OLD.state);
       RETURN NULL;
     END $$;
-    CREATE TRIGGER f17_audit AFTER DELETE ON {{schema}}.tasks FOR EACH ROW EXECUTE FUNCTION {{schema}}.f17_audit();`);
+    CREATE FUNCTION {{schema}}.f17_audit_input() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO {{schema}}.f17_deleted_inputs (seq, queue, id) VALUES (OLD.seq, OLD.queue, OLD.id);
+      RETURN NULL;
+    END $$;
+    CREATE TRIGGER f17_audit AFTER DELETE ON {{schema}}.task_states FOR EACH ROW EXECUTE FUNCTION {{schema}}.f17_audit_state();
+    CREATE TRIGGER f17_audit AFTER DELETE ON {{schema}}.task_inputs FOR EACH ROW EXECUTE FUNCTION {{schema}}.f17_audit_input();
+    CREATE VIEW {{schema}}.f17_deleted AS
+      SELECT i.queue, i.id, s.state, s.at FROM {{schema}}.f17_deleted_states s JOIN {{schema}}.f17_deleted_inputs i USING (seq);`);
 
   const acked: string[] = [];
   let seq = 0;
@@ -241,12 +252,14 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   let zombied = 0;
   const zombie = async () => {
     while (storming) {
+      // A claim by a worker that died at once: the state row, as leases.ts claim() writes it.
       const rows = await q(`
-        UPDATE {{schema}}.tasks t SET state = 'active', lease_owner = 'zombie', lease_token = gen_random_uuid(),
-               lease_expires_at = now() - interval '1 second', started_at = now(), run_at = NULL, updated_at = now()
-        FROM (SELECT queue, id FROM {{schema}}.tasks WHERE state = 'pending' AND retried < max_retry
-              ORDER BY random() LIMIT 5 FOR UPDATE SKIP LOCKED) z
-        WHERE t.queue = z.queue AND t.id = z.id RETURNING t.id`);
+        UPDATE {{schema}}.task_states t SET state = 'active', lease_owner = 'zombie', lease_token = gen_random_uuid(),
+               lease_expires_at = now() - interval '1 second', started_at = now(), run_at = NULL, pending_seq = NULL, updated_at = now()
+        FROM (SELECT s.seq FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i ON i.seq = s.seq
+              WHERE s.state = 'pending' AND s.retried < i.max_retry
+              ORDER BY random() LIMIT 5 FOR UPDATE OF s SKIP LOCKED) z
+        WHERE t.seq = z.seq RETURNING t.seq`);
       zombied += rows.length;
       await sleep(200);
     }
@@ -309,10 +322,15 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   };
   const internal40P01 = logs.filter((l) => l.level !== 'error' && is40P01(l.obj.err)).length;
   const serialization = logs.filter((l) => sqlState(l.obj.err) === '40001').length;
-  const deadlockReports = readFileSync(cluster.logFile, 'utf8')
-    .split('\n')
-    .filter((line) => /deadlock detected|Process \d+: |^\s*Process \d+ waits/.test(line))
-    .slice(0, 20);
+  // Each report whole (its DETAIL names the statements, which span lines), up to the next log entry; the first three.
+  const logLines = readFileSync(cluster.logFile, 'utf8').split('\n');
+  const deadlockReports = logLines
+    .flatMap((line, i) => {
+      if (!/deadlock detected/.test(line)) return [];
+      const end = logLines.findIndex((l, j) => j > i && /^\d{4}-\d\d-\d\d .* (LOG|ERROR|WARNING|FATAL|NOTICE): /.test(l));
+      return [logLines.slice(i, Math.min(end === -1 ? logLines.length : end, i + 80)).join('\n')];
+    })
+    .slice(0, 3);
 
   const fails: string[] = [];
   if (deadlockDelta !== 0) fails.push(`pg_stat_database counted ${deadlockDelta} deadlocks:\n${deadlockReports.join('\n')}`);
@@ -414,7 +432,7 @@ test(
     // Slow inserts (2 ms a row, this queue only), so that concurrent batches overlap however idle the machine is.
     await q(`
       CREATE FUNCTION {{schema}}.f17_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.002); RETURN NEW; END $$;
-      CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.tasks FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();
+      CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.task_inputs FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();
       CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.unique_locks FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();`);
     const before = await deadlocks();
     const errors = new Map<string, number>();
@@ -445,7 +463,7 @@ test(
       assert.deepEqual(Object.fromEntries(errors), {}, `enqueueMany rejected with something other than TaskIdConflictError (${rounds} rounds)`);
       assert.equal(delta, 0, 'PostgreSQL detected deadlocks between enqueueMany calls');
     } finally {
-      await q('DROP TRIGGER f17_slow ON {{schema}}.tasks; DROP TRIGGER f17_slow ON {{schema}}.unique_locks');
+      await q('DROP TRIGGER f17_slow ON {{schema}}.task_inputs; DROP TRIGGER f17_slow ON {{schema}}.unique_locks');
       await Promise.all(clients.map((c) => c.close()));
     }
   },

@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { Client, DuplicateTaskError, Inspector, Scheduler, Server, Task, migrate, roleSetupSql, type Logger } from '../../src/index.js';
+import { Client, DuplicateTaskError, Inspector, Scheduler, Server, Task, TaskIdConflictError, migrate, roleSetupSql, type Logger } from '../../src/index.js';
 import { run } from '../../src/cli/program.js';
 import { runNode, waitFor } from '../helpers.js';
 import { startCluster, type Cluster } from './cluster.js';
@@ -55,15 +55,21 @@ async function refused(p: Promise<unknown>, what: string): Promise<void> {
   );
 }
 
-/** DDL and TRUNCATE: nobody but the owner. */
+/** DDL and TRUNCATE: nobody but the owner. Tasks are two tables (task_inputs, task_states) and the view tasks. */
 async function refusesDdl(kind: Kind): Promise<void> {
   for (const stmt of [
     'CREATE TABLE {{S}}.evil (a int)',
-    'ALTER TABLE {{S}}.tasks ADD COLUMN evil int',
-    'CREATE INDEX evil ON {{S}}.tasks (type)',
+    'ALTER TABLE {{S}}.task_inputs ADD COLUMN evil int',
+    'ALTER TABLE {{S}}.task_states ADD COLUMN evil int',
+    'CREATE INDEX evil ON {{S}}.task_states (retried)',
     'DROP TABLE {{S}}.daily_stats',
     'DROP VIEW {{S}}.queue_stats',
-    'TRUNCATE {{S}}.tasks',
+    'DROP VIEW {{S}}.tasks',
+    'DROP TRIGGER tasks_write ON {{S}}.tasks',
+    // tasks_write() runs as the owner: replacing it would be writing as the owner.
+    'CREATE OR REPLACE FUNCTION {{S}}.tasks_write() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$',
+    'TRUNCATE {{S}}.task_inputs',
+    'TRUNCATE {{S}}.task_states',
     'TRUNCATE {{S}}.queues CASCADE',
     'CREATE SCHEMA evil',
   ]) {
@@ -138,6 +144,12 @@ describe('SEC1 roles', () => {
       await assert.rejects(client.enqueue(new Task('u', { k: 1 }), { queue: 'sec1', unique: 60_000 }), DuplicateTaskError);
       const later = await client.enqueue(new Task('later', { x: 1 }), { queue: 'adm', processIn: 3_600_000, taskId: 'sched-1' });
       assert.equal(later.state, 'scheduled');
+      // A duplicate id names the task: PostgreSQL shows the key only to a role that may read its columns.
+      await assert.rejects(client.enqueue(new Task('later', null), { queue: 'adm', taskId: 'sched-1' }), (err: unknown) => {
+        assert.ok(err instanceof TaskIdConflictError, String(err));
+        assert.deepEqual([err.queue, err.taskId], ['adm', 'sched-1']);
+        return true;
+      });
       // The caller's transaction (a pg client: the named prepared statement path).
       const c = await pools.get('producer')!.connect();
       try {
@@ -158,6 +170,16 @@ describe('SEC1 roles', () => {
       as('producer', "INSERT INTO {{S}}.tasks (queue, id, type, state, lease_owner) VALUES ('q', 'x', 't', 'pending', 'me')"),
       'producer: INSERT a lease column',
     );
+    // The tables the enqueue writes directly: inserts of its columns only.
+    await refused(as('producer', "UPDATE {{S}}.task_states SET state = 'archived' WHERE false"), 'producer: UPDATE task_states');
+    await refused(as('producer', 'UPDATE {{S}}.task_inputs SET payload = NULL WHERE false'), 'producer: UPDATE task_inputs');
+    await refused(as('producer', 'DELETE FROM {{S}}.task_states WHERE false'), 'producer: DELETE task_states');
+    await refused(as('producer', 'DELETE FROM {{S}}.task_inputs WHERE false'), 'producer: DELETE task_inputs');
+    await refused(
+      as('producer', "INSERT INTO {{S}}.task_states (seq, queue, state, lease_owner) VALUES (-1, 'q', 'pending', 'me')"),
+      'producer: INSERT a lease column of task_states',
+    );
+    await refused(as('producer', 'SELECT count(*) FROM {{S}}.task_states'), 'producer: SELECT task_states');
     await refused(as('producer', 'UPDATE {{S}}.queues SET paused = true WHERE false'), 'producer: pause a queue');
     await refused(as('producer', 'DELETE FROM {{S}}.queues WHERE false'), 'producer: DELETE queues');
     await refused(as('producer', 'SELECT * FROM {{S}}.servers'), 'producer: SELECT servers');
@@ -232,6 +254,14 @@ describe('SEC1 roles', () => {
     await refusesDdl('worker');
     await refused(as('worker', "UPDATE {{S}}.tasks SET payload = '{}' WHERE false"), 'worker: UPDATE payload');
     await refused(as('worker', 'UPDATE {{S}}.tasks SET max_retry = 0 WHERE false'), 'worker: UPDATE max_retry');
+    await refused(as('worker', "UPDATE {{S}}.task_inputs SET payload = '{}' WHERE false"), 'worker: UPDATE task_inputs payload');
+    await refused(as('worker', 'UPDATE {{S}}.task_inputs SET max_retry = 0 WHERE false'), 'worker: UPDATE task_inputs max_retry');
+    await refused(as('worker', "UPDATE {{S}}.task_states SET queue = 'x' WHERE false"), 'worker: UPDATE task_states queue');
+    await refused(as('worker', "UPDATE {{S}}.task_states SET group_key = 'x' WHERE false"), 'worker: UPDATE task_states group_key');
+    await refused(
+      as('worker', "INSERT INTO {{S}}.task_states (seq, queue, state, lease_owner) VALUES (-1, 'q', 'pending', 'me')"),
+      'worker: INSERT a lease column of task_states',
+    );
     await refused(as('worker', 'UPDATE {{S}}.queues SET paused = true WHERE false'), 'worker: pause a queue');
     await refused(as('worker', 'DELETE FROM {{S}}.queues WHERE false'), 'worker: DELETE queues');
     const inspector = new Inspector({ connectionString: url('worker'), schema: S });
@@ -289,6 +319,12 @@ describe('SEC1 roles', () => {
     await refused(as('inspector', "INSERT INTO {{S}}.queues (name) VALUES ('x')"), 'inspector: INSERT');
     await refused(as('inspector', 'DELETE FROM {{S}}.tasks WHERE false'), 'inspector: DELETE tasks');
     await refused(as('inspector', "UPDATE {{S}}.tasks SET state = 'pending' WHERE false"), 'inspector: UPDATE tasks');
+    await refused(as('inspector', "INSERT INTO {{S}}.tasks (queue, id, type, state) VALUES ('q', 'x', 't', 'pending')"), 'inspector: INSERT tasks');
+    await refused(as('inspector', 'DELETE FROM {{S}}.task_inputs WHERE false'), 'inspector: DELETE task_inputs');
+    await refused(as('inspector', 'DELETE FROM {{S}}.task_states WHERE false'), 'inspector: DELETE task_states');
+    await refused(as('inspector', "UPDATE {{S}}.task_states SET state = 'pending' WHERE false"), 'inspector: UPDATE task_states');
+    await refused(as('inspector', 'UPDATE {{S}}.task_inputs SET payload = NULL WHERE false'), 'inspector: UPDATE task_inputs');
+    await refused(as('inspector', "SELECT nextval('{{S}}.task_seq')"), 'inspector: nextval(task_seq)');
   });
 
   test('monitor: stats and counts without payloads; reading a payload is refused', async () => {
@@ -297,7 +333,7 @@ describe('SEC1 roles', () => {
     assert.equal(stats.code, 0, stats.stderr);
     assert.equal((JSON.parse(stats.stdout) as unknown[]).length, 3);
     assert.equal(list.code, 1, list.stdout);
-    assert.match(list.stderr, /permission denied for table tasks/);
+    assert.match(list.stderr, /permission denied for view tasks/);
 
     const i = new Inspector({ connectionString: url('monitor'), schema: S });
     try {
@@ -316,10 +352,21 @@ describe('SEC1 roles', () => {
     assert.deepEqual(counts.rows, [{ state: 'pending', n: 5 }]);
     await as('monitor', 'SELECT * FROM {{S}}.queue_stats');
     await as('monitor', 'SELECT * FROM {{S}}.active_tasks');
+    const narrow = await as('monitor', "SELECT state, count(*)::int AS n FROM {{S}}.task_states WHERE queue = 'sec1' GROUP BY state");
+    assert.deepEqual(narrow.rows, [{ state: 'pending', n: 5 }]);
+    await as('monitor', 'SELECT seq, queue, id, type, max_retry, enqueued_at FROM {{S}}.task_inputs');
     for (const col of ['payload', 'payload_bytes', 'headers', 'result', 'result_bytes']) {
       await refused(as('monitor', `SELECT ${col} FROM {{S}}.tasks`), `monitor: SELECT ${col}`);
     }
+    for (const col of ['payload', 'payload_bytes', 'headers']) {
+      await refused(as('monitor', `SELECT ${col} FROM {{S}}.task_inputs`), `monitor: SELECT task_inputs.${col}`);
+    }
+    for (const col of ['result', 'result_bytes']) {
+      await refused(as('monitor', `SELECT ${col} FROM {{S}}.task_states`), `monitor: SELECT task_states.${col}`);
+    }
     await refused(as('monitor', 'SELECT * FROM {{S}}.tasks'), 'monitor: SELECT *');
+    await refused(as('monitor', 'SELECT * FROM {{S}}.task_inputs'), 'monitor: SELECT * FROM task_inputs');
+    await refused(as('monitor', 'SELECT * FROM {{S}}.task_states'), 'monitor: SELECT * FROM task_states');
     await refused(as('monitor', 'SELECT payload FROM {{S}}.scheduler_entries'), 'monitor: SELECT cron payload');
     await refusesDdl('monitor');
   });
@@ -353,6 +400,21 @@ describe('SEC1 roles', () => {
       'admin: enqueue by INSERT',
     );
     await refused(as('admin', 'UPDATE {{S}}.tasks SET retried = 0 WHERE false'), 'admin: UPDATE retried');
+    // Its actions go through the view: nothing on the tables themselves.
+    await refused(
+      as('admin', "INSERT INTO {{S}}.task_inputs (seq, queue, id, type) VALUES (-1, 'q', 'x', 't')"),
+      'admin: INSERT task_inputs',
+    );
+    await refused(
+      as('admin', "INSERT INTO {{S}}.task_states (seq, queue, state, pending_seq, run_at) VALUES (-1, 'q', 'pending', -1, now())"),
+      'admin: INSERT task_states',
+    );
+    await refused(as('admin', 'UPDATE {{S}}.task_states SET retried = 0 WHERE false'), 'admin: UPDATE task_states retried');
+    await refused(as('admin', "UPDATE {{S}}.task_states SET state = 'pending' WHERE false"), 'admin: UPDATE task_states state');
+    await refused(as('admin', 'UPDATE {{S}}.task_inputs SET payload = NULL WHERE false'), 'admin: UPDATE task_inputs payload');
+    await refused(as('admin', 'DELETE FROM {{S}}.task_states WHERE false'), 'admin: DELETE task_states');
+    await refused(as('admin', 'DELETE FROM {{S}}.task_inputs WHERE false'), 'admin: DELETE task_inputs');
+    await refused(as('admin', "SELECT nextval('{{S}}.task_seq')"), 'admin: nextval(task_seq)');
     await refused(as('admin', 'UPDATE {{S}}.queues SET processed_total = 0 WHERE false'), 'admin: UPDATE totals');
     await refused(as('admin', 'DELETE FROM {{S}}.servers WHERE false'), 'admin: DELETE servers');
   });

@@ -132,7 +132,8 @@ export interface TableStats {
   autoanalyze_count: number;
 }
 
-export async function tableStats(h: Harness, table = 'tasks'): Promise<TableStats> {
+/** Of task_states by default: since schema v2 the row every state change rewrites (task_inputs is written once). */
+export async function tableStats(h: Harness, table = 'task_states'): Promise<TableStats> {
   return h.one<TableStats>(
     `SELECT n_tup_ins::float8 AS n_tup_ins, n_tup_upd::float8 AS n_tup_upd, n_tup_hot_upd::float8 AS n_tup_hot_upd, n_tup_del::float8 AS n_tup_del,
             n_live_tup::float8 AS n_live_tup, n_dead_tup::float8 AS n_dead_tup,
@@ -151,7 +152,8 @@ export interface Sizes {
 
 const mb = (b: number) => Math.round((b / 2 ** 20) * 10) / 10;
 
-export async function sizes(h: Harness, table = 'tasks'): Promise<Sizes> {
+/** Of task_states by default (see tableStats); pass 'task_inputs' for the payloads. */
+export async function sizes(h: Harness, table = 'task_states'): Promise<Sizes> {
   const rel = `"${h.schema}".${table}`;
   const t = await h.one<{ t: string; i: string; total: string }>(
     'SELECT pg_relation_size($1::regclass)::text AS t, pg_indexes_size($1::regclass)::text AS i, pg_total_relation_size($1::regclass)::text AS total',

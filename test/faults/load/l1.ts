@@ -94,14 +94,15 @@ const SETTINGS = {
   log_autovacuum_min_duration: 0,
 };
 
-/** Autovacuum runs on the tasks table from the server log (log_autovacuum_min_duration = 0): count and elapsed seconds. */
+/** Autovacuum runs on the task tables (task_states, task_inputs) from the server log (log_autovacuum_min_duration = 0): count and elapsed seconds. */
 function autovacuumLog(h: Harness): { vacuums: number; elapsed_s: number[]; analyzes: number } {
   const lines = readFileSync(h.cluster.logFile, 'utf8').split('\n');
   const elapsed: number[] = [];
   let analyzes = 0;
   lines.forEach((l, i) => {
-    if (l.includes('automatic analyze of table') && l.includes(`.${h.schema}.tasks"`)) analyzes++;
-    if (!(l.includes('automatic vacuum of table') && l.includes(`.${h.schema}.tasks"`))) return;
+    const taskTable = l.includes(`.${h.schema}.task_states"`) || l.includes(`.${h.schema}.task_inputs"`);
+    if (l.includes('automatic analyze of table') && taskTable) analyzes++;
+    if (!(l.includes('automatic vacuum of table') && taskTable)) return;
     for (const m of lines.slice(i, i + 20)) {
       const e = /elapsed: ([\d.]+) s/.exec(m);
       if (e) {
@@ -523,7 +524,9 @@ try {
        'autovacuum_naptime', 'autovacuum_max_workers', 'fsync', 'wal_level', 'max_connections') ORDER BY 1`,
   );
   const settings = Object.fromEntries(shown.map((r) => [r.name, r.unit ? `${r.setting} ${r.unit}` : r.setting]));
-  const reloptions = (await h.one<{ o: string[] }>("SELECT reloptions AS o FROM pg_class WHERE oid = '{{schema}}.tasks'::regclass")).o;
+  const reloptions = Object.fromEntries(
+    (await h.query<{ t: string; o: string[] }>("SELECT relname AS t, reloptions AS o FROM pg_class WHERE oid IN ('{{schema}}.task_states'::regclass, '{{schema}}.task_inputs'::regclass) ORDER BY 1")).map((r) => [r.t, r.o]),
+  );
   log(`settings: ${JSON.stringify(settings)}`);
   const { version } = await h.one<{ version: string }>('SELECT version()');
 

@@ -185,7 +185,7 @@ try {
           const t = round(el(), 1)!;
           const st = await tableStats(H).catch(() => undefined);
           const db = await H.one<{ bytes: number; xid_age: number }>(
-            "SELECT pg_total_relation_size('{{schema}}.tasks')::float8 AS bytes, age(datfrozenxid)::float8 AS xid_age FROM pg_database WHERE datname = current_database()",
+            "SELECT (pg_total_relation_size('{{schema}}.task_states') + pg_total_relation_size('{{schema}}.task_inputs'))::float8 AS bytes, age(datfrozenxid)::float8 AS xid_age FROM pg_database WHERE datname = current_database()",
           ).catch(() => undefined);
           const conns = Object.fromEntries(
             (await H.query<{ app: string; n: number }>('SELECT application_name AS app, count(*)::int AS n FROM pg_stat_activity WHERE backend_type = \'client backend\' GROUP BY 1').catch(() => [])).map((r) => [r.app, r.n]),
