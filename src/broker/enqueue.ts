@@ -105,10 +105,16 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
            (extract(epoch FROM now()) * 1000)::float8 AS enqueued_at_ms
     FROM routed WHERE (SELECT count(*) FROM notified) >= 0`;
   let rows: Inserted[];
-  try {
-    rows = await db.run(query, tx, keyed ? 'enqueue-keyed' : 'enqueue');
-  } catch (err) {
-    throw translateConflict(err, records);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      rows = await db.run(query, tx, keyed ? 'enqueue-keyed' : 'enqueue');
+      break;
+    } catch (err) {
+      // A deadlock victim (with a migration's DDL, say) was undone whole: on its own
+      // transaction the enqueue can simply run again. In the caller's it cannot.
+      if (tx === undefined && attempt < 3 && (err as { code?: string }).code === '40P01') continue;
+      throw translateConflict(err, records);
+    }
   }
   const byKey = new Map(rows.map((r) => [`${r.queue}\0${r.id}`, r]));
   return records.map((r) => insertedInfo(r, byKey.get(`${r.queue}\0${r.id}`)!));
