@@ -55,14 +55,23 @@ const ms = (n: number) => sql`(${n}::float8 * interval '1 millisecond')`;
 /**
  * What a claim read besides its tasks, for the claim cursor (server/cursor.ts):
  * how far task_seq had drawn before the claim took its transaction id `xid`,
- * and the oldest transaction still running when its snapshot was taken.
+ * the oldest transaction still running when its snapshot was taken, and
+ * whether any transaction older than the cursor's `olderThan` still held
+ * task_seq (null when not asked).
  */
 export interface ClaimMark {
   drawn: bigint;
   xid: bigint;
   xmin: bigint;
+  drawersGone: boolean | null;
   /** Queues of the claim that were paused: not scanned. */
   paused: string[];
+}
+
+/** Where a claim starts: a floor per queue, and the transaction id the cursor waits on (server/cursor.ts). */
+export interface ClaimStart {
+  floors: readonly string[];
+  olderThan: string | null;
 }
 
 /**
@@ -75,13 +84,13 @@ export interface ClaimMark {
 export async function claimFrom(
   db: Db,
   queues: readonly string[],
-  floors: readonly string[],
+  start: ClaimStart,
   shares: readonly number[],
   limit: number,
   owner: string,
   leaseMs: number,
 ): Promise<{ mark: ClaimMark; rows: ClaimedRow[] }> {
-  const result = await db.run(sql<ClaimedRow & { drawn: string; xid: string; xmin: string; paused: string[] }>`
+  const result = await db.run(sql<ClaimedRow & { drawn: string; xid: string; xmin: string; drawers_gone: boolean | null; paused: string[] }>`
     WITH mark AS MATERIALIZED (
       -- A sequence that has handed out nothing yet has drawn nothing.
       SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS drawn FROM ${db.table('task_seq')}
@@ -90,9 +99,25 @@ export async function claimFrom(
       -- The transaction id is taken after the sequence was read (see server/cursor.ts).
       SELECT m.drawn, pg_current_xact_id() AS xid, pg_snapshot_xmin(pg_current_snapshot()) AS xmin FROM mark m
     ),
+    -- Drawing a position locks task_seq until the transaction ends: when no holder of
+    -- that lock in this database is older than olderThan, every position drawn before
+    -- olderThan's claim is committed or gone. Unlike xmin, a long transaction elsewhere
+    -- in the cluster does not hold this up. Live state, not the snapshot: a later
+    -- claim's snapshot is the first that surely sees those commits.
+    drawers AS MATERIALIZED (
+      SELECT NOT EXISTS (
+        SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'relation' AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.relation = ${db.qualified('task_seq')}::regclass
+          -- A prepared transaction has no backend; a holder without an id has written nothing.
+          AND (a.pid IS NULL OR age(a.backend_xid) > age(${start.olderThan}::xid8::xid))
+      ) AS gone
+      WHERE ${start.olderThan}::xid8 IS NOT NULL
+    ),
     q AS (
       SELECT u.name, u.floor, u.share, u.ord
-      FROM unnest(${queues}::text[], ${floors}::bigint[], ${shares}::int[]) WITH ORDINALITY AS u(name, floor, share, ord)
+      FROM unnest(${queues}::text[], ${start.floors}::bigint[], ${shares}::int[]) WITH ORDINALITY AS u(name, floor, share, ord)
       WHERE NOT EXISTS (SELECT 1 FROM ${db.table('queues')} p WHERE p.name = u.name AND p.paused)
     ),
     -- Each queue's share first (the weights' proportions within one claim)…
@@ -145,12 +170,12 @@ export async function claimFrom(
         u.lease_token, array_position(${queues}::text[], u.queue) AS ord, u.pending_seq AS position
       FROM claimed u CROSS JOIN LATERAL (SELECT * FROM ${db.table('task_inputs')} i WHERE i.seq = u.seq) i
     )
-    SELECT me.drawn::text AS drawn, me.xid::text AS xid, me.xmin::text AS xmin,
+    SELECT me.drawn::text AS drawn, me.xid::text AS xid, me.xmin::text AS xmin, (SELECT gone FROM drawers) AS drawers_gone,
       ARRAY(SELECT p.name FROM ${db.table('queues')} p WHERE p.paused AND p.name = ANY(${queues}::text[])) AS paused, t.*
     FROM me LEFT JOIN tasks t ON true
     ORDER BY t.ord, t.position`, undefined, 'claim');
   const first = result[0]!;
-  const mark = { drawn: BigInt(first.drawn), xid: BigInt(first.xid), xmin: BigInt(first.xmin), paused: first.paused };
+  const mark = { drawn: BigInt(first.drawn), xid: BigInt(first.xid), xmin: BigInt(first.xmin), drawersGone: first.drawers_gone, paused: first.paused };
   return { mark, rows: result.filter((r) => r.seq !== null) };
 }
 
@@ -159,7 +184,7 @@ export const HEAD = String(-(2n ** 62n));
 
 /** claimFrom() from the head of every queue, taking the queues strictly in order. */
 export async function claim(db: Db, queues: readonly string[], limit: number, owner: string, leaseMs: number): Promise<ClaimedRow[]> {
-  return (await claimFrom(db, queues, queues.map(() => HEAD), queues.map((_, i) => (i === 0 ? limit : 0)), limit, owner, leaseMs)).rows;
+  return (await claimFrom(db, queues, { floors: queues.map(() => HEAD), olderThan: null }, queues.map((_, i) => (i === 0 ? limit : 0)), limit, owner, leaseMs)).rows;
 }
 
 /**

@@ -13,11 +13,17 @@
  * transaction id before it draws (broker/enqueue.ts and the other callers of
  * task_seq). Each claim reads how far the sequence has drawn and then takes
  * its own transaction id: any transaction that drew up to that mark has a
- * smaller id. Once a later claim's snapshot shows no transaction older than
- * that id running, every task up to the mark is committed (or gone) and
- * visible to that claim: that claim may raise the floor up to the mark, and
- * up to the last position it took (rows it skipped as locked are being
- * claimed by another server).
+ * smaller id. Once no transaction older than that id is running, every task
+ * up to the mark is committed (or gone), and a claim that sees those commits
+ * may raise the floor up to the mark, and up to the last position it took
+ * (rows it skipped as locked are being claimed by another server).
+ *
+ * Two ways to know that: a later claim's snapshot shows no older transaction
+ * running (cheap, and true at once on a quiet cluster); or, when that fails
+ * because a long transaction somewhere in the cluster holds the snapshots'
+ * xmin back, a claim asks who still holds task_seq (a transaction that drew
+ * holds its lock to the end). That answer is live, not of the snapshot, so
+ * the claim after it is the first that may use it.
  *
  * What can still land below a floor — a task given back at shutdown (requeued
  * to the front), a claim that rolled back — is found by a sweep: a claim from
@@ -25,7 +31,7 @@
  * server requeues (the sweep channel).
  */
 import { performance } from 'node:perf_hooks';
-import { HEAD, type ClaimMark } from '../broker/leases.js';
+import { HEAD, type ClaimMark, type ClaimStart } from '../broker/leases.js';
 
 /** How often claims start from the head of every queue regardless of the floors. */
 export const SWEEP_EVERY_MS = 10_000;
@@ -34,15 +40,19 @@ export class ClaimCursor {
   readonly #floors = new Map<string, bigint>();
   /** A mark of an earlier claim, waiting for every transaction older than its id to end. */
   #pending: { drawn: bigint; xid: bigint } | undefined;
+  /** The pending mark's xid once a claim's snapshot failed to clear it: ask task_seq's lock holders. */
+  #olderThan: string | null = null;
+  /** A mark cleared by the lock holders: safe for the next claim. */
+  #cleared: bigint | undefined;
   #lastSweep = Number.NEGATIVE_INFINITY;
 
-  /** The floor of each queue for the next claim; all at the head when a sweep is due. */
-  floors(queues: readonly string[]): string[] {
+  /** Where the next claim starts: the floor of each queue, all at the head when a sweep is due. */
+  next(queues: readonly string[]): ClaimStart {
     if (performance.now() - this.#lastSweep >= SWEEP_EVERY_MS) {
       this.#lastSweep = performance.now();
       this.#floors.clear();
     }
-    return queues.map((q) => this.#floors.get(q)?.toString() ?? HEAD);
+    return { floors: queues.map((q) => this.#floors.get(q)?.toString() ?? HEAD), olderThan: this.#olderThan };
   }
 
   /** Start the next claim from the head of every queue. */
@@ -56,12 +66,23 @@ export class ClaimCursor {
    * queue, `count` how many it took in all.
    */
   claimed(mark: ClaimMark, limit: number, taken: ReadonlyMap<string, bigint>, count: number, queues: readonly string[]): void {
-    let safe: bigint | undefined;
-    if (this.#pending !== undefined && mark.xmin > this.#pending.xid) {
-      safe = this.#pending.drawn;
-      this.#pending = undefined;
+    let safe = this.#cleared;
+    this.#cleared = undefined;
+    if (this.#pending !== undefined) {
+      if (mark.xmin > this.#pending.xid) {
+        safe = this.#pending.drawn;
+        this.#pending = undefined;
+      } else if (mark.drawersGone === true && this.#olderThan === this.#pending.xid.toString()) {
+        this.#cleared = this.#pending.drawn;
+        this.#pending = undefined;
+      } else {
+        this.#olderThan = this.#pending.xid.toString();
+      }
     }
-    this.#pending ??= { drawn: mark.drawn, xid: mark.xid };
+    if (this.#pending === undefined) {
+      this.#pending = { drawn: mark.drawn, xid: mark.xid };
+      this.#olderThan = null;
+    }
     if (safe === undefined) return;
     // Fewer than asked: every queue's scan ran out above its floor. Otherwise only the
     // queues that gave tasks are known to hold nothing unclaimed below what they gave.

@@ -211,7 +211,7 @@ export class Processor {
       try {
         const queues = queueOrder(this.#cfg.queues, this.#cfg.strictPriority);
         const shares = claimShares(this.#cfg.queues, queues, this.#cfg.strictPriority, free);
-        const claimed = await claimFrom(this.#db, queues, this.#cursor.floors(queues), shares, free, this.#cfg.serverId, this.#cfg.leaseDuration);
+        const claimed = await claimFrom(this.#db, queues, this.#cursor.next(queues), shares, free, this.#cfg.serverId, this.#cfg.leaseDuration);
         rows = claimed.rows;
         this.#prefetch.claimed(performance.now() - sentAt);
         this.#cursor.claimed(claimed.mark, free, topPositions(rows), rows.length, queues);
