@@ -109,7 +109,7 @@ if (mode === 'enqueue') {
   let handled = 0;
   let first = 0;
   const seen = new Set<number>();
-  const server = new Server({ pool, schema: SCHEMA, concurrency, prefetch: Number(args.prefetch ?? 0) });
+  const server = new Server({ pool, schema: SCHEMA, concurrency, ...(args.prefetch === undefined ? {} : { prefetch: Number(args.prefetch) }) });
   await server.start((task) => {
     if (handled++ === 0) first = now();
     seen.add((task.payload as { i: number }).i);

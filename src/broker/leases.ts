@@ -11,20 +11,13 @@
  */
 import { sql, type Transaction } from 'kysely';
 import type { Db } from './db.js';
+import type { TaskCore } from './rows.js';
 
 /** A claimed task, as the processor needs it. */
-export interface ClaimedRow {
+export interface ClaimedRow extends TaskCore {
   seq: string;
   /** The task's position in its queue's pending order when claimed. */
   pending_seq: string;
-  queue: string;
-  id: string;
-  type: string;
-  payload: unknown;
-  payload_bytes: Buffer | null;
-  headers: Record<string, string>;
-  retried: number;
-  max_retry: number;
   timeout_ms: number;
   /** ms from the claim (database clock) to the task's deadline; null without one. */
   deadline_in_ms: number | null;

@@ -6,6 +6,7 @@
  */
 import { sql } from 'kysely';
 import { transaction, type Db } from './db.js';
+import type { TaskCore } from './rows.js';
 
 /**
  * Makes up to `limit` due scheduled and retry tasks pending (or aggregating,
@@ -45,16 +46,8 @@ export async function nextDueIn(db: Db): Promise<number | null> {
 }
 
 /** An active task whose lease expired past the cutoff, as the recoverer needs it. */
-export interface ExpiredLease {
+export interface ExpiredLease extends TaskCore {
   seq: string;
-  queue: string;
-  id: string;
-  type: string;
-  payload: unknown;
-  payload_bytes: Buffer | null;
-  headers: Record<string, string>;
-  retried: number;
-  max_retry: number;
   lease_owner: string;
   /** The lease ran out impossibly far in the future (R8): a clock or data problem, not a dead worker. */
   implausible: boolean;

@@ -8,16 +8,24 @@ import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../payload.js';
 import type { TaskInfo, TaskState } from '../task.js';
 
-export interface TaskRow {
+/**
+ * What every read of a task returns, whatever it is for: which task, what it
+ * runs, and how many of its attempts are spent. The claim (ClaimedRow), the
+ * recoverer (ExpiredLease) and the Inspector (TaskRow) add their own fields.
+ */
+export interface TaskCore {
   queue: string;
   id: string;
   type: string;
   payload: unknown;
   payload_bytes: Buffer | null;
   headers: Record<string, string>;
-  state: TaskState;
-  max_retry: number;
   retried: number;
+  max_retry: number;
+}
+
+export interface TaskRow extends TaskCore {
+  state: TaskState;
   timeout_ms: number;
   deadline: Date | null;
   group_key: string | null;

@@ -44,7 +44,7 @@ export class Heartbeater {
   /** One beat: extend leases, then refresh the server row. */
   async runOnce(): Promise<void> {
     // A lease inside ctx.transaction is locked by that transaction, which no one else can take from it.
-    const held = [...this.#processor.leases.values()].filter((l) => !l.lost && !l.inTransaction);
+    const held = [...this.#processor.leases.values()].filter((l) => l.heartbeats);
     if (held.length > 0) {
       const sentAt = performance.now();
       const extended = await extendLeases(this.#db, held, this.#leaseDuration);
@@ -53,10 +53,7 @@ export class Heartbeater {
       for (const lease of held) {
         const row = byKey.get(lease.key);
         if (row === undefined) {
-          // A settled lease's row may have just been completed: its outcome write decides.
-          if (lease.inTransaction || lease.settled) continue;
-          lease.lose();
-          lost++;
+          if (lease.missed()) lost++;
           continue;
         }
         lease.extended(sentAt);

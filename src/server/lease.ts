@@ -1,5 +1,6 @@
 /**
- * One claimed task's lease, as the worker holding it sees it.
+ * One claimed task's lease, as the worker holding it sees it: one state
+ * machine, changed only through its methods.
  *
  * The database decides who holds a lease; this object decides when the worker
  * stops trusting its own. After every successful extension it arms a timer
@@ -7,33 +8,33 @@
  * later extension succeeds by then, the handler is aborted with
  * LeaseExpiredError before any other server can have claimed the task.
  *
- * Modes: held → lost (heartbeat missed it, or the trust timer fired) or
- * released (the worker finished with it). Only the processor releases; the
- * heartbeater and the trust timer mark it lost.
+ *   held ──beginTransaction──▶ transaction ──endTransaction──▶ held | committed
+ *   held ──settle──▶ settled                      (the outcome is being written)
+ *   held | transaction | settled ──lose──▶ lost   (heartbeat missed it, trust timer)
+ *   any ──release──▶ released                     (the processor is done with it)
+ *
+ * The heartbeater extends `held` and `settled` leases (a `transaction` lease
+ * is row-locked by its own transaction; a `committed` one is finished) and
+ * reports the rows it missed; only the processor begins, ends, settles and
+ * releases.
  */
 import { performance } from 'node:perf_hooks';
-import { LeaseExpiredError } from '../errors.js';
+import { FailedPreconditionError, LeaseExpiredError } from '../errors.js';
 import type { LeaseKey } from '../broker/leases.js';
+
+export type LeaseState = 'held' | 'transaction' | 'committed' | 'settled' | 'lost' | 'released';
 
 export class Lease implements LeaseKey {
   readonly queue: string;
   readonly id: string;
   readonly seq: string;
   readonly token: string;
-  readonly controller = new AbortController();
-  /** The database no longer gives this worker the task: write nothing more about it. */
-  lost = false;
-  /** A ctx.transaction holds the row locked: the heartbeater leaves it alone. */
-  inTransaction = false;
-  /** ctx.transaction committed the completion: the processor writes nothing more. */
-  completedInTransaction = false;
-  /**
-   * The handler has settled and its outcome is being written. A heartbeat that
-   * misses the row now may just have raced that write; the write's own fencing
-   * says whether the lease was lost.
-   */
-  settled = false;
-  #released = false;
+  #state: LeaseState = 'held';
+  /** Why the handler was aborted; undefined while it may run. */
+  #abortReason: Error | undefined;
+  /** Made when a handler first reads ctx.signal: most never do, and each costs an EventTarget. */
+  #controller: AbortController | undefined;
+  #onAbort: ((reason: Error) => void) | undefined;
   #trustTimer: NodeJS.Timeout | undefined;
   readonly #trustMs: number;
 
@@ -46,37 +47,104 @@ export class Lease implements LeaseKey {
     this.extended(claimSentAt);
   }
 
-  get signal(): AbortSignal {
-    return this.controller.signal;
+  get state(): LeaseState {
+    return this.#state;
   }
 
   get key(): string {
     return `${this.queue}\0${this.id}`;
   }
 
+  /** The database no longer gives this worker the task: write nothing more about it. */
+  get lost(): boolean {
+    return this.#state === 'lost';
+  }
+
+  /** Whether the heartbeater should extend it. */
+  get heartbeats(): boolean {
+    return this.#state === 'held' || this.#state === 'settled';
+  }
+
+  // --- abort ---
+
+  get signal(): AbortSignal {
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController();
+      if (this.#abortReason) this.#controller.abort(this.#abortReason);
+    }
+    return this.#controller.signal;
+  }
+
+  get abortReason(): Error | undefined {
+    return this.#abortReason;
+  }
+
+  /** Called once, with the reason, when the handler is aborted (the processor stops waiting for it). */
+  onAbort(fn: ((reason: Error) => void) | undefined): void {
+    this.#onAbort = fn;
+  }
+
+  abort(reason: Error): void {
+    if (this.#abortReason) return;
+    this.#abortReason = reason;
+    this.#controller?.abort(reason);
+    this.#onAbort?.(reason);
+  }
+
+  // --- transitions ---
+
   /** An extension sent at `sentAt` (performance.now()) succeeded. */
   extended(sentAt: number): void {
-    if (this.#released || this.lost) return;
+    if (this.#state === 'released' || this.#state === 'lost') return;
     clearTimeout(this.#trustTimer);
     const remaining = sentAt + this.#trustMs - performance.now();
     this.#trustTimer = setTimeout(() => this.lose(), Math.max(0, remaining));
     this.#trustTimer.unref();
   }
 
+  /**
+   * A heartbeat did not find the row. A held lease is lost; a settled one may
+   * have just raced its outcome's write, whose own fencing decides. True when
+   * this lost the lease.
+   */
+  missed(): boolean {
+    if (this.#state !== 'held') return false;
+    this.lose();
+    return true;
+  }
+
   /** The lease is gone: abort the handler, and drop every later write. */
   lose(): void {
-    if (this.#released || this.lost) return;
-    this.lost = true;
+    if (this.#state === 'released' || this.#state === 'lost' || this.#state === 'committed') return;
+    this.#state = 'lost';
     clearTimeout(this.#trustTimer);
     this.abort(new LeaseExpiredError());
   }
 
-  abort(reason: Error): void {
-    if (!this.controller.signal.aborted) this.controller.abort(reason);
+  /** ctx.transaction is about to lock the row. */
+  beginTransaction(): void {
+    if (this.#state === 'committed') throw new FailedPreconditionError('the task was already completed by ctx.transaction');
+    if (this.#state === 'transaction') throw new FailedPreconditionError('a ctx.transaction of this task is still open');
+    if (this.#state === 'settled') throw new FailedPreconditionError('the handler has already returned');
+    if (this.#state !== 'held') throw new LeaseExpiredError();
+    this.#state = 'transaction';
+  }
+
+  /** ctx.transaction ended: it committed the completion, or it did not (and the lease is still held, unless lost). */
+  endTransaction(committed: boolean): void {
+    if (this.#state !== 'transaction') return;
+    this.#state = committed ? 'committed' : 'held';
+    if (committed) clearTimeout(this.#trustTimer);
+  }
+
+  /** The handler returned or threw: its outcome is being written. */
+  settle(): void {
+    if (this.#state === 'held') this.#state = 'settled';
   }
 
   release(): void {
-    this.#released = true;
+    this.#state = 'released';
+    this.#onAbort = undefined;
     clearTimeout(this.#trustTimer);
   }
 }

@@ -18,7 +18,6 @@ import type { Transaction } from 'kysely';
 import { durableTransaction, type Db } from '../broker/db.js';
 import { claimFrom, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure } from '../broker/leases.js';
 import {
-  FailedPreconditionError,
   LeaseExpiredError,
   ServerClosedError,
   TaskTimeoutError,
@@ -269,14 +268,14 @@ export class Processor {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
     const startedAt = performance.now();
-    const outcome = await this.#invoke(task, this.#context(row, lease), lease.signal);
+    const outcome = await this.#invoke(task, this.#context(row, lease), lease);
     this.#prefetch.ran(performance.now() - startedAt);
     for (const t of timers) clearTimeout(t);
     // The slot is free once the handler settled: a held task starts in it now, and the
     // next claim overlaps this outcome's write, which still holds (and heartbeats) the
     // lease until it lands.
     this.#running--;
-    lease.settled = true;
+    lease.settle();
     if (this.#claiming) this.#dispatch();
     this.#poke();
     try {
@@ -306,30 +305,35 @@ export class Processor {
   }
 
   /** Runs the handler; resolves with its outcome, or as soon as the signal aborts (asynq does not wait either). */
-  #invoke(task: Task, ctx: TaskContext, signal: AbortSignal): Promise<Outcome> {
-    if (signal.aborted) return Promise.resolve({ error: coerceError(signal.reason) });
+  #invoke(task: Task, ctx: TaskContext, lease: Lease): Promise<Outcome> {
+    if (lease.abortReason) return Promise.resolve({ error: lease.abortReason });
     return new Promise<Outcome>((resolve) => {
-      const onAbort = () => resolve({ error: coerceError(signal.reason) });
-      signal.addEventListener('abort', onAbort, { once: true });
+      lease.onAbort((reason) => resolve({ error: reason }));
       Promise.resolve()
         .then(() => this.#handler(task, ctx))
         .then(
           () => resolve({ error: null }),
           (thrown: unknown) => resolve({ error: coerceError(thrown) }),
         )
-        .finally(() => signal.removeEventListener('abort', onAbort));
+        .finally(() => lease.onAbort(undefined));
     });
   }
 
+  /** The handler's context. Its signal and logger are made when first read: most handlers use neither. */
   #context(row: ClaimedRow, lease: Lease): TaskContext {
-    const logger = this.#logger.child({ task: { id: row.id, type: row.type, queue: row.queue, attempt: row.retried + 1 } });
+    let logger: Logger | undefined;
+    const parent = this.#logger;
     return {
       taskId: row.id,
       queue: row.queue,
       retryCount: row.retried,
       maxRetry: row.max_retry,
-      signal: lease.signal,
-      logger,
+      get signal() {
+        return lease.signal;
+      },
+      get logger() {
+        return (logger ??= parent.child({ task: { id: row.id, type: row.type, queue: row.queue, attempt: row.retried + 1 } }));
+      },
       writeResult: (data) => this.#writeResult(lease, data),
       transaction: (fn) => this.#transaction(row, lease, fn),
     };
@@ -337,7 +341,7 @@ export class Processor {
 
   async #writeResult(lease: Lease, data: unknown): Promise<void> {
     const encoded = encodePayload(data, 'result');
-    if (lease.signal.aborted) throw coerceError(lease.signal.reason);
+    if (lease.abortReason) throw lease.abortReason;
     if (!(await writeResult(this.#db, lease, encoded.json, encoded.bytes))) {
       this.#fenced(lease, 'result');
       throw new LeaseExpiredError();
@@ -345,9 +349,8 @@ export class Processor {
   }
 
   async #transaction<T>(row: ClaimedRow, lease: Lease, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
-    if (lease.completedInTransaction) throw new FailedPreconditionError('the task was already completed by ctx.transaction');
-    if (lease.lost) throw new LeaseExpiredError();
-    lease.inTransaction = true;
+    lease.beginTransaction();
+    let committed = false;
     try {
       const result = await durableTransaction(
         this.#db,
@@ -362,7 +365,7 @@ export class Processor {
           if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
         },
       );
-      lease.completedInTransaction = true;
+      committed = true;
       return result;
     } catch (err) {
       if (err instanceof LeaseExpiredError) {
@@ -371,18 +374,18 @@ export class Processor {
       }
       throw err;
     } finally {
-      lease.inTransaction = false;
+      lease.endTransaction(committed);
     }
   }
 
   async #finish(row: ClaimedRow, lease: Lease, task: Task, { error }: Outcome): Promise<void> {
     const { queue } = row;
-    if (lease.completedInTransaction) {
+    if (lease.state === 'committed') {
       this.#stats.processed(queue);
       if (error) this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
       return;
     }
-    const shutdown = error instanceof ServerClosedError && lease.signal.reason === error;
+    const shutdown = error instanceof ServerClosedError && lease.abortReason === error;
     if (error && !shutdown && this.#cfg.errorHandler) {
       try {
         this.#cfg.errorHandler(error, task);

@@ -1,0 +1,100 @@
+/**
+ * The worker's view of one lease (server/lease.ts): the transitions the
+ * processor and the heartbeater drive, and the abort a handler sees. No
+ * database: the lease is a state machine over the worker's own clock (the
+ * processor and heartbeater tests drive it against PostgreSQL).
+ */
+import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
+import { describe, test } from 'node:test';
+import { FailedPreconditionError, LeaseExpiredError, TaskCanceledError } from '../src/index.js';
+import { Lease } from '../src/server/lease.js';
+
+const key = { queue: 'default', id: 't1', seq: '1', token: '00000000-0000-0000-0000-000000000000' };
+const held = (trustMs = 60_000) => new Lease(key, trustMs, performance.now());
+
+describe('lease', () => {
+  test('a heartbeat that misses a held lease loses it: the handler is aborted with LeaseExpiredError', () => {
+    const lease = held();
+    const aborts: Error[] = [];
+    lease.onAbort((r) => aborts.push(r));
+    assert.equal(lease.heartbeats, true);
+    assert.equal(lease.missed(), true);
+    assert.equal(lease.state, 'lost');
+    assert.equal(lease.heartbeats, false);
+    assert.ok(aborts[0] instanceof LeaseExpiredError);
+    assert.equal(aborts.length, 1);
+    // The signal, first read after the abort, is already aborted with the same reason.
+    assert.equal(lease.signal.aborted, true);
+    assert.equal(lease.signal.reason, aborts[0]);
+    lease.release();
+  });
+
+  test('a settled lease missed by a heartbeat stays settled: its outcome write decides', () => {
+    const lease = held();
+    lease.settle();
+    assert.equal(lease.missed(), false);
+    assert.equal(lease.state, 'settled');
+    assert.equal(lease.heartbeats, true);
+    assert.equal(lease.abortReason, undefined);
+    lease.release();
+  });
+
+  test('ctx.transaction: not extended while open; committed is final, and a later loss does not abort the handler', () => {
+    const lease = held();
+    lease.beginTransaction();
+    assert.equal(lease.heartbeats, false);
+    assert.throws(() => lease.beginTransaction(), FailedPreconditionError);
+    lease.endTransaction(true);
+    assert.equal(lease.state, 'committed');
+    assert.equal(lease.heartbeats, false);
+    assert.throws(() => lease.beginTransaction(), /already completed by ctx.transaction/);
+    lease.lose();
+    assert.equal(lease.state, 'committed');
+    assert.equal(lease.abortReason, undefined);
+    lease.release();
+  });
+
+  test('a transaction that did not commit leaves the lease held; one that lost it leaves it lost', () => {
+    const rolledBack = held();
+    rolledBack.beginTransaction();
+    rolledBack.endTransaction(false);
+    assert.equal(rolledBack.state, 'held');
+    rolledBack.release();
+
+    const fenced = held();
+    fenced.beginTransaction();
+    fenced.lose();
+    fenced.endTransaction(false);
+    assert.equal(fenced.state, 'lost');
+    assert.throws(() => fenced.beginTransaction(), LeaseExpiredError);
+    fenced.release();
+  });
+
+  test('the first abort wins; the signal read before it follows it', () => {
+    const lease = held();
+    const signal = lease.signal;
+    lease.abort(new TaskCanceledError());
+    lease.lose();
+    assert.ok(signal.reason instanceof TaskCanceledError);
+    assert.ok(lease.abortReason instanceof TaskCanceledError);
+    assert.equal(lease.state, 'lost');
+    lease.release();
+  });
+
+  test('with no extension within trustMs of the last one sent, the lease is lost by its own timer', async () => {
+    const lease = held(20);
+    const aborts: Error[] = [];
+    lease.onAbort((r) => aborts.push(r));
+    // The trust timer does not keep a process alive (unref): this sleep does.
+    await new Promise((r) => setTimeout(r, 60));
+    assert.ok(aborts[0] instanceof LeaseExpiredError);
+    assert.equal(lease.state, 'lost');
+    // A released lease is left alone: nothing fires after release.
+    const other = held(20);
+    other.release();
+    await new Promise((r) => setTimeout(r, 40));
+    assert.equal(other.state, 'released');
+    assert.equal(other.abortReason, undefined);
+  });
+});
