@@ -115,8 +115,8 @@ export async function claimFrom(
     ),
     -- Each queue's share first (the weights' proportions within one claim)…
     shared AS (
-      SELECT c.seq FROM q CROSS JOIN LATERAL (
-        SELECT s.seq FROM ${db.table('task_states')} s
+      SELECT c.ctid FROM q CROSS JOIN LATERAL (
+        SELECT s.ctid FROM ${db.table('task_states')} s
         WHERE s.queue = q.name AND s.state = 'pending' AND s.pending_seq > q.floor
           -- Referenced here so that the mark is taken before the first row is locked
           -- (a row lock assigns the transaction id).
@@ -130,10 +130,10 @@ export async function claimFrom(
     -- are locked. The queues' order is the weighted shuffle: without ORDER BY a hash
     -- anti-join may reorder them (unnest WITH ORDINALITY is already in order: no sort).
     more AS (
-      SELECT m.seq FROM q CROSS JOIN LATERAL (
-        SELECT s.seq FROM ${db.table('task_states')} s
+      SELECT m.ctid FROM q CROSS JOIN LATERAL (
+        SELECT s.ctid FROM ${db.table('task_states')} s
         WHERE s.queue = q.name AND s.state = 'pending' AND s.pending_seq > q.floor
-          AND s.seq <> ALL(ARRAY(SELECT seq FROM shared))
+          AND s.ctid <> ALL(ARRAY(SELECT ctid FROM shared))
         ORDER BY s.pending_seq
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) m
@@ -141,17 +141,22 @@ export async function claimFrom(
       ORDER BY q.ord
       LIMIT greatest(${limit} - (SELECT count(*) FROM shared), 0)
     ),
-    c AS (SELECT seq FROM shared UNION ALL SELECT seq FROM more),
+    c AS (SELECT ctid FROM shared UNION ALL SELECT ctid FROM more),
     -- Rows are found by key arrays (= ANY) and index probes, never by joining CTEs:
     -- their row estimates are guesses, and a join planned on a guess either hashes a
-    -- whole table or rescans a CTE once per row. pending_seq stays on the active row
-    -- (only pending rows are indexed by it), so the claim order can be returned.
+    -- whole table or rescans a CTE once per row. The locked rows are updated by ctid
+    -- (a TID scan): nothing can move a row this statement holds locked, and a primary
+    -- key descent per row was a quarter of the claim. (A pending row that another
+    -- transaction rewrote after this statement's snapshot is locked in its new version,
+    -- which this UPDATE cannot see: it stays pending for the next claim.)
+    -- pending_seq stays on the active row (only pending rows are indexed by it), so
+    -- the claim order can be returned.
     claimed AS (
       UPDATE ${db.table('task_states')} s
       SET state = 'active', lease_owner = ${owner}, lease_token = gen_random_uuid(),
           lease_expires_at = now() + ${ms(leaseMs)}, started_at = now(), run_at = NULL,
           cancel_requested = false, updated_at = now()
-      WHERE s.seq = ANY(ARRAY(SELECT seq FROM c))
+      WHERE s.ctid = ANY(ARRAY(SELECT ctid FROM c))
       RETURNING s.seq, s.queue, s.pending_seq, s.retried, s.lease_token
     ),
     tasks AS (
