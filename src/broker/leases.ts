@@ -216,7 +216,7 @@ const field = (b: { json: string }, n: number) => sql`((${b.json}::jsonb -> s.se
  * a lease missing from the result is lost. lease_expires_at is in no index, so
  * an extension is a HOT update of the narrow row.
  */
-export async function extendLeases(db: Db, leases: readonly LeaseKey[], leaseMs: number): Promise<{ queue: string; id: string; cancel_requested: boolean }[]> {
+export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly T[], leaseMs: number): Promise<{ lease: T; cancelRequested: boolean }[]> {
   if (leases.length === 0) return [];
   const b = batch(leases);
   const rows = await db.run(sql<{ seq: string; cancel_requested: boolean }>`
@@ -224,7 +224,7 @@ export async function extendLeases(db: Db, leases: readonly LeaseKey[], leaseMs:
     WHERE ${fenced(b)} AND s.lease_expires_at > now()
     RETURNING s.seq, s.cancel_requested`, undefined, 'extend');
   const cancel = new Map(rows.map((r) => [String(r.seq), r.cancel_requested]));
-  return leases.filter((l) => cancel.has(String(l.seq))).map((l) => ({ queue: l.queue, id: l.id, cancel_requested: cancel.get(String(l.seq))! }));
+  return leases.filter((l) => cancel.has(String(l.seq))).map((lease) => ({ lease, cancelRequested: cancel.get(String(lease.seq))! }));
 }
 
 /** A successful (or revoked) attempt: `keep` marks it completed for its retention, otherwise it is deleted. */

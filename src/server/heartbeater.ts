@@ -48,16 +48,16 @@ export class Heartbeater {
     if (held.length > 0) {
       const sentAt = performance.now();
       const extended = await extendLeases(this.#db, held, this.#leaseDuration);
-      const byKey = new Map(extended.map((r) => [`${r.queue}\0${r.id}`, r]));
+      const found = new Map(extended.map((e) => [e.lease, e.cancelRequested]));
       let lost = 0;
       for (const lease of held) {
-        const row = byKey.get(lease.key);
-        if (row === undefined) {
+        const cancelRequested = found.get(lease);
+        if (cancelRequested === undefined) {
           if (lease.missed()) lost++;
           continue;
         }
         lease.extended(sentAt);
-        if (row.cancel_requested) lease.abort(new TaskCanceledError());
+        if (cancelRequested) lease.abort(new TaskCanceledError());
       }
       if (lost > 0) {
         // Each missing row is a fenced heartbeat write: counted like any other.

@@ -51,10 +51,6 @@ export class Lease implements LeaseKey {
     return this.#state;
   }
 
-  get key(): string {
-    return `${this.queue}\0${this.id}`;
-  }
-
   /** The database no longer gives this worker the task: write nothing more about it. */
   get lost(): boolean {
     return this.#state === 'lost';

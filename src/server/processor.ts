@@ -16,7 +16,7 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import type { Transaction } from 'kysely';
 import { durableTransaction, type Db } from '../broker/db.js';
-import { claimFrom, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure } from '../broker/leases.js';
+import { claimFrom, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure, type LeaseKey } from '../broker/leases.js';
 import {
   LeaseExpiredError,
   ServerClosedError,
@@ -64,11 +64,11 @@ export interface ProcessorCounters {
 }
 
 type Outcome = { error: Error | null };
-const keyOf = (r: { queue: string; id: string }) => `${r.queue}\0${r.id}`;
-const keySet = (rows: { queue: string; id: string }[]) => new Set(rows.map(keyOf));
+/** The tasks a fenced batch write reached, by seq (a task's key across queues). */
+const seqSet = (rows: readonly LeaseKey[]) => new Set(rows.map((r) => r.seq));
 
 export class Processor {
-  /** Leases of the tasks this server runs, by queue and id. */
+  /** Leases of the tasks this server runs (held or running), by seq. */
   readonly leases = new Map<string, Lease>();
   readonly counters: ProcessorCounters = { claimed: 0, fencedWrites: 0, leasesLost: 0 };
   readonly #db: Db;
@@ -103,8 +103,8 @@ export class Processor {
     this.#stats = stats;
     // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
     this.#prefetch = new Prefetch(cfg.prefetch, cfg.concurrency, Math.min(1000, 50 * cfg.concurrency));
-    this.#completer = new Batcher(async (items) => keySet(await complete(db, items)));
-    this.#failer = new Batcher(async (items) => keySet(await fail(db, items)));
+    this.#completer = new Batcher(async (items) => seqSet(await complete(db, items)));
+    this.#failer = new Batcher(async (items) => seqSet(await fail(db, items)));
   }
 
   get busy(): number {
@@ -160,7 +160,7 @@ export class Processor {
 
   #forget(lease: Lease): void {
     lease.release();
-    this.leases.delete(lease.key);
+    this.leases.delete(lease.seq);
     if (this.leases.size === 0) for (const fn of this.#idle.splice(0)) fn();
   }
 
@@ -226,7 +226,7 @@ export class Processor {
       this.counters.claimed += rows.length;
       for (const row of rows) {
         const lease = new Lease({ queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
-        this.leases.set(lease.key, lease);
+        this.leases.set(lease.seq, lease);
         this.#held.push({ row, lease, claimedAt: sentAt });
       }
       this.#dispatch();
@@ -399,7 +399,7 @@ export class Processor {
       return;
     }
     if (shutdown) {
-      await this.#write(lease, 'requeue', async () => keySet(await requeue(this.#db, [lease])));
+      await this.#write(lease, 'requeue', async () => seqSet(await requeue(this.#db, [lease])));
       return;
     }
     if (!error || isRevokeTask(error)) {
@@ -445,7 +445,7 @@ export class Processor {
   async #write(lease: Lease, what: string, write: () => Promise<Set<string>>): Promise<boolean> {
     for (let attempt = 0; ; attempt++) {
       try {
-        if ((await write()).has(lease.key)) return true;
+        if ((await write()).has(lease.seq)) return true;
         this.#fenced(lease, what);
         return false;
       } catch (err) {
