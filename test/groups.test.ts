@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
-import { Client, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
-import { countByState, testDb, waitFor, type TestDb } from './helpers.js';
+import { Client, Inspector, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -178,6 +178,42 @@ describe('atomicity', () => {
     assert.deepEqual(ran[0]?.payload, { group: 'fragile', items: [1, 2, 3] });
     await waitFor(async () => Object.keys(await countByState(db)).length === 0, 20_000, 'all rows gone');
     assert.equal((await db.query('SELECT * FROM {{schema}}.unique_locks')).length, 0, 'member locks released with the members');
+  });
+
+  test('the aggregator runs holding no lock: a member deleted meanwhile is not aggregated, and the rest are again at the next check', { timeout: 30_000 }, async () => {
+    await reset();
+    const infos = await client.enqueueMany([new Task('item', 1), new Task('item', 2), new Task('item', 3)], { group: 'slow' });
+    const inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema, logger: false });
+    const first = deferred();
+    const release = deferred();
+    const calls: unknown[][] = [];
+    const { ran } = await startServer({
+      groupGracePeriod: 100,
+      groupAggregator: async (group, members) => {
+        calls.push(members.map((m) => m.payload));
+        if (calls.length === 1) {
+          first.resolve();
+          await release.promise;
+        }
+        return new Task('batch', { group, items: members.map((m) => m.payload) });
+      },
+    });
+    try {
+      await first.promise;
+      // While the aggregator runs, the members are not locked: deleting one does not wait for it.
+      const t0 = performance.now();
+      await inspector.deleteTask('default', infos[1]!.id);
+      assert.ok(performance.now() - t0 < 2000, `the delete waited ${Math.round(performance.now() - t0)} ms`);
+      release.resolve();
+      await waitFor(() => ran.length === 1, 20_000, 'one batch ran');
+      // The first result, made with the deleted member, never committed: the batch is of the two left.
+      assert.deepEqual(calls, [[1, 2, 3], [1, 3]]);
+      assert.deepEqual(ran[0]?.payload, { group: 'slow', items: [1, 3] });
+      await waitFor(async () => Object.keys(await countByState(db)).length === 0, 20_000, 'all rows gone');
+    } finally {
+      release.resolve();
+      await inspector.close();
+    }
   });
 
   test('an aggregate that cannot be enqueued (its taskId exists) or is not a Task rolls back: members stay', { timeout: 30_000 }, async () => {

@@ -10,6 +10,7 @@ import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfi
 import { Db } from '../src/broker/db.js';
 import { selectTask } from '../src/broker/enqueue.js';
 import { claim, complete, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
+import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/logger.js';
@@ -176,6 +177,25 @@ describe('recoverer', () => {
     const corrupt = await activeTask(0, 5, "now() + interval '1 day'");
     assert.deepEqual(await recoverer(30_000).runOnce(), { retried: 1, archived: 0 });
     assert.equal((await taskRow(corrupt)).state, 'retry');
+  });
+
+  test('a lease extended, or a task recovered, between the read and the write is left as it is', { timeout: 30_000 }, async () => {
+    await reset();
+    const bounds = { cutoffMs: 30_000, leaseMs: 30_000 };
+    const extended = await activeTask(0, 5, "now() - interval '1 minute'");
+    const taken = await activeTask(0, 5, "now() - interval '1 minute'");
+    const expired = await findExpired(broker, bounds, 10);
+    assert.deepEqual(expired.map((e) => e.id).sort(), [extended, taken].sort());
+    // Meanwhile a heartbeat lands on one, and another recoverer (same decisions) takes the other.
+    await db.query("UPDATE {{schema}}.tasks SET lease_expires_at = now() + interval '30 seconds' WHERE id = $1", [extended]);
+    const decisions = expired.map((e) => ({ seq: e.seq, token: e.lease_token, archive: false, delayMs: 0 }));
+    const other = await recoverLeases(broker, decisions.filter((d) => d.seq === expired.find((e) => e.id === taken)!.seq), bounds);
+    assert.equal(other.length, 1);
+    const before = await db.query('SELECT * FROM {{schema}}.tasks ORDER BY id');
+    assert.deepEqual(await recoverLeases(broker, decisions, bounds), [], 'nothing left to recover');
+    assert.deepEqual(await db.query('SELECT * FROM {{schema}}.tasks ORDER BY id'), before, 'neither row changed');
+    assert.equal((await taskRow(extended)).state, 'active');
+    assert.equal((await taskRow(taken)).retried, 1, 'recovered once');
   });
 
   test('several recoverers at once recover each task exactly once', { timeout: 30_000 }, async () => {

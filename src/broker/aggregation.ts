@@ -11,10 +11,14 @@
  * task with a group), which is the row's updated_at; members are handed over
  * in enqueue order (enqueued_at, then seq).
  *
- * Closing is one transaction: the members are locked, the aggregate task is
- * enqueued and the members deleted together, so a crash can neither lose the
- * members nor produce the aggregate twice (asynq's aggregation sets could do
- * the latter).
+ * Closing is read, aggregate, commit: the members of a closing group are
+ * read (groupToClose), the user's aggregator runs in no transaction, and one
+ * transaction then deletes exactly those members and enqueues the aggregate
+ * (commitGroup). If any member was moved or deleted meanwhile (an Inspector
+ * action, another server that closed the group first), nothing commits. So a
+ * crash can neither lose the members nor produce the aggregate twice (asynq's
+ * aggregation sets could do the latter), and no row stays locked while user
+ * code runs.
  */
 import { sql, type RawBuilder } from 'kysely';
 import type { TaskRecord } from '../task.js';
@@ -30,6 +34,7 @@ export interface GroupRules {
 
 /** A member as the aggregator's callback gets it. */
 export interface MemberRow {
+  seq: string;
   id: string;
   type: string;
   payload: unknown;
@@ -68,57 +73,58 @@ export async function readyGroups(db: Db, queues: string[], rules: GroupRules): 
 }
 
 /**
- * Closes one group, in one transaction, if it still closes by `rules`:
- * takes a transaction-scoped advisory lock on the group (another server
- * closing it at the same moment skips it), locks its members in enqueue
- * order (up to maxSize), hands them to `aggregate`, enqueues the task it
- * returns, and deletes the members and releases their unique locks. If
- * `aggregate` or the enqueue throws, everything is rolled back and the
- * members stay aggregating. Returns how many members were aggregated (0:
- * the group did not close, or was being closed elsewhere).
+ * The members of the group that closes now by `rules`, in enqueue order (up
+ * to maxSize); none when it does not close. A plain read: commitGroup()
+ * checks that they are all still there.
  */
-export async function closeGroup(
-  db: Db,
-  queue: string,
-  group: string,
-  rules: GroupRules,
-  aggregate: (members: MemberRow[]) => Promise<TaskRecord>,
-): Promise<number> {
-  return transaction(db, async (trx) => {
-    const [lock] = await db.run(
-      sql<{ locked: boolean }>`SELECT pg_try_advisory_xact_lock(hashtext(${`pgasynq:aggregate:${db.schema}`}), hashtext(${JSON.stringify([queue, group])})) AS locked`,
-      trx,
-    );
-    if (!lock?.locked) return 0;
-    const members = await db.run(
-      sql<MemberRow>`
-      WITH g AS (
-        SELECT count(*) AS n, min(updated_at) AS oldest, max(updated_at) AS newest FROM ${db.table('tasks')}
-        WHERE state = 'aggregating' AND queue = ${queue} AND group_key = ${group}
-      )
-      SELECT t.id, t.type, t.payload, t.payload_bytes, t.headers
-      FROM ${db.table('tasks')} t, g
-      WHERE t.state = 'aggregating' AND t.queue = ${queue} AND t.group_key = ${group}
-        AND ${closes(sql`g.n`, sql`g.oldest`, sql`g.newest`, rules)}
-      ORDER BY t.enqueued_at, t.seq
-      LIMIT ${rules.maxSize > 0 ? rules.maxSize : null}
-      FOR UPDATE OF t SKIP LOCKED`,
-      trx,
-    );
-    if (members.length === 0) return 0;
-    const record = await aggregate(members);
-    await db.run(
-      sql`
-      WITH d AS (
-        DELETE FROM ${db.table('tasks')} t
-        WHERE t.queue = ${queue} AND t.id = ANY(${members.map((m) => m.id)}::text[]) AND t.state = 'aggregating'
-        RETURNING t.queue, t.id, t.unique_key
-      )
-      DELETE FROM ${db.table('unique_locks')} l USING d
-      WHERE l.queue = d.queue AND l.key = d.unique_key AND l.task_id = d.id`,
-      trx,
-    );
-    await insertTasks(db, [record], trx);
-    return members.length;
-  });
+export async function groupToClose(db: Db, queue: string, group: string, rules: GroupRules): Promise<MemberRow[]> {
+  return db.run(sql<MemberRow>`
+    WITH g AS (
+      SELECT count(*) AS n, min(updated_at) AS oldest, max(updated_at) AS newest FROM ${db.table('tasks')}
+      WHERE state = 'aggregating' AND queue = ${queue} AND group_key = ${group}
+    )
+    SELECT t.seq::text AS seq, t.id, t.type, t.payload, t.payload_bytes, t.headers
+    FROM ${db.table('tasks')} t, g
+    WHERE t.state = 'aggregating' AND t.queue = ${queue} AND t.group_key = ${group}
+      AND ${closes(sql`g.n`, sql`g.oldest`, sql`g.newest`, rules)}
+    ORDER BY t.enqueued_at, t.seq
+    LIMIT ${rules.maxSize > 0 ? rules.maxSize : null}`);
 }
+
+/**
+ * In one transaction: deletes the members (releasing their unique locks) and
+ * enqueues `aggregate`, only if every member is still aggregating in the
+ * group. True when it committed; false (nothing written) when a member was
+ * moved, deleted or taken by another server's commitGroup first, whose row
+ * locks make this one wait and then find the rows gone.
+ */
+export async function commitGroup(db: Db, queue: string, group: string, members: readonly MemberRow[], aggregate: TaskRecord): Promise<boolean> {
+  const seqs = members.map((m) => m.seq).sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1));
+  try {
+    await transaction(db, async (trx) => {
+      const gone = await db.run(
+        sql<{ id: string; unique_key: string | null }>`
+        DELETE FROM ${db.table('tasks')} t
+        WHERE t.seq = ANY(${seqs}::bigint[]) AND t.state = 'aggregating' AND t.queue = ${queue} AND t.group_key = ${group}
+        RETURNING t.id, t.unique_key`,
+        trx,
+      );
+      if (gone.length !== members.length) throw new GroupChanged();
+      await db.run(
+        sql`
+        DELETE FROM ${db.table('unique_locks')} l
+        USING unnest(${gone.map((g) => g.id)}::text[], ${gone.map((g) => g.unique_key)}::text[]) AS d(id, unique_key)
+        WHERE l.queue = ${queue} AND l.key = d.unique_key AND l.task_id = d.id`,
+        trx,
+      );
+      await insertTasks(db, [aggregate], trx);
+    });
+    return true;
+  } catch (err) {
+    if (err instanceof GroupChanged) return false;
+    throw err;
+  }
+}
+
+/** Rolls commitGroup's transaction back: the group is no longer what the aggregator was given. */
+class GroupChanged extends Error {}

@@ -5,7 +5,7 @@
  * every server may run them at once and none waits on another.
  */
 import { sql } from 'kysely';
-import { transaction, type Db } from './db.js';
+import type { Db } from './db.js';
 import type { TaskCore } from './rows.js';
 
 /**
@@ -49,53 +49,69 @@ export async function nextDueIn(db: Db): Promise<number | null> {
 export interface ExpiredLease extends TaskCore {
   seq: string;
   lease_owner: string;
+  lease_token: string;
   /** The lease ran out impossibly far in the future (R8): a clock or data problem, not a dead worker. */
   implausible: boolean;
 }
 
+/** How far past its expiry a lease is rescued, and how far ahead of now one is impossible. */
+export interface RecoveryBounds {
+  cutoffMs: number;
+  leaseMs: number;
+}
+
+/** Matches the leases the recoverer takes: expired more than the cutoff ago, or impossibly far in the future. */
+const recoverable = (b: RecoveryBounds) => sql`
+  (s.lease_expires_at < now() - ${b.cutoffMs}::float8 * interval '1 millisecond'
+   OR s.lease_expires_at > now() + ${b.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')`;
+
 /**
- * Recovers up to `limit` active tasks whose lease expired more than `cutoffMs`
- * ago (or whose lease is impossibly far in the future: clock abuse or corrupt
- * data). `decide` says, for each, whether it is archived and else after how
- * long it is retried. Rows are locked with SKIP LOCKED in one short transaction,
- * so concurrent recoverers never take the same task.
+ * Up to `limit` active tasks whose lease expired more than `cutoffMs` ago
+ * (or is impossibly far in the future: clock abuse or corrupt data). A plain
+ * read: the recoverer decides what becomes of each outside any transaction
+ * (its retry policy is the user's code), then recoverLeases() writes that.
  */
-export async function recoverExpired(
-  db: Db,
-  opts: { cutoffMs: number; leaseMs: number; limit: number },
-  decide: (task: ExpiredLease) => { archive: boolean; delayMs: number },
-): Promise<{ retried: number; archived: number }> {
-  return transaction(db, async (trx) => {
-    const expired = await db.run(
-      sql<ExpiredLease>`
-      SELECT s.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, s.retried, i.max_retry, s.lease_owner,
-             s.lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
-      FROM ${db.table('task_states')} s JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
-      WHERE s.state = 'active' AND s.lease_owner IS NOT NULL -- always true; lets task_states_active_idx serve
-        AND (s.lease_expires_at < now() - ${opts.cutoffMs}::float8 * interval '1 millisecond'
-             OR s.lease_expires_at > now() + ${opts.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')
-      ORDER BY s.seq LIMIT ${opts.limit} FOR UPDATE OF s SKIP LOCKED`,
-      trx,
-    );
-    if (expired.length === 0) return { retried: 0, archived: 0 };
-    const decisions = expired.map(decide);
-    await db.run(
-      sql`
-      UPDATE ${db.table('task_states')} s
-      SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
-          retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
-          run_at = now() + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
-          error_msg = 'task lease expired', last_failed_at = now(),
-          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-      FROM unnest(${expired.map((e) => e.seq)}::bigint[],
-                  ${decisions.map((d) => d.archive)}::bool[], ${decisions.map((d) => d.delayMs)}::float8[])
-        AS h(seq, archive, delay_ms)
-      WHERE s.seq = h.seq AND s.state = 'active'`,
-      trx,
-    );
-    const archived = decisions.filter((d) => d.archive).length;
-    return { retried: decisions.length - archived, archived };
-  });
+export async function findExpired(db: Db, bounds: RecoveryBounds, limit: number): Promise<ExpiredLease[]> {
+  return db.run(sql<ExpiredLease>`
+    SELECT s.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, s.retried, i.max_retry,
+           s.lease_owner, s.lease_token,
+           s.lease_expires_at > now() + ${bounds.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
+    FROM ${db.table('task_states')} s JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
+    WHERE s.state = 'active' AND s.lease_owner IS NOT NULL -- always true; lets task_states_active_idx serve
+      AND ${recoverable(bounds)}
+    ORDER BY s.seq LIMIT ${limit}`);
+}
+
+/** What the recoverer decided for one expired lease. */
+export interface Recovery {
+  seq: string;
+  token: string;
+  archive: boolean;
+  delayMs: number;
+}
+
+/**
+ * Moves each task to retry (after its delay) or to the archive, as decided,
+ * if it is still active under the same lease and still recoverable: a
+ * heartbeat that extended it meanwhile, or another recoverer that took it
+ * first, leaves it out (the row lock makes the second writer re-check).
+ * Resolves to the seqs moved, each with whether it was archived.
+ */
+export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bounds: RecoveryBounds): Promise<{ seq: string; archived: boolean }[]> {
+  if (recoveries.length === 0) return [];
+  const sorted = [...recoveries].sort((a, b) => (BigInt(a.seq) < BigInt(b.seq) ? -1 : 1));
+  return db.run(sql<{ seq: string; archived: boolean }>`
+    UPDATE ${db.table('task_states')} s
+    SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
+        retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
+        run_at = now() + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
+        error_msg = 'task lease expired', last_failed_at = now(),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+    FROM unnest(${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[],
+                ${sorted.map((r) => r.archive)}::bool[], ${sorted.map((r) => r.delayMs)}::float8[])
+      AS h(seq, token, archive, delay_ms)
+    WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(bounds)}
+    RETURNING s.seq::text AS seq, h.archive AS archived`);
 }
 
 /** Deletes up to `limit` completed tasks whose retention has ended. */

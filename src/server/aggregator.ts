@@ -7,16 +7,18 @@
  * groupMaxSize closes at the next check.
  *
  * asynq runs at most 3 aggregation checks at once and tolerates an aggregate
- * enqueued twice; here groups are closed one after another, each in one
- * transaction (src/broker/aggregation.ts), so neither happens.
+ * enqueued twice; here groups are closed one after another, and an aggregate
+ * commits only with the removal of exactly the members it was made from
+ * (src/broker/aggregation.ts), so neither happens. Two servers may both run
+ * the aggregator on a group at the same moment; only one result commits.
  */
-import { closeGroup, readyGroups, type GroupRules } from '../broker/aggregation.js';
+import { commitGroup, groupToClose, readyGroups, type GroupRules } from '../broker/aggregation.js';
 import type { Db } from '../broker/db.js';
 import { coerceError } from '../errors.js';
-import type { Logger } from '../logger.js';
+import { FailureRun, type Logger } from '../logger.js';
 import { decodePayload } from '../payload.js';
 import { Task, toRecord } from '../task.js';
-import { Ticker } from './ticker.js';
+import { Ticker } from '../internal/ticker.js';
 
 export interface AggregatorOptions {
   queues: string[];
@@ -34,8 +36,8 @@ export class Aggregator {
   readonly #opts: AggregatorOptions;
   readonly #rules: GroupRules;
   readonly #ticker: Ticker;
-  /** Consecutive failures per group, so a group whose aggregator keeps throwing logs now and then, not every check. */
-  readonly #failures = new Map<string, number>();
+  /** Failing groups, so a group whose aggregator keeps throwing logs now and then, not at every check. */
+  readonly #failures = new Map<string, FailureRun>();
 
   constructor(db: Db, logger: Logger, opts: AggregatorOptions) {
     this.#db = db;
@@ -64,25 +66,39 @@ export class Aggregator {
     for (const { queue, group } of ready) {
       const key = JSON.stringify([queue, group]);
       try {
-        const n = await closeGroup(this.#db, queue, group, this.#rules, async (members) => {
-          const tasks = members.map((m) => Task.restore(m.type, decodePayload(m.payload, m.payload_bytes), m.headers));
-          const result = await this.#opts.groupAggregator(group, tasks);
-          if (!(result instanceof Task)) throw new TypeError(`groupAggregator must return a Task (got ${result === null ? 'null' : typeof result})`);
-          // asynq: the aggregate's own options, with the group's queue forced.
-          return toRecord(result, { queue });
-        });
+        const n = await this.#close(queue, group);
+        this.#failures.get(key)?.succeeded();
         this.#failures.delete(key);
         if (n > 0) this.#log.debug({ queue, group, members: n }, 'group aggregated');
         if (this.#rules.maxSize > 0 && n === this.#rules.maxSize) full = true;
       } catch (thrown) {
-        const failures = (this.#failures.get(key) ?? 0) + 1;
-        this.#failures.set(key, failures);
-        if (failures === 1 || failures % 10 === 0) {
-          this.#log.error({ err: coerceError(thrown), queue, group, failures }, 'aggregation failed; the members stay aggregating');
+        let run = this.#failures.get(key);
+        if (run === undefined) {
+          run = new FailureRun(this.#log.child({ queue, group }), 'aggregation failed; the members stay aggregating', 'aggregation succeeded again', 'error');
+          this.#failures.set(key, run);
         }
+        run.failed(coerceError(thrown));
       }
     }
     if (full) return 0;
     return nextInMs === null ? undefined : nextInMs;
+  }
+
+  /**
+   * Closes one group: its members, the user's aggregator on them (in no
+   * transaction: it may take its time), then the aggregate committed with the
+   * members' removal. Resolves to how many members were aggregated; 0 when the
+   * group did not close, or changed meanwhile (another server closed it, an
+   * Inspector action moved a member), in which case the next check starts over.
+   */
+  async #close(queue: string, group: string): Promise<number> {
+    const members = await groupToClose(this.#db, queue, group, this.#rules);
+    if (members.length === 0) return 0;
+    const tasks = members.map((m) => Task.restore(m.type, decodePayload(m.payload, m.payload_bytes), m.headers));
+    const result = await this.#opts.groupAggregator(group, tasks);
+    if (!(result instanceof Task)) throw new TypeError(`groupAggregator must return a Task (got ${result === null ? 'null' : typeof result})`);
+    // asynq: the aggregate's own options, with the group's queue forced.
+    const committed = await commitGroup(this.#db, queue, group, members, toRecord(result, { queue }));
+    return committed ? members.length : 0;
   }
 }

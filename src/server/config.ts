@@ -46,7 +46,13 @@ export interface ServerConfig extends ConnectionOptions {
   groupMaxDelay?: number;
   /** 0: no limit. */
   groupMaxSize?: number;
-  groupAggregator?: (group: string, tasks: Task[]) => Task;
+  /**
+   * Turns a closed group into one task. It may be async: it runs holding no
+   * lock and no connection, and its task commits only together with the
+   * removal of exactly these members (if one was moved or deleted meanwhile,
+   * the group is aggregated again at the next check).
+   */
+  groupAggregator?: (group: string, tasks: Task[]) => Task | Promise<Task>;
   /** @defaultValue 8 s */
   janitorInterval?: number;
   /** @defaultValue 100 */
@@ -98,7 +104,7 @@ export interface ResolvedServerConfig {
   readonly groupGracePeriod: number;
   readonly groupMaxDelay: number;
   readonly groupMaxSize: number;
-  readonly groupAggregator: ((group: string, tasks: Task[]) => Task) | undefined;
+  readonly groupAggregator: ((group: string, tasks: Task[]) => Task | Promise<Task>) | undefined;
   readonly janitorInterval: number;
   readonly janitorBatchSize: number;
   readonly taskCheckInterval: number;

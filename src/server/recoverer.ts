@@ -3,17 +3,20 @@
  * tasks whose lease expired more than `recoverCutoff` ago and retries them
  * with "task lease expired", or archives them when their retries are spent.
  * The cutoff absorbs clock skew and slow heartbeats, as asynq's 30 s does.
- * Every server runs one; SKIP LOCKED makes sure each task is recovered once.
+ * Every server runs one. Each pass reads the expired leases, decides in no
+ * transaction (the retry policy is user code), and writes each decision only
+ * if the task is still active under the same lease: of two recoverers, the
+ * second finds the row moved and writes nothing, so each task is recovered once.
  */
-import { recoverExpired } from '../broker/maintenance.js';
+import { findExpired, recoverLeases, type ExpiredLease } from '../broker/maintenance.js';
 import type { Db } from '../broker/db.js';
 import { LeaseExpiredError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import { decodePayload } from '../payload.js';
-import { safeRetryDelay, warnInvalidRetryDelay } from '../retry.js';
+import { retryDelayFor } from '../retry.js';
 import { Task } from '../task.js';
 import type { StatsCollector } from './stats.js';
-import { Ticker } from './ticker.js';
+import { Ticker } from '../internal/ticker.js';
 
 const BATCH = 100;
 /** Tasks archived by one pass that get a line each; the rest are only counted. */
@@ -51,54 +54,58 @@ export class Recoverer {
     return this.#ticker.stop();
   }
 
-  /** Recovers every expired lease, in batches. */
+  /**
+   * Recovers every expired lease, in batches: select, decide (the retry
+   * policy runs here, in no transaction), then a write that applies each
+   * decision only if the task is still active under that lease.
+   */
   async runOnce(): Promise<{ retried: number; archived: number }> {
     const total = { retried: 0, archived: 0 };
     const err = new LeaseExpiredError();
+    const bounds = { cutoffMs: this.#cfg.recoverCutoff, leaseMs: this.#cfg.leaseDuration };
     for (;;) {
-      const counts = { retried: 0, archived: 0 };
-      const queues: string[] = [];
+      const expired = await findExpired(this.#db, bounds, BATCH);
+      if (expired.length === 0) break;
+      const recoveries = expired.map((t) => ({ seq: t.seq, token: t.lease_token, ...this.#decide(t, err) }));
+      const moved = new Map((await recoverLeases(this.#db, recoveries, bounds)).map((r) => [r.seq, r.archived]));
       const implausible: { queue: string; id: string; owner: string }[] = [];
-      const archived: { task: { id: string; type: string; queue: string }; retried: number; maxRetry: number }[] = [];
-      const done = await recoverExpired(this.#db, { cutoffMs: this.#cfg.recoverCutoff, leaseMs: this.#cfg.leaseDuration, limit: BATCH }, (t) => {
-        queues.push(t.queue);
+      for (const t of expired) {
+        const archived = moved.get(t.seq);
+        if (archived === undefined) continue; // extended meanwhile, or another recoverer took it
+        this.#stats.processed(t.queue);
+        this.#stats.failed(t.queue);
         if (t.implausible) implausible.push({ queue: t.queue, id: t.id, owner: t.lease_owner });
-        if (t.retried >= t.max_retry) {
-          archived.push({ task: { id: t.id, type: t.type, queue: t.queue }, retried: t.retried, maxRetry: t.max_retry });
-          return { archive: true, delayMs: 0 };
+        if (archived) {
+          if (total.archived < ARCHIVED_LINES) {
+            this.#logger.error(
+              { task: { id: t.id, type: t.type, queue: t.queue }, retried: t.retried, maxRetry: t.max_retry, reason: 'retries-exhausted', err: { type: err.name, message: err.message } },
+              'task archived',
+            );
+          }
+          total.archived++;
+        } else {
+          total.retried++;
         }
-        const task = Task.restore(t.type, decodePayload(t.payload, t.payload_bytes), t.headers);
-        const retryDelay = this.#cfg.retryDelay;
-        return {
-          archive: false,
-          delayMs: safeRetryDelay(retryDelay && (() => retryDelay(t.retried, err, task)), t.retried, (value) =>
-            warnInvalidRetryDelay(this.#logger, t.type, value),
-          ),
-        };
-      });
+      }
       if (implausible.length > 0) {
         this.#logger.warn(
           { tasks: implausible.length, sample: implausible.slice(0, 5) },
           'recovered leases that ran out impossibly far in the future: a clock or data problem, not a dead worker',
         );
       }
-      for (const a of archived.slice(0, Math.max(0, ARCHIVED_LINES - total.archived))) {
-        this.#logger.error({ ...a, reason: 'retries-exhausted', err: { type: err.name, message: err.message } }, 'task archived');
-      }
-      counts.retried = done.retried;
-      counts.archived = done.archived;
-      for (const q of queues) {
-        this.#stats.processed(q);
-        this.#stats.failed(q);
-      }
-      total.retried += counts.retried;
-      total.archived += counts.archived;
-      if (counts.retried + counts.archived < BATCH) break;
+      if (expired.length < BATCH) break;
     }
     this.counters.retried += total.retried;
     this.counters.archived += total.archived;
     // An expired lease is a failed attempt whose worker died or stalled: worth a warning.
     if (total.retried + total.archived > 0) this.#logger.warn(total, 'recovered tasks with expired leases');
     return total;
+  }
+
+  /** Archive once the retries are spent; else retry after the configured delay. */
+  #decide(t: ExpiredLease, err: Error): { archive: boolean; delayMs: number } {
+    if (t.retried >= t.max_retry) return { archive: true, delayMs: 0 };
+    const task = Task.restore(t.type, decodePayload(t.payload, t.payload_bytes), t.headers);
+    return { archive: false, delayMs: retryDelayFor(this.#cfg.retryDelay, t.retried, err, task, this.#logger) };
   }
 }
