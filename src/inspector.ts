@@ -41,6 +41,10 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
 
 /** An Inspector's pool, for the dashboard's reads at the end of this file: set by the class's static block, which alone sees #db. */
 let openDb: (inspector: Inspector) => Db;
+/** The class's private list and bulk helpers, for listTasks() and actOnAll() at the end of this file (set by the same block). */
+let listIn: (inspector: Inspector, queue: string, state: TaskState, opts: unknown, group?: unknown) => Promise<TaskInfo[]>;
+let deleteAllIn: (inspector: Inspector, queue: string, state: TaskState, group?: unknown) => Promise<number>;
+let moveAllIn: (inspector: Inspector, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown) => Promise<number>;
 
 /** Inspector options: the connection, and the payload size cap. */
 export interface InspectorOptions extends ConnectionOptions {
@@ -70,6 +74,9 @@ export class Inspector {
 
   static {
     openDb = (inspector) => inspector.#open();
+    listIn = (inspector, queue, state, opts, group) => inspector.#list(queue, state, opts, group);
+    deleteAllIn = (inspector, queue, state, group) => inspector.#deleteAll(queue, state, group);
+    moveAllIn = (inspector, queue, from, to, group) => inspector.#moveAll(queue, from, to, group);
   }
 
   constructor(opts: InspectorOptions = {}) {
@@ -379,6 +386,40 @@ export class Inspector {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+// ------------------------------------------------------- what the CLI and the dashboard share
+
+/**
+ * @internal A page of the queue's tasks in `state`: the Inspector's list
+ * method for that state (`group` for aggregating tasks), for the CLI and the
+ * dashboard, which take the state as a word.
+ */
+export function listTasks(inspector: Inspector, queue: string, state: TaskState, opts?: ListOptions, group?: string): Promise<TaskInfo[]> {
+  return listIn(inspector, queue, state, opts, group);
+}
+
+/** asynq's bulk actions on every task of one state of a queue. */
+export type BulkAction = 'delete' | 'archive' | 'run';
+
+/** @internal The states each bulk action applies to: the Inspector's deleteAll…, archiveAll… and runAll… methods. */
+export const BULK_STATES: Readonly<Record<BulkAction, readonly TaskState[]>> = {
+  delete: ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'],
+  archive: ['pending', 'scheduled', 'retry', 'aggregating'],
+  run: ['scheduled', 'retry', 'archived', 'aggregating'],
+};
+
+/**
+ * @internal The Inspector's bulk method for `action` and `state` (for
+ * aggregating tasks, of one `group`); resolves to how many tasks it moved or
+ * deleted. A pair asynq has no method for is a FailedPreconditionError.
+ */
+export function actOnAll(inspector: Inspector, action: BulkAction, queue: string, state: TaskState, group?: string): Promise<number> {
+  if (!BULK_STATES[action].includes(state)) {
+    return Promise.reject(new FailedPreconditionError(`cannot ${action} all ${state} tasks (${action} all applies to ${BULK_STATES[action].join(', ')})`));
+  }
+  if (action === 'delete') return deleteAllIn(inspector, queue, state, group);
+  return moveAllIn(inspector, queue, state, action === 'run' ? 'pending' : 'archived', group);
 }
 
 // ------------------------------------------------------------------ the dashboard's reads

@@ -28,16 +28,26 @@ export function maxPayloadBytesOption(value: unknown, Err: new (field: string, r
 
 export type EncodedPayload = { json: string | null; bytes: Buffer | null };
 
-function keyPath(path: string, key: string): string {
-  return /^[A-Za-z_$][\w$]*$/.test(key) ? `${path}.${key}` : `${path}[${JSON.stringify(key)}]`;
+/** `$.a[0]["b c"]`: where in the value a rule was broken, from the keys and indexes walked to it. */
+function pathOf(segments: readonly (string | number)[]): string {
+  let path = '$';
+  for (const s of segments) {
+    path += typeof s === 'number' ? `[${s}]` : /^[A-Za-z_$][\w$]*$/.test(s) ? `.${s}` : `[${JSON.stringify(s)}]`;
+    if (path.length > MAX_PATH_IN_MESSAGE) return `${path.slice(0, MAX_PATH_IN_MESSAGE)}…`;
+  }
+  return path;
 }
 
-function check(value: unknown, path: string, depth: number, ancestors: object[], field: string): void {
+/**
+ * Walks the value as JSON.stringify will, refusing what it would drop, mangle
+ * or choke on. The path is built only for the message: a bulk enqueue checks
+ * tens of thousands of payloads that are all fine.
+ */
+function check(value: unknown, segments: (string | number)[], ancestors: object[], field: string): void {
   const fail = (rule: string): never => {
-    const where = path.length > MAX_PATH_IN_MESSAGE ? `${path.slice(0, MAX_PATH_IN_MESSAGE)}…` : path;
-    throw new PayloadSerializationError(field, `${rule} at ${where}`);
+    throw new PayloadSerializationError(field, `${rule} at ${pathOf(segments)}`);
   };
-  if (depth > MAX_PAYLOAD_DEPTH) fail(`nesting depth exceeds the limit of ${MAX_PAYLOAD_DEPTH} levels`);
+  if (segments.length > MAX_PAYLOAD_DEPTH) fail(`nesting depth exceeds the limit of ${MAX_PAYLOAD_DEPTH} levels`);
   switch (typeof value) {
     case 'string':
       if (value.includes('\0')) fail('contains a NUL character, which jsonb cannot store (send bytes instead),');
@@ -69,11 +79,20 @@ function check(value: unknown, path: string, depth: number, ancestors: object[],
   }
   ancestors.push(obj);
   if (Array.isArray(obj)) {
-    obj.forEach((item, i) => check(item === undefined ? null : item, `${path}[${i}]`, depth + 1, ancestors, field));
+    for (let i = 0; i < obj.length; i++) {
+      segments.push(i);
+      check(obj[i] === undefined ? null : obj[i], segments, ancestors, field);
+      segments.pop();
+    }
   } else {
-    for (const [key, item] of Object.entries(obj)) {
+    const record = obj as Record<string, unknown>;
+    for (const key of Object.keys(record)) {
       if (key.includes('\0')) fail('has a key with a NUL character');
-      if (item !== undefined) check(item, keyPath(path, key), depth + 1, ancestors, field);
+      const item = record[key];
+      if (item === undefined) continue;
+      segments.push(key);
+      check(item, segments, ancestors, field);
+      segments.pop();
     }
   }
   ancestors.pop();
@@ -108,7 +127,7 @@ export function encodePayload(value: unknown, field = 'payload', maxBytes = MAX_
     // A copy, as JSON payloads are encoded at once: later writes to the caller's bytes are not enqueued.
     return { json: null, bytes: Buffer.from(value) };
   }
-  check(value, '$', 0, [], field);
+  check(value, [], [], field);
   return checkPayloadSize({ json: JSON.stringify(value), bytes: null }, field, maxBytes);
 }
 

@@ -5,7 +5,7 @@
 import { ConfigError, ValidationError, coerceError } from './errors.js';
 import type { Logger } from './logger.js';
 import { Scheduler, prepareEntry, resolveSchedulerOptions, type SchedulerOptions } from './scheduler.js';
-import { Ticker } from './server/ticker.js';
+import { Ticker } from './internal/ticker.js';
 import { untilTerminated } from './signals.js';
 import type { EnqueueOptions, Task } from './task.js';
 import * as v from './validate.js';

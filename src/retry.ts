@@ -2,9 +2,10 @@
  * What happens to a failed attempt: how long the task waits before its next
  * one, and the text stored as its last error.
  */
-import { redact } from './broker/db.js';
+import { redact } from './internal/redact.js';
 import { coerceError } from './errors.js';
 import type { Logger } from './logger.js';
+import type { Task } from './task.js';
 
 /**
  * asynq's default (Sidekiq's formula): n⁴ + 15 + rand[0, 30)·(n + 1) seconds,
@@ -16,21 +17,27 @@ export function defaultRetryDelay(retried: number, random: () => number = Math.r
   return (n ** 4 + 15 + Math.floor(random() * 30) * (n + 1)) * 1000;
 }
 
-/** A user's retryDelay result, or the default when it is not a finite number ≥ 0. */
-export function safeRetryDelay(
-  retryDelay: (() => number) | undefined,
+/**
+ * How long a failed task waits before its next attempt: the server's
+ * `retryDelay`, or asynq's default when there is none or it throws or gives
+ * anything but a finite number ≥ 0 (warned once per task type).
+ */
+export function retryDelayFor(
+  retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined,
   retried: number,
-  onInvalid: (value: unknown) => void,
+  err: Error,
+  task: Task,
+  logger: Logger,
 ): number {
   if (retryDelay === undefined) return defaultRetryDelay(retried);
   let value: unknown;
   try {
-    value = retryDelay();
-  } catch (err) {
-    value = err;
+    value = retryDelay(retried, err, task);
+  } catch (thrown) {
+    value = thrown;
   }
   if (typeof value === 'number' && Number.isFinite(value) && value >= 0) return value;
-  onInvalid(value);
+  warnInvalidRetryDelay(logger, task.type, value);
   return defaultRetryDelay(retried);
 }
 
@@ -38,11 +45,11 @@ export function safeRetryDelay(
 const warnedTypes = new WeakMap<object, Set<string>>();
 
 /**
- * The `onInvalid` of safeRetryDelay for a server: warns once per task type
+ * Warns once per task type
  * ("retryDelay returned NaN; using the default backoff"), then stays quiet, so
  * a broken retryDelay cannot flood the log at the rate tasks fail.
  */
-export function warnInvalidRetryDelay(logger: Logger, type: string, value: unknown): void {
+function warnInvalidRetryDelay(logger: Logger, type: string, value: unknown): void {
   let seen = warnedTypes.get(logger);
   if (seen === undefined) warnedTypes.set(logger, (seen = new Set()));
   if (seen.has(type)) return;

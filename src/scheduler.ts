@@ -44,7 +44,7 @@ import {
 import { parseSchedule, validateZone, type Schedule } from './cron.js';
 import { ClientClosedError, ConfigError, InvalidTaskTypeError, ValidationError, coerceError } from './errors.js';
 import { resolveLogger, type Logger } from './logger.js';
-import { Ticker } from './server/ticker.js';
+import { Ticker } from './internal/ticker.js';
 import { Task, toRecord, validateOptions, type EnqueueOptions } from './task.js';
 import * as v from './validate.js';
 

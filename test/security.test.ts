@@ -37,7 +37,7 @@ import {
 } from '../src/index.js';
 import { parseSchedule } from '../src/cron.js';
 import { lastErrorText } from '../src/retry.js';
-import { redact, redactConnectionString } from '../src/broker/db.js';
+import { redact, redactConnectionString } from '../src/internal/redact.js';
 import { DATABASE_URL, caught, countedPool, dsnWith, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));

@@ -8,6 +8,7 @@ import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import * as pgListen from 'pg-listen';
 import type { Options as ListenOptions, Subscriber } from 'pg-listen';
+import { backoffMs } from '../internal/backoff.js';
 import { FailureRun, type Logger } from '../logger.js';
 import type { Db } from './db.js';
 
@@ -249,7 +250,7 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     // database and JSON-parses every payload. Never give up; payloads are plain text.
     const subscriber = createSubscriber(config, {
       retryTimeout: Number.POSITIVE_INFINITY,
-      retryInterval: (n: number) => Math.min(5000, 100 * 2 ** n),
+      retryInterval: (n: number) => backoffMs(n, 100, 5000),
       paranoidChecking: 10_000,
       parse: (s: string) => s,
       serialize: (s: unknown) => String(s),
@@ -284,7 +285,7 @@ class PgNotifier extends ListenerRegistry implements Notifier {
   #retry(err: unknown, attempt: number): void {
     this.#failures.failed(err, { attempt });
     if (this.#stopped) return;
-    this.#retryTimer = setTimeout(() => void this.#connect(attempt + 1), Math.min(5000, 200 * 2 ** attempt));
+    this.#retryTimer = setTimeout(() => void this.#connect(attempt + 1), backoffMs(attempt, 200, 5000));
   }
 
   async stop(): Promise<void> {

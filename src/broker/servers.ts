@@ -2,17 +2,11 @@
  * The server registry and the processed/failed counters.
  */
 import { sql } from 'kysely';
+import type { ServerInfo } from '../inspector-types.js';
 import { transaction, type Db } from './db.js';
 
-export interface ServerRecord {
-  id: string;
-  host: string;
-  pid: number;
-  concurrency: number;
-  queues: Record<string, number>;
-  strictPriority: boolean;
-  status: string;
-}
+/** What a server writes of itself: its ServerInfo but for what the database knows (start time, workers). */
+export type ServerRecord = Omit<ServerInfo, 'startedAt' | 'activeWorkers'>;
 
 /** Inserts or refreshes the server's row; it counts as gone once `ttlMs` passes without a refresh. */
 export async function upsertServer(db: Db, s: ServerRecord, ttlMs: number): Promise<void> {

@@ -13,7 +13,8 @@
  */
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from '@commander-js/extra-typings';
-import { DEFAULT_SCHEMA, redactConnectionString } from '../broker/db.js';
+import { DEFAULT_SCHEMA } from '../broker/db.js';
+import { redactConnectionString } from '../internal/redact.js';
 import { FailedPreconditionError, isValidationError } from '../errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { sanitize } from './sanitize.js';

@@ -2,7 +2,7 @@
  * The one place the CLI masks passwords before anything reaches the terminal:
  * error messages, stack traces and the library's log lines.
  */
-import { redact, secretsOf } from '../broker/db.js';
+import { redact, secretsOf } from '../internal/redact.js';
 
 /**
  * Never lets a password reach the terminal: connection strings in the text

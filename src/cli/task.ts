@@ -11,7 +11,7 @@
  * and aggregating needs --group, as `task ls --state aggregating` does.
  */
 import { Option } from '@commander-js/extra-typings';
-import type { Inspector } from '../inspector.js';
+import { actOnAll, BULK_STATES, listTasks, type BulkAction, type Inspector } from '../inspector.js';
 import type { TaskInfo, TaskState } from '../task.js';
 import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
 import { UsageError, type CliContext } from './context.js';
@@ -19,56 +19,15 @@ import { duration, fields, jsonText, relative, table, truncate, when } from './f
 import type { CliProgram } from './program.js';
 
 type Bulk = 'deleteall' | 'archiveall' | 'runall';
-type BulkCall = (i: Inspector, queue: string, group: string) => Promise<number>;
 
-/** The Inspector method behind each bulk action and state; a state missing here has no such action in asynq. */
-const BULK: Record<Bulk, Partial<Record<TaskState, BulkCall>>> = {
-  deleteall: {
-    pending: (i, q) => i.deleteAllPendingTasks(q),
-    scheduled: (i, q) => i.deleteAllScheduledTasks(q),
-    retry: (i, q) => i.deleteAllRetryTasks(q),
-    archived: (i, q) => i.deleteAllArchivedTasks(q),
-    completed: (i, q) => i.deleteAllCompletedTasks(q),
-    aggregating: (i, q, g) => i.deleteAllAggregatingTasks(q, g),
-  },
-  archiveall: {
-    pending: (i, q) => i.archiveAllPendingTasks(q),
-    scheduled: (i, q) => i.archiveAllScheduledTasks(q),
-    retry: (i, q) => i.archiveAllRetryTasks(q),
-    aggregating: (i, q, g) => i.archiveAllAggregatingTasks(q, g),
-  },
-  runall: {
-    scheduled: (i, q) => i.runAllScheduledTasks(q),
-    retry: (i, q) => i.runAllRetryTasks(q),
-    archived: (i, q) => i.runAllArchivedTasks(q),
-    aggregating: (i, q, g) => i.runAllAggregatingTasks(q, g),
-  },
-};
+/** The Inspector's bulk action behind each command; the states each takes are the Inspector's (BULK_STATES). */
+const ACTION: Record<Bulk, BulkAction> = { deleteall: 'delete', archiveall: 'archive', runall: 'run' };
 
 const BULK_WORDS: Record<Bulk, { verb: string; done: (n: number, state: string, queue: string) => string }> = {
   deleteall: { verb: 'delete', done: (n, st, q) => `deleted ${n} ${st} task${n === 1 ? '' : 's'} from queue "${q}"` },
   archiveall: { verb: 'archive', done: (n, st, q) => `archived ${n} ${st} task${n === 1 ? '' : 's'} of queue "${q}"` },
   runall: { verb: 'run', done: (n, st, q) => `${n} ${st} task${n === 1 ? '' : 's'} of queue "${q}" ${n === 1 ? 'is' : 'are'} now pending` },
 };
-
-function list(i: Inspector, queue: string, state: TaskState, page: { page: number; pageSize: number }, group: string): Promise<TaskInfo[]> {
-  switch (state) {
-    case 'pending':
-      return i.listPendingTasks(queue, page);
-    case 'active':
-      return i.listActiveTasks(queue, page);
-    case 'scheduled':
-      return i.listScheduledTasks(queue, page);
-    case 'retry':
-      return i.listRetryTasks(queue, page);
-    case 'archived':
-      return i.listArchivedTasks(queue, page);
-    case 'completed':
-      return i.listCompletedTasks(queue, page);
-    case 'aggregating':
-      return i.listAggregatingTasks(queue, group, page);
-  }
-}
 
 const retried = (t: TaskInfo) => `${t.retried}/${t.maxRetry}`;
 
@@ -145,7 +104,7 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
     .action(async (opts) => {
       const state = opts.state;
       const group = needGroup(state, opts.group);
-      const tasks = await withInspector(ctx, (i) => list(i, opts.queue, state, { page: opts.page, pageSize: opts.size }, group));
+      const tasks = await withInspector(ctx, (i) => listTasks(i, opts.queue, state, { page: opts.page, pageSize: opts.size }, group));
       ctx.emit(tasks, () => {
         const where = `${state === 'aggregating' ? `group "${group}" of ` : ''}queue "${opts.queue}"`;
         if (tasks.length === 0) return opts.page === 1 ? `no ${state} tasks in ${where}` : `no ${state} tasks on page ${opts.page} of ${where}`;
@@ -196,7 +155,7 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
   }
 
   for (const bulk of ['deleteall', 'archiveall', 'runall'] as const) {
-    const allowed = STATES.filter((s) => BULK[bulk][s] !== undefined);
+    const allowed = STATES.filter((s) => BULK_STATES[ACTION[bulk]].includes(s));
     task
       .command(bulk)
       .description(`${BULK_WORDS[bulk].verb} every task of a queue in one state (${allowed.join(', ')})`)
@@ -206,12 +165,11 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
       .addHelpText('after', jsonNote('{"count":N}: how many tasks the Inspector call moved or deleted'))
       .action(async (queue, stateArg, opts) => {
         const state = parseState(stateArg);
-        const call = BULK[bulk][state];
-        if (call === undefined) {
+        if (!allowed.includes(state)) {
           throw new UsageError(`${bulk} does not apply to ${state} tasks (asynq has no such bulk action); ${bulk} takes ${allowed.join(', ')}`);
         }
         const group = needGroup(state, opts.group);
-        const count = await withInspector(ctx, (i) => call(i, queue, group));
+        const count = await withInspector(ctx, (i) => actOnAll(i, ACTION[bulk], queue, state, group));
         ctx.emit({ count }, () => BULK_WORDS[bulk].done(count, state, queue) + (state === 'aggregating' ? ` (group "${group}")` : ''));
       });
   }

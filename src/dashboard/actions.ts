@@ -13,7 +13,7 @@
  * checked read-only mode, the Origin and the CSRF token.
  */
 import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError, QueueNotEmptyError } from '../errors.js';
-import { listTaskPreviews, MAX_PREVIEW_PAGE_SIZE, type Inspector } from '../inspector.js';
+import { actOnAll, BULK_STATES, listTaskPreviews, MAX_PREVIEW_PAGE_SIZE, type Inspector } from '../inspector.js';
 import type { TaskState } from '../task.js';
 import { num } from './format.js';
 import { ALLOWED, TAB_STATES, type TaskOp } from './pages.js';
@@ -109,29 +109,6 @@ async function one(inspector: Inspector, op: TaskOp, queue: string, id: string):
 }
 
 async function all(inspector: Inspector, op: TaskOp, queue: string, state: TaskState, group: string | undefined): Promise<number> {
-  const g = group ?? '';
-  const table: Partial<Record<TaskOp, Partial<Record<TaskState, () => Promise<number>>>>> = {
-    run: {
-      scheduled: () => inspector.runAllScheduledTasks(queue),
-      retry: () => inspector.runAllRetryTasks(queue),
-      archived: () => inspector.runAllArchivedTasks(queue),
-      aggregating: () => inspector.runAllAggregatingTasks(queue, g),
-    },
-    archive: {
-      pending: () => inspector.archiveAllPendingTasks(queue),
-      scheduled: () => inspector.archiveAllScheduledTasks(queue),
-      retry: () => inspector.archiveAllRetryTasks(queue),
-      aggregating: () => inspector.archiveAllAggregatingTasks(queue, g),
-    },
-    delete: {
-      pending: () => inspector.deleteAllPendingTasks(queue),
-      scheduled: () => inspector.deleteAllScheduledTasks(queue),
-      retry: () => inspector.deleteAllRetryTasks(queue),
-      archived: () => inspector.deleteAllArchivedTasks(queue),
-      completed: () => inspector.deleteAllCompletedTasks(queue),
-      aggregating: () => inspector.deleteAllAggregatingTasks(queue, g),
-    },
-  };
   if (op === 'cancel') {
     // asynqmon's cancel_all: list the active tasks, then cancel each (a cancelled task stays active until its server hears).
     // Ids only: previews with nothing of the payloads (hide), not whole rows.
@@ -145,9 +122,8 @@ async function all(inspector: Inspector, op: TaskOp, queue: string, state: TaskS
     for (const id of ids) n += (await inspector.cancelProcessing(id)) > 0 ? 1 : 0;
     return n;
   }
-  const fn = table[op]?.[state];
-  if (!fn) throw new BadActionError(`${op} all is not an action for ${state} tasks`);
-  return fn();
+  if (!BULK_STATES[op].includes(state)) throw new BadActionError(`${op} all is not an action for ${state} tasks`);
+  return actOnAll(inspector, op, queue, state, group ?? '');
 }
 
 /** Runs the action; refusals (a state that forbids it, a task gone) are outcomes, database faults are thrown. */

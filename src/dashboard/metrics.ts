@@ -15,7 +15,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ConnectionOptions } from '../broker/db.js';
-import { redact } from '../broker/db.js';
+import { redact } from '../internal/redact.js';
 import { isQueueNotFound } from '../errors.js';
 import type { ServerPreview } from '../broker/inspector-read.js';
 import { Inspector, listServerPreviews, queueFootprint } from '../inspector.js';

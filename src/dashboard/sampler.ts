@@ -11,16 +11,7 @@ import type { Inspector } from '../inspector.js';
 import type { QueueInfo } from '../inspector-types.js';
 
 /** The counts of one queue at one instant, as the live chart needs them. */
-export interface QueueCounts {
-  size: number;
-  pending: number;
-  active: number;
-  scheduled: number;
-  retry: number;
-  archived: number;
-  completed: number;
-  aggregating: number;
-}
+export type QueueCounts = Pick<QueueInfo, 'size' | 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating'>;
 
 export interface Sample {
   /** ms since the epoch (database clock). */

@@ -23,7 +23,7 @@ import { createServer, type IncomingMessage, type Server as HttpServer, type Ser
 import type { AddressInfo } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import type { ConnectionOptions } from '../broker/db.js';
-import { redact } from '../broker/db.js';
+import { redact } from '../internal/redact.js';
 import { ConfigError } from '../errors.js';
 import { Inspector } from '../inspector.js';
 import { resolveLogger, type Logger } from '../logger.js';

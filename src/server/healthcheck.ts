@@ -6,7 +6,7 @@
 import type { Db } from '../broker/db.js';
 import { coerceError } from '../errors.js';
 import type { Logger } from '../logger.js';
-import { Ticker } from './ticker.js';
+import { Ticker } from '../internal/ticker.js';
 
 export class Healthchecker {
   readonly #ticker: Ticker;

@@ -12,7 +12,7 @@ import type { Db } from '../broker/db.js';
 import { TaskCanceledError } from '../errors.js';
 import type { Logger } from '../logger.js';
 import type { Processor } from './processor.js';
-import { Ticker } from './ticker.js';
+import { Ticker } from '../internal/ticker.js';
 
 export class Heartbeater {
   readonly #db: Db;

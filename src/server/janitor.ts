@@ -9,7 +9,7 @@ import { deleteExpiredCompleted, deleteExpiredLocks, trimArchive } from '../brok
 import { trimStats } from '../broker/servers.js';
 import type { Db } from '../broker/db.js';
 import type { Logger } from '../logger.js';
-import { Ticker } from './ticker.js';
+import { Ticker } from '../internal/ticker.js';
 
 export const ARCHIVE_MAX_SIZE = 10_000;
 export const ARCHIVE_MAX_AGE_MS = 90 * 24 * 3600_000;

@@ -29,12 +29,14 @@ import { isTransientConnectionError } from '../broker/db-errors.js';
 import { FailureRun, type Logger } from '../logger.js';
 import type { Handler, TaskContext } from '../mux.js';
 import { decodePayload, encodePayload } from '../payload.js';
-import { errorSummary, lastErrorText, safeRetryDelay, warnInvalidRetryDelay } from '../retry.js';
+import { errorSummary, lastErrorText, retryDelayFor } from '../retry.js';
 import { Task } from '../task.js';
 import { MAX_DURATION_MS } from '../validate.js';
 import { Batcher } from './batcher.js';
 import { Lease } from './lease.js';
 import { ClaimCursor } from './cursor.js';
+import { backoffMs } from '../internal/backoff.js';
+import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
 import { claimShares, queueOrder } from './queues.js';
 import type { StatsCollector } from './stats.js';
@@ -86,9 +88,8 @@ export class Processor {
   #held: { row: ClaimedRow; lease: Lease; claimedAt: number }[] = [];
   #claiming = false;
   #loop: Promise<void> | undefined;
-  /** Set by a notification or a freed slot; the loop claims again before sleeping. */
-  #hint = false;
-  #wake: (() => void) | undefined;
+  /** Woken by a notification or a freed slot: the loop claims again before sleeping. */
+  readonly #sleeper = new Sleeper();
   #idle: (() => void)[] = [];
   #claimFailures = 0;
   /** Claim failures other than a lost database (the Db's health log reports those), rate-limited. */
@@ -130,8 +131,7 @@ export class Processor {
   }
 
   #poke(): void {
-    this.#hint = true;
-    this.#wake?.();
+    this.#sleeper.wake();
   }
 
   /**
@@ -204,7 +204,7 @@ export class Processor {
         await this.#sleep(this.#cfg.taskCheckInterval, true);
         continue;
       }
-      this.#hint = false;
+      this.#sleeper.clear();
       const sentAt = performance.now();
       let rows: ClaimedRow[];
       try {
@@ -220,7 +220,7 @@ export class Processor {
         this.#claimFailures++;
         if (isTransientConnectionError(err)) this.#logger.debug({ err, failures: this.#claimFailures }, 'claim failed: database unreachable');
         else this.#claimErrors.failed(err);
-        await this.#sleep(Math.min(this.#cfg.taskCheckInterval, 50 * 2 ** Math.min(this.#claimFailures, 8)));
+        await this.#sleep(backoffMs(this.#claimFailures, 50, this.#cfg.taskCheckInterval));
         continue;
       }
       this.counters.claimed += rows.length;
@@ -240,19 +240,9 @@ export class Processor {
     }
   }
 
-  /** Sleeps `ms`, less if a notification comes or a slot frees (unless `ignorePendingHint`, a hint already pending ends it at once). */
-  #sleep(ms: number, ignorePendingHint = false): Promise<void> {
-    if (!this.#claiming || (this.#hint && !ignorePendingHint)) return Promise.resolve();
-    return new Promise((resolve) => {
-      const timer = setTimeout(done, ms);
-      const self = this;
-      function done() {
-        clearTimeout(timer);
-        self.#wake = undefined;
-        resolve();
-      }
-      this.#wake = done;
-    });
+  /** Sleeps `ms`, less if a notification comes or a slot frees (unless `ignoreEarlierWake`, one that came before ends it at once). */
+  #sleep(ms: number, ignoreEarlierWake = false): Promise<void> {
+    return this.#claiming ? this.#sleeper.sleep(ms, ignoreEarlierWake) : Promise.resolve();
   }
 
   /** Starts held tasks in the free slots. */
@@ -413,9 +403,7 @@ export class Processor {
     const counts = archive || this.#countsAsFailure(error);
     const delayMs = archive
       ? 0
-      : safeRetryDelay(this.#cfg.retryDelay && (() => this.#cfg.retryDelay!(row.retried, error, task)), row.retried, (value) =>
-          warnInvalidRetryDelay(this.#logger, row.type, value),
-        );
+      : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
     const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
     if (!(await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure)))) return;
     if (counts) {
@@ -451,7 +439,7 @@ export class Processor {
       } catch (err) {
         if (lease.lost) return false;
         if (attempt === 0) this.#logger.warn({ err, task: { id: lease.id, queue: lease.queue } }, `${what} failed; retrying while the lease holds`);
-        await new Promise((r) => setTimeout(r, Math.min(2000, 50 * 2 ** attempt)));
+        await new Promise((r) => setTimeout(r, backoffMs(attempt, 50, 2000)));
       }
     }
   }
