@@ -90,6 +90,17 @@ const lsn = (text: string): bigint => {
   return (BigInt(`0x${hi}`) << 32n) + BigInt(`0x${lo}`);
 };
 
+/** Waits until the server has flushed its WAL up to `to` (at most 10 s). */
+async function flushedTo(pool: pg.Pool, to: string): Promise<void> {
+  const deadline = now() + 10_000;
+  while (now() < deadline) {
+    const { rows } = await pool.query<{ flushed: string }>('SELECT pg_current_wal_flush_lsn()::text AS flushed');
+    if (lsn(rows[0]!.flushed) >= lsn(to)) return;
+    await sleep(50);
+  }
+  throw new Error(`WAL not flushed up to ${to} within 10 s`);
+}
+
 /** pg_waldump, when the server's pg_wal is on this machine and readable. */
 function waldumpFor(pool: pg.Pool): Promise<((from: string, to: string) => Wal) | undefined> {
   return (async () => {
@@ -206,9 +217,14 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
     // The check: pg_stat_wal over the whole measurement, once every backend has reported.
     let statRecords = Number.NaN;
     let statBytes = Number.NaN;
+    // pg_waldump reads pg_wal on disk: the last boundary read (an insert position) must be
+    // flushed first, or the dump ends in a record not yet written (sessions that commit
+    // asynchronously leave their WAL to the WAL writer).
+    if (waldump) await flushedTo(pool, r6.lsn);
     if (waldump && p.verifyMs > 0) {
       await sleep(p.verifyMs);
       const rEnd = await read(pool, schema);
+      await flushedTo(pool, rEnd.lsn);
       const whole = waldump(r0.lsn, rEnd.lsn);
       statRecords = (rEnd.records - r0.records) / whole.records;
       statBytes = (rEnd.bytes - r0.bytes) / whole.bytes;
