@@ -33,6 +33,13 @@ cat > tsconfig.json <<'JSON'
 JSON
 npx tsc -p .
 echo "README's code typechecks against the package"
+# Every declaration file shipped, not just those the README reaches: none may refer to a
+# declaration that stripInternal removed.
+cat > tsconfig.dts.json <<'JSON'
+{ "compilerOptions": { "strict": true, "module": "nodenext", "target": "es2022", "skipLibCheck": false, "noEmit": true }, "include": ["node_modules/pgasynq/dist/**/*.d.ts"] }
+JSON
+npx tsc -p tsconfig.dts.json
+echo "every shipped .d.ts typechecks"
 npx pgasynq migrate
 
 # tsx itself, not through npx: npx dies of the SIGTERM instead of waiting for the graceful exit.

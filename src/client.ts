@@ -3,10 +3,10 @@
  */
 import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
 import { insertTasks } from './broker/enqueue.js';
-import { ClientClosedError, ConfigError, InvalidOptionError } from './errors.js';
-import { resolveLogger, type Logger } from './logger.js';
-import { maxPayloadBytesOption } from './payload.js';
-import { toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './task.js';
+import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
+import { resolveLogger, type Logger } from './internal/logger.js';
+import { maxPayloadBytesOption } from './model/payload.js';
+import { toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './model/task.js';
 
 /** Enqueue options, plus the caller's open transaction to enqueue in. */
 export type EnqueueCallOptions = EnqueueOptions & {

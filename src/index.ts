@@ -6,14 +6,14 @@ export { Server, type ServerConfig, type ServerStatus } from './server.js';
 export { Scheduler, InvalidCronSpecError, type SchedulerOptions, type SchedulerStatus } from './scheduler.js';
 export { PeriodicTaskManager, type PeriodicTaskConfig, type PeriodicTaskManagerOptions } from './periodic-task-manager.js';
 export { ServeMux, type Handler, type Middleware, type TaskContext } from './mux.js';
-export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState } from './task.js';
+export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState } from './model/task.js';
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
-export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './retry.js';
-export { MAX_PAYLOAD_BYTES } from './payload.js';
+export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './model/retry.js';
+export { MAX_PAYLOAD_BYTES } from './model/payload.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
 export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './broker/roles.js';
 export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './broker/embedded.js';
-export type { Logger, LogLevel } from './logger.js';
+export type { Logger, LogLevel } from './internal/logger.js';
 export {
   PgasynqError,
   ValidationError,
@@ -51,7 +51,7 @@ export {
   isDatabaseUnavailable,
   isSkipRetry,
   isRevokeTask,
-} from './errors.js';
+} from './model/errors.js';
 export {
   Inspector,
   type InspectorOptions,

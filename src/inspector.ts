@@ -8,21 +8,19 @@
  */
 import { Db, type ConnectionOptions } from './broker/db.js';
 import * as read from './broker/inspector-read.js';
-import type { ServerPreview } from './broker/inspector-read.js';
-import type { TaskPreview } from './broker/rows.js';
 import * as write from './broker/inspector-write.js';
-import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './errors.js';
-import { resolveLogger } from './logger.js';
-import { encodePayload, maxPayloadBytesOption } from './payload.js';
-import type { TaskInfo, TaskState } from './task.js';
-import * as v from './validate.js';
-import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './inspector-types.js';
+import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
+import { resolveLogger } from './internal/logger.js';
+import { encodePayload, maxPayloadBytesOption } from './model/payload.js';
+import type { TaskInfo, TaskState } from './model/task.js';
+import * as v from './model/validate.js';
+import { MAX_PAGE, registerInspectorInternals } from './inspector-internal.js';
+import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
 
-export type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from './inspector-types.js';
+export type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from './model/inspector-types.js';
 
 const DEFAULT_PAGE_SIZE = 30;
 const MAX_PAGE_SIZE = 1000;
-const MAX_PAGE = 1_000_000_000;
 const MAX_HISTORY_DAYS = 3650;
 
 /** States a task may be in for each single-task action (asynq's inspect.go). */
@@ -39,12 +37,6 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
   return { limit: size, offset: (page - 1) * size };
 }
 
-/** An Inspector's pool, for the dashboard's reads at the end of this file: set by the class's static block, which alone sees #db. */
-let openDb: (inspector: Inspector) => Db;
-/** The class's private list and bulk helpers, for listTasks() and actOnAll() at the end of this file (set by the same block). */
-let listIn: (inspector: Inspector, queue: string, state: TaskState, opts: unknown, group?: unknown) => Promise<TaskInfo[]>;
-let deleteAllIn: (inspector: Inspector, queue: string, state: TaskState, group?: unknown) => Promise<number>;
-let moveAllIn: (inspector: Inspector, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown) => Promise<number>;
 
 /** Inspector options: the connection, and the payload size cap. */
 export interface InspectorOptions extends ConnectionOptions {
@@ -73,10 +65,13 @@ export class Inspector {
   readonly #maxPayloadBytes: number;
 
   static {
-    openDb = (inspector) => inspector.#open();
-    listIn = (inspector, queue, state, opts, group) => inspector.#list(queue, state, opts, group);
-    deleteAllIn = (inspector, queue, state, group) => inspector.#deleteAll(queue, state, group);
-    moveAllIn = (inspector, queue, from, to, group) => inspector.#moveAll(queue, from, to, group);
+    // The CLI's and the dashboard's extra calls (inspector-internal.ts) need these private parts.
+    registerInspectorInternals({
+      db: (inspector) => inspector.#open(),
+      list: (inspector, queue, state, opts, group) => inspector.#list(queue, state, opts, group),
+      deleteAll: (inspector, queue, state, group) => inspector.#deleteAll(queue, state, group),
+      moveAll: (inspector, queue, from, to, group) => inspector.#moveAll(queue, from, to, group),
+    });
   }
 
   constructor(opts: InspectorOptions = {}) {
@@ -386,79 +381,4 @@ export class Inspector {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
-}
-
-// ------------------------------------------------------- what the CLI and the dashboard share
-
-/**
- * @internal A page of the queue's tasks in `state`: the Inspector's list
- * method for that state (`group` for aggregating tasks), for the CLI and the
- * dashboard, which take the state as a word.
- */
-export function listTasks(inspector: Inspector, queue: string, state: TaskState, opts?: ListOptions, group?: string): Promise<TaskInfo[]> {
-  return listIn(inspector, queue, state, opts, group);
-}
-
-/** asynq's bulk actions on every task of one state of a queue. */
-export type BulkAction = 'delete' | 'archive' | 'run';
-
-/** @internal The states each bulk action applies to: the Inspector's deleteAll…, archiveAll… and runAll… methods. */
-export const BULK_STATES: Readonly<Record<BulkAction, readonly TaskState[]>> = {
-  delete: ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'],
-  archive: ['pending', 'scheduled', 'retry', 'aggregating'],
-  run: ['scheduled', 'retry', 'archived', 'aggregating'],
-};
-
-/**
- * @internal The Inspector's bulk method for `action` and `state` (for
- * aggregating tasks, of one `group`); resolves to how many tasks it moved or
- * deleted. A pair asynq has no method for is a FailedPreconditionError.
- */
-export function actOnAll(inspector: Inspector, action: BulkAction, queue: string, state: TaskState, group?: string): Promise<number> {
-  if (!BULK_STATES[action].includes(state)) {
-    return Promise.reject(new FailedPreconditionError(`cannot ${action} all ${state} tasks (${action} all applies to ${BULK_STATES[action].join(', ')})`));
-  }
-  if (action === 'delete') return deleteAllIn(inspector, queue, state, group);
-  return moveAllIn(inspector, queue, state, action === 'run' ? 'pending' : 'archived', group);
-}
-
-// ------------------------------------------------------------------ the dashboard's reads
-
-/** Largest page of previews the dashboard may ask for (its biggest page size). */
-export const MAX_PREVIEW_PAGE_SIZE = 500;
-
-/**
- * @internal The dashboard's task lists, not part of the public API (the
- * Inspector's lists return whole TaskInfo): a page of a queue's tasks in
- * `state` as previews cut short in PostgreSQL (rows.ts TaskPreview), at most
- * MAX_PREVIEW_PAGE_SIZE of them. `hide`: no payload, result or last error at all.
- * Rejects as the Inspector's lists do (QueueNotFoundError, ValidationError).
- */
-export async function listTaskPreviews(
-  inspector: Inspector,
-  queue: string,
-  state: TaskState,
-  opts: { page: number; pageSize: number; group?: string | undefined; hide: boolean },
-): Promise<TaskPreview[]> {
-  const q = v.queueName(queue);
-  const g = state === 'aggregating' ? v.groupName(opts.group) : undefined;
-  const page = v.integer(opts.page, 'page', 1, MAX_PAGE);
-  const size = v.integer(opts.pageSize, 'pageSize', 1, MAX_PREVIEW_PAGE_SIZE);
-  const r = await read.listTaskPreviews(openDb(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide'));
-  if (!r.queueFound) throw new QueueNotFoundError(q);
-  return r.value;
-}
-
-/** @internal The dashboard's servers: servers() with payload previews (null when `hide`), not part of the public API. */
-export async function listServerPreviews(inspector: Inspector, hide: boolean): Promise<ServerPreview[]> {
-  return read.listServerPreviews(openDb(inspector), v.boolean(hide, 'hide'));
-}
-
-/**
- * @internal /metrics' estimates of a queue, not part of the public API:
- * broker queueFootprint (mean task size per state over a sample, orphaned
- * active tasks), measured in PostgreSQL.
- */
-export async function queueFootprint(inspector: Inspector, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
-  return read.queueFootprint(openDb(inspector), v.queueName(queue), states, v.integer(sample, 'sample', 1, 1000));
 }

@@ -4,8 +4,8 @@
  */
 import { Db, type ConnectionOptions } from './broker/db.js';
 import { appliedMigrations, applyMigration, loadMigrations, revertLastMigration } from './broker/migrations.js';
-import { InvalidOptionError } from './errors.js';
-import { resolveLogger } from './logger.js';
+import { InvalidOptionError } from './model/errors.js';
+import { resolveLogger } from './internal/logger.js';
 
 export interface MigrationResult {
   /** Files applied by this call, in order; empty when the schema was up to date. */

@@ -3,9 +3,9 @@
  * handler registered for the longest prefix of its type (asynq's ServeMux).
  */
 import type { Transaction } from 'kysely';
-import { HandlerNotFoundError, ValidationError } from './errors.js';
-import type { Logger } from './logger.js';
-import type { Task } from './task.js';
+import { HandlerNotFoundError, ValidationError } from './model/errors.js';
+import type { Logger } from './internal/logger.js';
+import type { Task } from './model/task.js';
 
 export interface TaskContext {
   readonly taskId: string;

@@ -2,13 +2,13 @@
  * PeriodicTaskManager (asynq's): a Scheduler whose entries follow a config
  * provider, synced every syncInterval.
  */
-import { ConfigError, ValidationError, coerceError } from './errors.js';
-import type { Logger } from './logger.js';
+import { ConfigError, ValidationError, coerceError } from './model/errors.js';
+import type { Logger } from './internal/logger.js';
 import { Scheduler, prepareEntry, resolveSchedulerOptions, type SchedulerOptions } from './scheduler.js';
 import { Ticker } from './internal/ticker.js';
-import { untilTerminated } from './signals.js';
-import type { EnqueueOptions, Task } from './task.js';
-import * as v from './validate.js';
+import { untilTerminated } from './internal/signals.js';
+import type { EnqueueOptions, Task } from './model/task.js';
+import * as v from './model/validate.js';
 
 /** One periodic task as a config provider returns it. */
 export interface PeriodicTaskConfig {

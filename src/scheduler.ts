@@ -27,7 +27,7 @@
  * new and active; start and shutdown are each allowed once.
  */
 import { createHash, randomUUID } from 'node:crypto';
-import { untilTerminated } from './signals.js';
+import { untilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
 import { Db, type ConnectionOptions } from './broker/db.js';
 import { isTransientConnectionError } from './broker/db-errors.js';
@@ -41,14 +41,14 @@ import {
   type EntryRow,
   type TickOutcome,
 } from './broker/scheduler.js';
-import { parseSchedule, validateZone, type Schedule } from './cron.js';
-import { ClientClosedError, ConfigError, InvalidTaskTypeError, ValidationError, coerceError } from './errors.js';
-import { resolveLogger, type Logger } from './logger.js';
+import { parseSchedule, validateZone, type Schedule } from './model/cron.js';
+import { ClientClosedError, ConfigError, InvalidTaskTypeError, ValidationError, coerceError } from './model/errors.js';
+import { resolveLogger, type Logger } from './internal/logger.js';
 import { Ticker } from './internal/ticker.js';
-import { Task, toRecord, validateOptions, type EnqueueOptions } from './task.js';
-import * as v from './validate.js';
+import { Task, toRecord, validateOptions, type EnqueueOptions } from './model/task.js';
+import * as v from './model/validate.js';
 
-export { InvalidCronSpecError } from './cron.js';
+export { InvalidCronSpecError } from './model/cron.js';
 
 /** Options of a Scheduler. Durations are milliseconds. */
 export interface SchedulerOptions extends ConnectionOptions {

@@ -2,17 +2,20 @@
  * Server: processes tasks. It owns the configuration and the components, and
  * starts and stops them in an order that matters:
  *
- *   start:    notifier → heartbeater (registers the server) → recoverer →
- *             forwarder → processor → janitor → aggregator → healthchecker
- *   shutdown: forwarder → processor (stops claiming, waits up to
- *             shutdownTimeout, then aborts and requeues) → recoverer →
- *             janitor, aggregator → healthchecker → stats flush → heartbeater (last, so
- *             leases are extended while handlers finish) → server row → pool
+ *   start:    schema check → notifier (LISTEN, awaited) → heartbeater (registers
+ *             the server) → recoverer → forwarder → processor → janitor →
+ *             aggregator → healthchecker → stats timer
+ *   shutdown: stats timer → forwarder → processor (stops claiming, gives back
+ *             held tasks, waits up to shutdownTimeout, then aborts and requeues)
+ *             → its batched writes flushed → recoverer, janitor, aggregator and
+ *             healthchecker together → notifier → stats flush → heartbeater
+ *             (last, so leases are extended while handlers finish) → server row
+ *             → pool
  *
  * Modes: new → active (start) → stopped (stop: no new claims) → closed (shutdown).
  */
 import { randomUUID } from 'node:crypto';
-import { untilTerminated } from './signals.js';
+import { untilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Db } from './broker/db.js';
@@ -20,8 +23,8 @@ import { isTransientConnectionError } from './broker/db-errors.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
 import { deleteServer, unservedQueues, type UnservedQueue } from './broker/servers.js';
-import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './errors.js';
-import { FailureRun, type Logger } from './logger.js';
+import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './model/errors.js';
+import { FailureRun, type Logger } from './internal/logger.js';
 import { ServeMux, type Handler } from './mux.js';
 import { Forwarder } from './server/forwarder.js';
 import { Healthchecker } from './server/healthcheck.js';

@@ -13,7 +13,7 @@ import { claim, complete, extendLeases, fail, requeue, writeResult } from '../sr
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { silentLogger } from '../src/logger.js';
+import { silentLogger } from '../src/internal/logger.js';
 import { deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;

@@ -15,7 +15,7 @@ import {
   type PeriodicTaskConfig,
   type SchedulerOptions,
 } from '../src/index.js';
-import { parseDuration, parseSchedule } from '../src/cron.js';
+import { parseDuration, parseSchedule } from '../src/model/cron.js';
 import { HISTORY_LIMIT } from '../src/broker/scheduler.js';
 import { LEVEL, captureLog, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 

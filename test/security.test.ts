@@ -35,8 +35,8 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
-import { parseSchedule } from '../src/cron.js';
-import { lastErrorText } from '../src/retry.js';
+import { parseSchedule } from '../src/model/cron.js';
+import { lastErrorText } from '../src/model/retry.js';
 import { redact, redactConnectionString } from '../src/internal/redact.js';
 import { DATABASE_URL, caught, countedPool, dsnWith, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
@@ -215,7 +215,7 @@ describe('SEC3 prototype pollution', () => {
     try {
       const info = await client.enqueue(new Task('proto', payload), { queue: 'sec3', retention: 60_000 });
       await waitFor(() => handled, 20_000, 'the handler ran');
-      // The handler saw the keys as own data properties of a plain object (the choice documented in src/payload.ts).
+      // The handler saw the keys as own data properties of a plain object (the choice documented in src/model/payload.ts).
       assert.deepEqual(handled?.own, ['__proto__', 'constructor']);
       assert.equal(handled?.proto, true);
       assert.deepEqual(handled?.protoValue, { polluted: true });

@@ -21,7 +21,7 @@
  * code runs.
  */
 import { sql, type RawBuilder } from 'kysely';
-import type { TaskRecord } from '../task.js';
+import type { TaskRecord } from '../model/task.js';
 import { transaction, type Db } from './db.js';
 import { insertTasks } from './enqueue.js';
 

@@ -16,7 +16,7 @@
  *
  * EAI_AGAIN (a name server that did not answer) is transient: DNS comes back.
  */
-import { DatabaseUnavailableError, FailedPreconditionError } from '../errors.js';
+import { DatabaseUnavailableError, FailedPreconditionError } from '../model/errors.js';
 
 /** Codes of connection failures that may go away: network errors, and SQLSTATEs of a server shutting down, starting up, or full. */
 const TRANSIENT_CODES = new Set([

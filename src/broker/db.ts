@@ -4,9 +4,9 @@
  */
 import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
 import pg from 'pg';
-import { ConfigError } from '../errors.js';
-import { schemaName } from '../validate.js';
-import { FailureRun, silentLogger, type Logger, type LogLevel } from '../logger.js';
+import { ConfigError } from '../model/errors.js';
+import { schemaName } from '../model/validate.js';
+import { FailureRun, silentLogger, type Logger, type LogLevel } from '../internal/logger.js';
 import { isTransientConnectionError, mapDbError } from './db-errors.js';
 import { EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 import { redactConnectionString } from '../internal/redact.js';

@@ -9,7 +9,7 @@
  * migration runner, callers' `tx`) then works unchanged.
  */
 import { EventEmitter } from 'node:events';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../model/errors.js';
 
 /** The part of PGlite we use, so our types never depend on the optional package. */
 interface PGliteLike {

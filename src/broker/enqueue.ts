@@ -7,8 +7,8 @@
  * deadlock on each other's uncommitted keys (fault test F17).
  */
 import { sql } from 'kysely';
-import { DuplicateTaskError, TaskIdConflictError } from '../errors.js';
-import type { TaskInfo, TaskRecord, TaskState } from '../task.js';
+import { DuplicateTaskError, TaskIdConflictError } from '../model/errors.js';
+import type { TaskInfo, TaskRecord, TaskState } from '../model/task.js';
 import type { Db, Transactional } from './db.js';
 import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
 

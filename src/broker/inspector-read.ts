@@ -5,9 +5,9 @@
  * Counts are float8 (exact up to 2^53) so they arrive as numbers, not strings.
  */
 import { sql, type RawBuilder } from 'kysely';
-import { decodePayload } from '../payload.js';
-import type { TaskInfo, TaskState } from '../task.js';
-import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../inspector-types.js';
+import { decodePayload } from '../model/payload.js';
+import type { TaskInfo, TaskState } from '../model/task.js';
+import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../model/inspector-types.js';
 import type { Db } from './db.js';
 import { previewColumns, previewOf, taskColumns, toTaskInfo, toTaskPreview, type TaskPreview, type TaskPreviewRow, type TaskRow } from './rows.js';
 

@@ -7,7 +7,7 @@
  * for and re-checked, so a task that just became active is never touched.
  */
 import { sql } from 'kysely';
-import type { TaskState } from '../task.js';
+import type { TaskState } from '../model/task.js';
 import type { Db } from './db.js';
 
 /** What a one-task action found and did. */

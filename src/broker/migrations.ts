@@ -5,7 +5,7 @@
  */
 import { readdir, readFile } from 'node:fs/promises';
 import type pg from 'pg';
-import { FailedPreconditionError } from '../errors.js';
+import { FailedPreconditionError } from '../model/errors.js';
 import type { Db } from './db.js';
 
 export interface MigrationFile {

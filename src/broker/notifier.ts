@@ -9,7 +9,7 @@ import pg from 'pg';
 import * as pgListen from 'pg-listen';
 import type { Options as ListenOptions, Subscriber } from 'pg-listen';
 import { backoffMs } from '../internal/backoff.js';
-import { FailureRun, type Logger } from '../logger.js';
+import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Db } from './db.js';
 
 type Listener = (payload: string) => void;

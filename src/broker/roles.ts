@@ -38,8 +38,8 @@
  * covered by default privileges on purpose: column-level grants cannot be
  * defaulted, and a half-covered new table is worse than a clear 42501).
  */
-import { InvalidOptionError } from '../errors.js';
-import { schemaName } from '../validate.js';
+import { InvalidOptionError } from '../model/errors.js';
+import { schemaName } from '../model/validate.js';
 import { DEFAULT_SCHEMA } from './db.js';
 
 export const DEFAULT_ROLE_PREFIX = 'pgasynq';

@@ -5,8 +5,8 @@
  * row aliased `t`.
  */
 import { sql, type RawBuilder } from 'kysely';
-import { decodePayload } from '../payload.js';
-import type { TaskInfo, TaskState } from '../task.js';
+import { decodePayload } from '../model/payload.js';
+import type { TaskInfo, TaskState } from '../model/task.js';
 
 /**
  * What every read of a task returns, whatever it is for: which task, what it

@@ -10,8 +10,8 @@
  * rolled back, takes its place. No leader, no lease, no advisory lock.
  */
 import { sql } from 'kysely';
-import { DuplicateTaskError, TaskIdConflictError } from '../errors.js';
-import type { TaskRecord } from '../task.js';
+import { DuplicateTaskError, TaskIdConflictError } from '../model/errors.js';
+import type { TaskRecord } from '../model/task.js';
 import { transaction, type Db } from './db.js';
 import { insertTasks } from './enqueue.js';
 

@@ -2,7 +2,7 @@
  * The server registry and the processed/failed counters.
  */
 import { sql } from 'kysely';
-import type { ServerInfo } from '../inspector-types.js';
+import type { ServerInfo } from '../model/inspector-types.js';
 import { transaction, type Db } from './db.js';
 
 /** What a server writes of itself: its ServerInfo but for what the database knows (start time, workers). */

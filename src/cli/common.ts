@@ -8,7 +8,7 @@
  */
 import { InvalidArgumentError } from '@commander-js/extra-typings';
 import type { Inspector } from '../inspector.js';
-import type { TaskState } from '../task.js';
+import type { TaskState } from '../model/task.js';
 import { UsageError, type CliContext } from './context.js';
 import { style, type Style } from './format.js';
 

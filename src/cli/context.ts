@@ -4,7 +4,7 @@
  * Commands print through `emit()` so `--json` behaves the same everywhere.
  */
 import type { ConnectionOptions } from '../broker/db.js';
-import type { Logger, LogLevel } from '../logger.js';
+import type { Logger, LogLevel } from '../internal/logger.js';
 import { humanLogger } from './log.js';
 import { sanitize } from './sanitize.js';
 

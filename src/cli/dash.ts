@@ -43,7 +43,7 @@ export function registerDash(program: CliProgram, ctx: CliContext): void {
       const token = opts.token ?? (envToken === undefined || envToken === '' ? undefined : envToken);
       if (token !== undefined && !/^[\x21-\x7e]{1,512}$/.test(token)) throw new UsageError('--token must be 1–512 visible ASCII characters without spaces');
       const { createDashboard } = await import('../dashboard/server.js');
-      const { untilTerminated } = await import('../signals.js');
+      const { untilTerminated } = await import('../internal/signals.js');
       const dash = createDashboard({
         ...conn,
         readOnly: opts.readOnly === true,

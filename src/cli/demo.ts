@@ -8,12 +8,12 @@
 import { Option } from '@commander-js/extra-typings';
 import { Client } from '../client.js';
 import { createEmbeddedDatabase, type EmbeddedDatabase } from '../broker/embedded.js';
-import { ConfigError, DuplicateTaskError, SkipRetry } from '../errors.js';
+import { ConfigError, DuplicateTaskError, SkipRetry } from '../model/errors.js';
 import { Inspector } from '../inspector.js';
 import { migrate } from '../migrate.js';
 import { ServeMux } from '../mux.js';
 import { Server } from '../server.js';
-import { Task } from '../task.js';
+import { Task } from '../model/task.js';
 import type { CliContext } from './context.js';
 import type { CliProgram } from './program.js';
 

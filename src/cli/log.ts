@@ -11,7 +11,7 @@
  * so its actions are on record; the demo at `error` (see demo.ts).
  */
 import pino from 'pino';
-import type { Logger, LogLevel } from '../logger.js';
+import type { Logger, LogLevel } from '../internal/logger.js';
 
 /** Fields every pino line has that the human form leaves out. */
 const HIDDEN = new Set(['level', 'time', 'pid', 'hostname', 'name', 'msg', 'component', 'v']);

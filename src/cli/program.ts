@@ -15,7 +15,7 @@ import { readFileSync } from 'node:fs';
 import { Command, CommanderError } from '@commander-js/extra-typings';
 import { DEFAULT_SCHEMA } from '../broker/db.js';
 import { redactConnectionString } from '../internal/redact.js';
-import { FailedPreconditionError, isValidationError } from '../errors.js';
+import { FailedPreconditionError, isValidationError } from '../model/errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { sanitize } from './sanitize.js';
 import { registerCron } from './cron.js';

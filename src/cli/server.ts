@@ -3,7 +3,7 @@
  * tasks it is running. With --json, that array of ServerInfo, each with its
  * activeWorkers.
  */
-import type { ServerInfo } from '../inspector-types.js';
+import type { ServerInfo } from '../model/inspector-types.js';
 import { colours, jsonNote, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { jsonText, relative, table, type Style } from './format.js';

@@ -4,8 +4,8 @@
  * latency, processed/failed today, paused), and today's totals.
  * `--json`: an array of Inspector.getQueueInfo() results, one per queue.
  */
-import type { QueueInfo } from '../inspector-types.js';
-import { isQueueNotFound } from '../errors.js';
+import type { QueueInfo } from '../model/inspector-types.js';
+import { isQueueNotFound } from '../model/errors.js';
 import { colours, jsonNote, STATES, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { bar, duration, errorRate, table, type Style } from './format.js';

@@ -11,8 +11,9 @@
  * and aggregating needs --group, as `task ls --state aggregating` does.
  */
 import { Option } from '@commander-js/extra-typings';
-import { actOnAll, BULK_STATES, listTasks, type BulkAction, type Inspector } from '../inspector.js';
-import type { TaskInfo, TaskState } from '../task.js';
+import type { Inspector } from '../inspector.js';
+import { actOnAll, BULK_STATES, listTasks, type BulkAction } from '../inspector-internal.js';
+import type { TaskInfo, TaskState } from '../model/task.js';
 import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
 import { UsageError, type CliContext } from './context.js';
 import { duration, fields, jsonText, relative, table, truncate, when } from './format.js';

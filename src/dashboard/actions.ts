@@ -12,9 +12,10 @@
  * confirmation page instead of acting. The caller (server.ts) has already
  * checked read-only mode, the Origin and the CSRF token.
  */
-import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError, QueueNotEmptyError } from '../errors.js';
-import { actOnAll, BULK_STATES, listTaskPreviews, MAX_PREVIEW_PAGE_SIZE, type Inspector } from '../inspector.js';
-import type { TaskState } from '../task.js';
+import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError, QueueNotEmptyError } from '../model/errors.js';
+import type { Inspector } from '../inspector.js';
+import { actOnAll, BULK_STATES, listTaskPreviews, MAX_PREVIEW_PAGE_SIZE } from '../inspector-internal.js';
+import type { TaskState } from '../model/task.js';
 import { num } from './format.js';
 import { ALLOWED, TAB_STATES, type TaskOp } from './pages.js';
 

@@ -16,12 +16,13 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ConnectionOptions } from '../broker/db.js';
 import { redact } from '../internal/redact.js';
-import { isQueueNotFound } from '../errors.js';
+import { isQueueNotFound } from '../model/errors.js';
 import type { ServerPreview } from '../broker/inspector-read.js';
-import { Inspector, listServerPreviews, queueFootprint } from '../inspector.js';
-import type { QueueInfo } from '../inspector-types.js';
+import { Inspector } from '../inspector.js';
+import { listServerPreviews, queueFootprint } from '../inspector-internal.js';
+import type { QueueInfo } from '../model/inspector-types.js';
 import type { Server } from '../server.js';
-import type { TaskState } from '../task.js';
+import type { TaskState } from '../model/task.js';
 
 /** One sample of a metric family. */
 export interface MetricSample {

@@ -9,10 +9,11 @@
  * In read-only mode no form that acts is rendered (and actions.ts refuses
  * them anyway); with hidePayloads no payload or result leaves the server.
  */
-import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError } from '../errors.js';
-import { MAX_PREVIEW_PAGE_SIZE, type Inspector } from '../inspector.js';
-import type { QueueInfo } from '../inspector-types.js';
-import type { TaskState } from '../task.js';
+import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError } from '../model/errors.js';
+import type { Inspector } from '../inspector.js';
+import { MAX_PREVIEW_PAGE_SIZE } from '../inspector-internal.js';
+import type { QueueInfo } from '../model/inspector-types.js';
+import type { TaskState } from '../model/task.js';
 import { historyChart, type DayCounts } from './charts.js';
 import { clip, duration, errorRate, instant, num, preview, relative } from './format.js';
 import { html, jsonForScript, type Html } from './html.js';

@@ -1,9 +1,10 @@
 /** The queue page (a tab per state, actions) and the task page. */
 import type { ServerPreview } from '../broker/inspector-read.js';
 import type { TaskPreview } from '../broker/rows.js';
-import { isTaskNotFound, isValidationError } from '../errors.js';
-import { listServerPreviews, listTaskPreviews, type Inspector } from '../inspector.js';
-import type { TaskState } from '../task.js';
+import { isTaskNotFound, isValidationError } from '../model/errors.js';
+import type { Inspector } from '../inspector.js';
+import { listServerPreviews, listTaskPreviews } from '../inspector-internal.js';
+import type { TaskState } from '../model/task.js';
 import { historyChart } from './charts.js';
 import { duration, errorRate, instant, num, pretty, relative } from './format.js';
 import { html, type Html } from './html.js';

@@ -1,5 +1,5 @@
 /** The servers page and the scheduler pages. */
-import { listServerPreviews } from '../inspector.js';
+import { listServerPreviews } from '../inspector-internal.js';
 import { instant, num, preview, relative } from './format.js';
 import { html } from './html.js';
 import { MAX_WORKERS_SHOWN, type PageContext, type PageResult, badge, href, intParam, layout, payloadCell, previewCell, queuePath, taskPath, when } from './pages.js';

@@ -6,9 +6,9 @@
  * nobody watched. Actions invalidate the cache, so a page rendered after an
  * action shows its effect.
  */
-import { isQueueNotFound } from '../errors.js';
+import { isQueueNotFound } from '../model/errors.js';
 import type { Inspector } from '../inspector.js';
-import type { QueueInfo } from '../inspector-types.js';
+import type { QueueInfo } from '../model/inspector-types.js';
 
 /** The counts of one queue at one instant, as the live chart needs them. */
 export type QueueCounts = Pick<QueueInfo, 'size' | 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating'>;

@@ -32,7 +32,7 @@ import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypt
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { isIPv6 } from 'node:net';
 import { hostname } from 'node:os';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../model/errors.js';
 
 /** The Content-Security-Policy of every response: only this origin, no inline code, no frames. */
 export const CONTENT_SECURITY_POLICY = [

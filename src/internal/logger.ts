@@ -12,7 +12,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import pino from 'pino';
-import { ConfigError } from './errors.js';
+import { ConfigError } from '../model/errors.js';
 
 /** The logger pgasynq writes to: anything pino-shaped. */
 export interface Logger {

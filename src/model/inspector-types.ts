@@ -1,5 +1,5 @@
 /**
- * What the Inspector returns, apart from TaskInfo (src/task.ts). Field names
+ * What the Inspector returns, apart from TaskInfo (src/model/task.ts). Field names
  * are asynq's, in camelCase; durations are ms, instants Dates.
  */
 

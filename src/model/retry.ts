@@ -2,9 +2,9 @@
  * What happens to a failed attempt: how long the task waits before its next
  * one, and the text stored as its last error.
  */
-import { redact } from './internal/redact.js';
+import { redact } from '../internal/redact.js';
 import { coerceError } from './errors.js';
-import type { Logger } from './logger.js';
+import type { Logger } from '../internal/logger.js';
 import type { Task } from './task.js';
 
 /**

@@ -149,7 +149,7 @@ export class Task<P = unknown> {
   }
 }
 
-/** @internal What the broker inserts for one task: options merged, defaults applied, payload encoded. */
+/** What the broker inserts for one task: options merged, defaults applied, payload encoded (not exported by the package). */
 export interface TaskRecord {
   id: string;
   /** The id was given (taskId), so it may collide with another enqueue's; a generated one cannot. */

@@ -14,10 +14,10 @@
  */
 import { commitGroup, groupToClose, readyGroups, type GroupRules } from '../broker/aggregation.js';
 import type { Db } from '../broker/db.js';
-import { coerceError } from '../errors.js';
-import { FailureRun, type Logger } from '../logger.js';
-import { decodePayload } from '../payload.js';
-import { Task, toRecord } from '../task.js';
+import { coerceError } from '../model/errors.js';
+import { FailureRun, type Logger } from '../internal/logger.js';
+import { decodePayload } from '../model/payload.js';
+import { Task, toRecord } from '../model/task.js';
 import { Ticker } from '../internal/ticker.js';
 
 export interface AggregatorOptions {

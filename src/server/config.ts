@@ -4,10 +4,10 @@
  */
 import { availableParallelism } from 'node:os';
 import { checkConnectionString, type ConnectionOptions } from '../broker/db.js';
-import { ConfigError } from '../errors.js';
-import { resolveLogger, type Logger } from '../logger.js';
-import type { Task } from '../task.js';
-import * as v from '../validate.js';
+import { ConfigError } from '../model/errors.js';
+import { resolveLogger, type Logger } from '../internal/logger.js';
+import type { Task } from '../model/task.js';
+import * as v from '../model/validate.js';
 
 export interface ServerConfig extends ConnectionOptions {
   /** Tasks run at once. @defaultValue os.availableParallelism() */

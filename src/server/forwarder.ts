@@ -6,7 +6,7 @@
  */
 import { forwardDue, nextDueIn } from '../broker/maintenance.js';
 import type { Db } from '../broker/db.js';
-import type { Logger } from '../logger.js';
+import type { Logger } from '../internal/logger.js';
 import { Ticker } from '../internal/ticker.js';
 
 const BATCH = 1000;

@@ -4,8 +4,8 @@
  * when healthy), as asynq's healthcheck.go does.
  */
 import type { Db } from '../broker/db.js';
-import { coerceError } from '../errors.js';
-import type { Logger } from '../logger.js';
+import { coerceError } from '../model/errors.js';
+import type { Logger } from '../internal/logger.js';
 import { Ticker } from '../internal/ticker.js';
 
 export class Healthchecker {

@@ -9,8 +9,8 @@ import { performance } from 'node:perf_hooks';
 import { extendLeases } from '../broker/leases.js';
 import { upsertServer, type ServerRecord } from '../broker/servers.js';
 import type { Db } from '../broker/db.js';
-import { TaskCanceledError } from '../errors.js';
-import type { Logger } from '../logger.js';
+import { TaskCanceledError } from '../model/errors.js';
+import type { Logger } from '../internal/logger.js';
 import type { Processor } from './processor.js';
 import { Ticker } from '../internal/ticker.js';
 

@@ -8,7 +8,7 @@
 import { deleteExpiredCompleted, deleteExpiredLocks, trimArchive } from '../broker/maintenance.js';
 import { trimStats } from '../broker/servers.js';
 import type { Db } from '../broker/db.js';
-import type { Logger } from '../logger.js';
+import type { Logger } from '../internal/logger.js';
 import { Ticker } from '../internal/ticker.js';
 
 export const ARCHIVE_MAX_SIZE = 10_000;

@@ -19,7 +19,7 @@
  * releases.
  */
 import { performance } from 'node:perf_hooks';
-import { FailedPreconditionError, LeaseExpiredError } from '../errors.js';
+import { FailedPreconditionError, LeaseExpiredError } from '../model/errors.js';
 import type { LeaseKey } from '../broker/leases.js';
 
 export type LeaseState = 'held' | 'transaction' | 'committed' | 'settled' | 'lost' | 'released';

@@ -1,11 +1,14 @@
 /**
  * The processor: claims pending tasks into free worker slots, runs their
- * handlers, and records each outcome with one fenced write.
+ * handlers with their context (signal, logger, writeResult, transaction),
+ * and hands each outcome to outcomes.ts, which records it with one fenced
+ * write.
  *
  * Modes: idle → claiming (start) → draining (stopClaiming) → idle. Only the
  * claim loop adds to `leases`; only a finished worker (or the give-back of
- * held tasks at stop) removes an entry; the heartbeater reads `leases` and
- * marks leases lost.
+ * held tasks at stop) removes an entry; the heartbeater reads `leases`,
+ * extends those whose state asks for it and reports the rows it missed
+ * (lease.ts: each lease is a state machine of its own).
  *
  * With prefetch (adaptive by default, see prefetch.ts), a claim may bring more
  * tasks than there are free slots: the extra ones wait in `#held`, leased and
@@ -16,24 +19,16 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import type { Transaction } from 'kysely';
 import { durableTransaction, type Db } from '../broker/db.js';
-import { claimFrom, complete, fail, lockLease, requeue, writeResult, type ClaimedRow, type Completion, type Failure, type LeaseKey } from '../broker/leases.js';
-import {
-  LeaseExpiredError,
-  ServerClosedError,
-  TaskTimeoutError,
-  coerceError,
-  isRevokeTask,
-  isSkipRetry,
-} from '../errors.js';
+import { claimFrom, complete, lockLease, requeue, writeResult, type ClaimedRow } from '../broker/leases.js';
+import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import { isTransientConnectionError } from '../broker/db-errors.js';
-import { FailureRun, type Logger } from '../logger.js';
+import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from '../mux.js';
-import { decodePayload, encodePayload } from '../payload.js';
-import { errorSummary, lastErrorText, retryDelayFor } from '../retry.js';
-import { Task } from '../task.js';
-import { MAX_DURATION_MS } from '../validate.js';
-import { Batcher } from './batcher.js';
+import { decodePayload, encodePayload } from '../model/payload.js';
+import { Task } from '../model/task.js';
+import { MAX_DURATION_MS } from '../model/validate.js';
 import { Lease } from './lease.js';
+import { leaseKey, Outcomes, type Outcome, type OutcomePolicies } from './outcomes.js';
 import { ClaimCursor } from './cursor.js';
 import { backoffMs } from '../internal/backoff.js';
 import { Sleeper } from '../internal/sleeper.js';
@@ -41,7 +36,7 @@ import { Prefetch } from './prefetch.js';
 import { claimShares, queueOrder } from './queues.js';
 import type { StatsCollector } from './stats.js';
 
-export interface ProcessorConfig {
+export interface ProcessorConfig extends OutcomePolicies {
   serverId: string;
   concurrency: number;
   /** Tasks claimed ahead of free slots, held leased until one frees; null: adaptive. */
@@ -52,9 +47,6 @@ export interface ProcessorConfig {
   leaseDuration: number;
   /** How long after a successful extension was sent the worker still trusts its lease. */
   leaseTrust: number;
-  retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
-  isFailure: (err: Error) => boolean;
-  errorHandler: ((err: Error, task: Task) => void) | undefined;
 }
 
 /** Counters a test or a metrics endpoint may read. */
@@ -65,9 +57,6 @@ export interface ProcessorCounters {
   leasesLost: number;
 }
 
-type Outcome = { error: Error | null };
-/** The tasks a fenced batch write reached, by seq (a task's key across queues). */
-const seqSet = (rows: readonly LeaseKey[]) => new Set(rows.map((r) => r.seq));
 
 export class Processor {
   /** Leases of the tasks this server runs (held or running), by seq. */
@@ -77,11 +66,10 @@ export class Processor {
   readonly #logger: Logger;
   readonly #cfg: ProcessorConfig;
   readonly #handler: Handler;
-  readonly #stats: StatsCollector;
-  readonly #completer: Batcher<Completion, Set<string>>;
+  /** Writes what became of each attempt. */
+  readonly #outcomes: Outcomes;
   readonly #prefetch: Prefetch;
   readonly #cursor = new ClaimCursor();
-  readonly #failer: Batcher<Failure, Set<string>>;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
   #running = 0;
   /** Claimed tasks waiting for a slot (prefetch), in claim order. */
@@ -101,11 +89,9 @@ export class Processor {
     this.#claimErrors = new FailureRun(logger, 'claim failed', 'claim succeeded again', 'error');
     this.#cfg = cfg;
     this.#handler = handler;
-    this.#stats = stats;
     // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
     this.#prefetch = new Prefetch(cfg.prefetch, cfg.concurrency, Math.min(1000, 50 * cfg.concurrency));
-    this.#completer = new Batcher(async (items) => seqSet(await complete(db, items)));
-    this.#failer = new Batcher(async (items) => seqSet(await fail(db, items)));
+    this.#outcomes = new Outcomes(db, logger, cfg, stats, this.counters);
   }
 
   get busy(): number {
@@ -269,7 +255,7 @@ export class Processor {
     if (this.#claiming) this.#dispatch();
     this.#poke();
     try {
-      await this.#finish(row, lease, task, outcome);
+      await this.#outcomes.record(row, lease, task, outcome);
     } catch (err) {
       this.#logger.error({ err, task: { id: row.id, queue: row.queue } }, 'could not record the outcome; the recoverer will');
     } finally {
@@ -333,7 +319,7 @@ export class Processor {
     const encoded = encodePayload(data, 'result');
     if (lease.abortReason) throw lease.abortReason;
     if (!(await writeResult(this.#db, lease, encoded.json, encoded.bytes))) {
-      this.#fenced(lease, 'result');
+      this.#outcomes.fenced(lease, 'result');
       throw new LeaseExpiredError();
     }
   }
@@ -359,7 +345,7 @@ export class Processor {
       return result;
     } catch (err) {
       if (err instanceof LeaseExpiredError) {
-        this.#fenced(lease, 'transaction');
+        this.#outcomes.fenced(lease, 'transaction');
         lease.lose();
       }
       throw err;
@@ -368,95 +354,14 @@ export class Processor {
     }
   }
 
-  async #finish(row: ClaimedRow, lease: Lease, task: Task, { error }: Outcome): Promise<void> {
-    const { queue } = row;
-    if (lease.state === 'committed') {
-      this.#stats.processed(queue);
-      if (error) this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
-      return;
-    }
-    const shutdown = error instanceof ServerClosedError && lease.abortReason === error;
-    if (error && !shutdown && this.#cfg.errorHandler) {
-      try {
-        this.#cfg.errorHandler(error, task);
-      } catch (err) {
-        this.#logger.error({ err }, 'errorHandler threw');
-      }
-    }
-    if (lease.lost) {
-      this.counters.leasesLost++;
-      this.#logger.warn({ task: { id: row.id, queue } }, 'lease lost; the outcome of this attempt is dropped');
-      return;
-    }
-    if (shutdown) {
-      await this.#write(lease, 'requeue', async () => seqSet(await requeue(this.#db, [lease])));
-      return;
-    }
-    if (!error || isRevokeTask(error)) {
-      // RevokeTask is asynq's markAsDone: counted as processed, deleted even with retention.
-      if (await this.#write(lease, 'complete', () => this.#completer.add({ ...leaseKey(lease), keep: !error && row.retention_ms > 0 }))) {
-        this.#stats.processed(queue);
-      }
-      return;
-    }
-    const archive = isSkipRetry(error) || row.retried >= row.max_retry;
-    const counts = archive || this.#countsAsFailure(error);
-    const delayMs = archive
-      ? 0
-      : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
-    const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
-    if (!(await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure)))) return;
-    if (counts) {
-      this.#stats.processed(queue);
-      this.#stats.failed(queue);
-    }
-    // One line per failed attempt, never the payload: what failed, how often, and what comes next.
-    const fields = { task: taskFields(row), retried: row.retried + (counts && !archive ? 1 : 0), maxRetry: row.max_retry, err: errorSummary(error) };
-    if (archive) this.#logger.error({ ...fields, reason: isSkipRetry(error) ? 'skip-retry' : 'retries-exhausted' }, 'task archived');
-    else this.#logger.warn({ ...fields, counted: counts, retryInMs: Math.round(delayMs) }, 'task failed; will retry');
-  }
-
-  #countsAsFailure(err: Error): boolean {
-    try {
-      return this.#cfg.isFailure(err);
-    } catch (thrown) {
-      this.#logger.error({ err: thrown }, 'isFailure threw; counting the error as a failure');
-      return true;
-    }
-  }
-
-  /**
-   * Runs one fenced write, retrying database errors with backoff while the
-   * lease is still trusted (asynq's syncer). False when the write was fenced
-   * off or could not be made in time: the recoverer then owns the task.
-   */
-  async #write(lease: Lease, what: string, write: () => Promise<Set<string>>): Promise<boolean> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        if ((await write()).has(lease.seq)) return true;
-        this.#fenced(lease, what);
-        return false;
-      } catch (err) {
-        if (lease.lost) return false;
-        if (attempt === 0) this.#logger.warn({ err, task: { id: lease.id, queue: lease.queue } }, `${what} failed; retrying while the lease holds`);
-        await new Promise((r) => setTimeout(r, backoffMs(attempt, 50, 2000)));
-      }
-    }
-  }
-
-  #fenced(lease: Lease, what: string): void {
-    this.counters.fencedWrites++;
-    this.#logger.warn({ task: { id: lease.id, queue: lease.queue }, write: what }, 'fenced write rejected: the lease is no longer held');
-  }
-
   /** Aborts the running tasks with this id (cancellation). */
   abortTask(id: string, reason: Error): void {
     for (const lease of this.leases.values()) if (lease.id === id) lease.abort(reason);
   }
 
   /** Resolves once every batched write has been flushed. */
-  async flushed(): Promise<void> {
-    await Promise.all([this.#completer.drained(), this.#failer.drained()]);
+  flushed(): Promise<void> {
+    return this.#outcomes.flushed();
   }
 }
 
@@ -471,6 +376,3 @@ function topPositions(rows: readonly ClaimedRow[]): Map<string, bigint> {
   return top;
 }
 
-const leaseKey = (l: Lease) => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });
-/** A task as log lines name it: never its payload. */
-const taskFields = (row: ClaimedRow) => ({ id: row.id, type: row.type, queue: row.queue });

@@ -10,11 +10,11 @@
  */
 import { findExpired, recoverLeases, type ExpiredLease } from '../broker/maintenance.js';
 import type { Db } from '../broker/db.js';
-import { LeaseExpiredError } from '../errors.js';
-import type { Logger } from '../logger.js';
-import { decodePayload } from '../payload.js';
-import { retryDelayFor } from '../retry.js';
-import { Task } from '../task.js';
+import { LeaseExpiredError } from '../model/errors.js';
+import type { Logger } from '../internal/logger.js';
+import { decodePayload } from '../model/payload.js';
+import { retryDelayFor } from '../model/retry.js';
+import { Task } from '../model/task.js';
 import type { StatsCollector } from './stats.js';
 import { Ticker } from '../internal/ticker.js';
 

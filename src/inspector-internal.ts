@@ -1,0 +1,105 @@
+/**
+ * @internal What the CLI and the dashboard take from an Inspector besides its
+ * public methods: lists and bulk actions by state (the CLI and the dashboard
+ * take the state as a word), and the dashboard's previews and estimates,
+ * read in PostgreSQL. Not exported by the package.
+ */
+import type { Db } from './broker/db.js';
+import * as read from './broker/inspector-read.js';
+import type { ServerPreview } from './broker/inspector-read.js';
+import type { TaskPreview } from './broker/rows.js';
+import type { Inspector } from './inspector.js';
+import { FailedPreconditionError, QueueNotFoundError } from './model/errors.js';
+import type { ListOptions } from './model/inspector-types.js';
+import type { TaskInfo, TaskState } from './model/task.js';
+import * as v from './model/validate.js';
+
+/** The highest page number a list accepts. */
+export const MAX_PAGE = 1_000_000_000;
+
+/** The Inspector's private parts these calls need, handed over by its static block (which alone sees them). */
+interface InspectorInternals {
+  db(inspector: Inspector): Db;
+  list(inspector: Inspector, queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]>;
+  deleteAll(inspector: Inspector, queue: string, state: TaskState, group?: unknown): Promise<number>;
+  moveAll(inspector: Inspector, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number>;
+}
+
+let internals: InspectorInternals;
+
+export function registerInspectorInternals(parts: InspectorInternals): void {
+  internals = parts;
+}
+
+/**
+ * @internal A page of the queue's tasks in `state`: the Inspector's list
+ * method for that state (`group` for aggregating tasks), for the CLI and the
+ * dashboard, which take the state as a word.
+ */
+export function listTasks(inspector: Inspector, queue: string, state: TaskState, opts?: ListOptions, group?: string): Promise<TaskInfo[]> {
+  return internals.list(inspector, queue, state, opts, group);
+}
+
+/** asynq's bulk actions on every task of one state of a queue. */
+export type BulkAction = 'delete' | 'archive' | 'run';
+
+/** @internal The states each bulk action applies to: the Inspector's deleteAll…, archiveAll… and runAll… methods. */
+export const BULK_STATES: Readonly<Record<BulkAction, readonly TaskState[]>> = {
+  delete: ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'],
+  archive: ['pending', 'scheduled', 'retry', 'aggregating'],
+  run: ['scheduled', 'retry', 'archived', 'aggregating'],
+};
+
+/**
+ * @internal The Inspector's bulk method for `action` and `state` (for
+ * aggregating tasks, of one `group`); resolves to how many tasks it moved or
+ * deleted. A pair asynq has no method for is a FailedPreconditionError.
+ */
+export function actOnAll(inspector: Inspector, action: BulkAction, queue: string, state: TaskState, group?: string): Promise<number> {
+  if (!BULK_STATES[action].includes(state)) {
+    return Promise.reject(new FailedPreconditionError(`cannot ${action} all ${state} tasks (${action} all applies to ${BULK_STATES[action].join(', ')})`));
+  }
+  if (action === 'delete') return internals.deleteAll(inspector, queue, state, group);
+  return internals.moveAll(inspector, queue, state, action === 'run' ? 'pending' : 'archived', group);
+}
+
+// ------------------------------------------------------------------ the dashboard's reads
+
+/** Largest page of previews the dashboard may ask for (its biggest page size). */
+export const MAX_PREVIEW_PAGE_SIZE = 500;
+
+/**
+ * @internal The dashboard's task lists, not part of the public API (the
+ * Inspector's lists return whole TaskInfo): a page of a queue's tasks in
+ * `state` as previews cut short in PostgreSQL (rows.ts TaskPreview), at most
+ * MAX_PREVIEW_PAGE_SIZE of them. `hide`: no payload, result or last error at all.
+ * Rejects as the Inspector's lists do (QueueNotFoundError, ValidationError).
+ */
+export async function listTaskPreviews(
+  inspector: Inspector,
+  queue: string,
+  state: TaskState,
+  opts: { page: number; pageSize: number; group?: string | undefined; hide: boolean },
+): Promise<TaskPreview[]> {
+  const q = v.queueName(queue);
+  const g = state === 'aggregating' ? v.groupName(opts.group) : undefined;
+  const page = v.integer(opts.page, 'page', 1, MAX_PAGE);
+  const size = v.integer(opts.pageSize, 'pageSize', 1, MAX_PREVIEW_PAGE_SIZE);
+  const r = await read.listTaskPreviews(internals.db(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide'));
+  if (!r.queueFound) throw new QueueNotFoundError(q);
+  return r.value;
+}
+
+/** @internal The dashboard's servers: servers() with payload previews (null when `hide`), not part of the public API. */
+export async function listServerPreviews(inspector: Inspector, hide: boolean): Promise<ServerPreview[]> {
+  return read.listServerPreviews(internals.db(inspector), v.boolean(hide, 'hide'));
+}
+
+/**
+ * @internal /metrics' estimates of a queue, not part of the public API:
+ * broker queueFootprint (mean task size per state over a sample, orphaned
+ * active tasks), measured in PostgreSQL.
+ */
+export async function queueFootprint(inspector: Inspector, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+  return read.queueFootprint(internals.db(inspector), v.queueName(queue), states, v.integer(sample, 'sample', 1, 1000));
+}

@@ -1,0 +1,155 @@
+/**
+ * The outcome of each attempt, written with one fenced write per task:
+ * completions and failures go in batches (batcher.ts), a give-back at
+ * shutdown on its own. Each write matches the task's row only while this
+ * worker's lease holds (broker/leases.ts); a write that matches nothing is a
+ * fenced write, counted and logged, and the outcome is dropped.
+ */
+import { complete, fail, requeue, type ClaimedRow, type Completion, type Failure, type LeaseKey } from '../broker/leases.js';
+import type { Db } from '../broker/db.js';
+import { backoffMs } from '../internal/backoff.js';
+import type { Logger } from '../internal/logger.js';
+import { isRevokeTask, isSkipRetry, ServerClosedError } from '../model/errors.js';
+import { errorSummary, lastErrorText, retryDelayFor } from '../model/retry.js';
+import type { Task } from '../model/task.js';
+import { Batcher } from './batcher.js';
+import type { Lease } from './lease.js';
+import type { StatsCollector } from './stats.js';
+
+/** How a handler ended: null when it returned. */
+export type Outcome = { error: Error | null };
+
+/** The user's policies that decide what a failure means. */
+export interface OutcomePolicies {
+  retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
+  isFailure: (err: Error) => boolean;
+  errorHandler: ((err: Error, task: Task) => void) | undefined;
+}
+
+/** The processor's counters this writes to. */
+export interface OutcomeCounters {
+  fencedWrites: number;
+  leasesLost: number;
+}
+
+/** The tasks a fenced batch write reached, by seq (a task's key across queues). */
+const seqSet = (rows: readonly LeaseKey[]) => new Set(rows.map((r) => r.seq));
+
+/** The lease as the broker's fenced writes take it. */
+export const leaseKey = (l: Lease): LeaseKey => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });
+
+/** A task as log lines name it: never its payload. */
+const taskFields = (row: ClaimedRow) => ({ id: row.id, type: row.type, queue: row.queue });
+
+export class Outcomes {
+  readonly #db: Db;
+  readonly #logger: Logger;
+  readonly #cfg: OutcomePolicies;
+  readonly #stats: StatsCollector;
+  readonly #counters: OutcomeCounters;
+  readonly #completer: Batcher<Completion, Set<string>>;
+  readonly #failer: Batcher<Failure, Set<string>>;
+
+  constructor(db: Db, logger: Logger, cfg: OutcomePolicies, stats: StatsCollector, counters: OutcomeCounters) {
+    this.#db = db;
+    this.#logger = logger;
+    this.#cfg = cfg;
+    this.#stats = stats;
+    this.#counters = counters;
+    this.#completer = new Batcher(async (items) => seqSet(await complete(db, items)));
+    this.#failer = new Batcher(async (items) => seqSet(await fail(db, items)));
+  }
+
+  /**
+   * What became of one attempt, written once: completed (or deleted), sent to
+   * retry or the archive, given back at shutdown, or nothing when the lease
+   * was lost (the recoverer owns the task then) or ctx.transaction already
+   * completed it. Counts it in the stats and logs a failure, never its payload.
+   */
+  async record(row: ClaimedRow, lease: Lease, task: Task, { error }: Outcome): Promise<void> {
+    const { queue } = row;
+    if (lease.state === 'committed') {
+      this.#stats.processed(queue);
+      if (error) this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
+      return;
+    }
+    const shutdown = error instanceof ServerClosedError && lease.abortReason === error;
+    if (error && !shutdown && this.#cfg.errorHandler) {
+      try {
+        this.#cfg.errorHandler(error, task);
+      } catch (err) {
+        this.#logger.error({ err }, 'errorHandler threw');
+      }
+    }
+    if (lease.lost) {
+      this.#counters.leasesLost++;
+      this.#logger.warn({ task: { id: row.id, queue } }, 'lease lost; the outcome of this attempt is dropped');
+      return;
+    }
+    if (shutdown) {
+      await this.#write(lease, 'requeue', async () => seqSet(await requeue(this.#db, [lease])));
+      return;
+    }
+    if (!error || isRevokeTask(error)) {
+      // RevokeTask is asynq's markAsDone: counted as processed, deleted even with retention.
+      if (await this.#write(lease, 'complete', () => this.#completer.add({ ...leaseKey(lease), keep: !error && row.retention_ms > 0 }))) {
+        this.#stats.processed(queue);
+      }
+      return;
+    }
+    const archive = isSkipRetry(error) || row.retried >= row.max_retry;
+    const counts = archive || this.#countsAsFailure(error);
+    const delayMs = archive
+      ? 0
+      : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
+    const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
+    if (!(await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure)))) return;
+    if (counts) {
+      this.#stats.processed(queue);
+      this.#stats.failed(queue);
+    }
+    // One line per failed attempt, never the payload: what failed, how often, and what comes next.
+    const fields = { task: taskFields(row), retried: row.retried + (counts && !archive ? 1 : 0), maxRetry: row.max_retry, err: errorSummary(error) };
+    if (archive) this.#logger.error({ ...fields, reason: isSkipRetry(error) ? 'skip-retry' : 'retries-exhausted' }, 'task archived');
+    else this.#logger.warn({ ...fields, counted: counts, retryInMs: Math.round(delayMs) }, 'task failed; will retry');
+  }
+
+  #countsAsFailure(err: Error): boolean {
+    try {
+      return this.#cfg.isFailure(err);
+    } catch (thrown) {
+      this.#logger.error({ err: thrown }, 'isFailure threw; counting the error as a failure');
+      return true;
+    }
+  }
+
+  /**
+   * Runs one fenced write, retrying database errors with backoff while the
+   * lease is still trusted (asynq's syncer). False when the write was fenced
+   * off or could not be made in time: the recoverer then owns the task.
+   */
+  async #write(lease: Lease, what: string, write: () => Promise<Set<string>>): Promise<boolean> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        if ((await write()).has(lease.seq)) return true;
+        this.fenced(lease, what);
+        return false;
+      } catch (err) {
+        if (lease.lost) return false;
+        if (attempt === 0) this.#logger.warn({ err, task: { id: lease.id, queue: lease.queue } }, `${what} failed; retrying while the lease holds`);
+        await new Promise((r) => setTimeout(r, backoffMs(attempt, 50, 2000)));
+      }
+    }
+  }
+
+  /** Counts and logs a fenced write: the lease was gone when it reached the database. */
+  fenced(lease: Lease, what: string): void {
+    this.#counters.fencedWrites++;
+    this.#logger.warn({ task: { id: lease.id, queue: lease.queue }, write: what }, 'fenced write rejected: the lease is no longer held');
+  }
+
+  /** Resolves once every batched write has been flushed. */
+  async flushed(): Promise<void> {
+    await Promise.all([this.#completer.drained(), this.#failer.drained()]);
+  }
+}
