@@ -8,7 +8,7 @@ export { PeriodicTaskManager, type PeriodicTaskConfig, type PeriodicTaskManagerO
 export { ServeMux, type Handler, type Middleware, type TaskContext } from './mux.js';
 export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState } from './model/task.js';
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
-export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './model/retry.js';
+export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './server/retry.js';
 export { MAX_PAYLOAD_BYTES } from './model/payload.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
 export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './broker/roles.js';

@@ -4,32 +4,14 @@
  * take the state as a word), and the dashboard's previews and estimates,
  * read in PostgreSQL. Not exported by the package.
  */
-import type { Db } from './broker/db.js';
 import * as read from './broker/inspector-read.js';
 import type { ServerPreview } from './broker/inspector-read.js';
 import type { TaskPreview } from './broker/rows.js';
-import type { Inspector } from './inspector.js';
+import { inspectorInternals as internals, type Inspector } from './inspector.js';
 import { FailedPreconditionError, QueueNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
 import type { TaskInfo, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
-
-/** The highest page number a list accepts. */
-export const MAX_PAGE = 1_000_000_000;
-
-/** The Inspector's private parts these calls need, handed over by its static block (which alone sees them). */
-interface InspectorInternals {
-  db(inspector: Inspector): Db;
-  list(inspector: Inspector, queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]>;
-  deleteAll(inspector: Inspector, queue: string, state: TaskState, group?: unknown): Promise<number>;
-  moveAll(inspector: Inspector, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number>;
-}
-
-let internals: InspectorInternals;
-
-export function registerInspectorInternals(parts: InspectorInternals): void {
-  internals = parts;
-}
 
 /**
  * @internal A page of the queue's tasks in `state`: the Inspector's list
@@ -83,7 +65,7 @@ export async function listTaskPreviews(
 ): Promise<TaskPreview[]> {
   const q = v.queueName(queue);
   const g = state === 'aggregating' ? v.groupName(opts.group) : undefined;
-  const page = v.integer(opts.page, 'page', 1, MAX_PAGE);
+  const page = v.integer(opts.page, 'page', 1, v.MAX_PAGE);
   const size = v.integer(opts.pageSize, 'pageSize', 1, MAX_PREVIEW_PAGE_SIZE);
   const r = await read.listTaskPreviews(internals.db(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide'));
   if (!r.queueFound) throw new QueueNotFoundError(q);

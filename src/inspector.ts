@@ -14,7 +14,6 @@ import { resolveLogger } from './internal/logger.js';
 import { encodePayload, maxPayloadBytesOption } from './model/payload.js';
 import type { TaskInfo, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
-import { MAX_PAGE, registerInspectorInternals } from './inspector-internal.js';
 import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
 
 export type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from './model/inspector-types.js';
@@ -32,11 +31,23 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
   if (opts === undefined) return { limit: DEFAULT_PAGE_SIZE, offset: 0 };
   const o = v.plainObject(opts, 'options');
   v.knownKeys(o, ['page', 'pageSize'], 'options');
-  const page = o.page === undefined ? 1 : v.integer(o.page, 'page', 1, MAX_PAGE);
+  const page = o.page === undefined ? 1 : v.integer(o.page, 'page', 1, v.MAX_PAGE);
   const size = o.pageSize === undefined ? DEFAULT_PAGE_SIZE : v.integer(o.pageSize, 'pageSize', 1, MAX_PAGE_SIZE);
   return { limit: size, offset: (page - 1) * size };
 }
 
+
+/**
+ * @internal The Inspector's private parts that the CLI's and the dashboard's
+ * extra calls need (inspector-internal.ts): set by the class's static block,
+ * which alone sees them.
+ */
+export let inspectorInternals: {
+  db(inspector: Inspector): Db;
+  list(inspector: Inspector, queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]>;
+  deleteAll(inspector: Inspector, queue: string, state: TaskState, group?: unknown): Promise<number>;
+  moveAll(inspector: Inspector, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number>;
+};
 
 /** Inspector options: the connection, and the payload size cap. */
 export interface InspectorOptions extends ConnectionOptions {
@@ -65,13 +76,12 @@ export class Inspector {
   readonly #maxPayloadBytes: number;
 
   static {
-    // The CLI's and the dashboard's extra calls (inspector-internal.ts) need these private parts.
-    registerInspectorInternals({
+    inspectorInternals = {
       db: (inspector) => inspector.#open(),
       list: (inspector, queue, state, opts, group) => inspector.#list(queue, state, opts, group),
       deleteAll: (inspector, queue, state, group) => inspector.#deleteAll(queue, state, group),
       moveAll: (inspector, queue, from, to, group) => inspector.#moveAll(queue, from, to, group),
-    });
+    };
   }
 
   constructor(opts: InspectorOptions = {}) {

@@ -30,7 +30,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import { untilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
 import { Db, type ConnectionOptions } from './broker/db.js';
-import { isTransientConnectionError } from './broker/db-errors.js';
+import { isTransientConnectionError } from './internal/db-errors.js';
 import {
   databaseNow,
   deleteEntries,

@@ -19,7 +19,7 @@ import { untilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Db } from './broker/db.js';
-import { isTransientConnectionError } from './broker/db-errors.js';
+import { isTransientConnectionError } from './internal/db-errors.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
 import { deleteServer, unservedQueues, type UnservedQueue } from './broker/servers.js';

@@ -36,7 +36,7 @@ import {
   type TaskContext,
 } from '../src/index.js';
 import { parseSchedule } from '../src/model/cron.js';
-import { lastErrorText } from '../src/model/retry.js';
+import { lastErrorText } from '../src/server/retry.js';
 import { redact, redactConnectionString } from '../src/internal/redact.js';
 import { DATABASE_URL, caught, countedPool, dsnWith, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 

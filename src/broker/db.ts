@@ -7,7 +7,7 @@ import pg from 'pg';
 import { ConfigError } from '../model/errors.js';
 import { schemaName } from '../model/validate.js';
 import { FailureRun, silentLogger, type Logger, type LogLevel } from '../internal/logger.js';
-import { isTransientConnectionError, mapDbError } from './db-errors.js';
+import { isTransientConnectionError, mapDbError } from '../internal/db-errors.js';
 import { EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 import { redactConnectionString } from '../internal/redact.js';
 

@@ -8,7 +8,7 @@ import { Option } from '@commander-js/extra-typings';
 import { intInRange, jsonNote, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { instant, jsonText, relative, table } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 export function registerCron(program: CliProgram, ctx: CliContext): void {
   const cron = program.command('cron').description('cron entries of the running schedulers and what they enqueued');

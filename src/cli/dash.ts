@@ -14,7 +14,7 @@ import { InvalidArgumentError, Option } from '@commander-js/extra-typings';
 import { allowedHostsOption, isLoopback, isWildcard } from '../dashboard/security.js';
 import { intInRange, jsonNote } from './common.js';
 import { UsageError, type CliContext } from './context.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 export function registerDash(program: CliProgram, ctx: CliContext): void {
   program

@@ -15,7 +15,7 @@ import { ServeMux } from '../mux.js';
 import { Server } from '../server.js';
 import { Task } from '../model/task.js';
 import type { CliContext } from './context.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 const QUEUES = { critical: 6, default: 3, low: 1 };
 const STATES = ['pending', 'active', 'scheduled', 'retry', 'aggregating', 'archived', 'completed'] as const;

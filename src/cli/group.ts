@@ -5,7 +5,7 @@
 import { jsonNote, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { table } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 export function registerGroup(program: CliProgram, ctx: CliContext): void {
   const group = program.command('group').description('groups of aggregating tasks');

@@ -6,7 +6,7 @@ import { Argument } from '@commander-js/extra-typings';
 import { migrate, migrateDown, migrationStatus } from '../migrate.js';
 import type { CliContext } from './context.js';
 import { instant, table } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 const ACTIONS = ['up', 'down', 'status'] as const;
 

@@ -12,12 +12,13 @@
  * that calls only the library, and list it in COMMANDS below.
  */
 import { readFileSync } from 'node:fs';
-import { Command, CommanderError } from '@commander-js/extra-typings';
-import { DEFAULT_SCHEMA } from '../broker/db.js';
+import { CommanderError } from '@commander-js/extra-typings';
 import { redactConnectionString } from '../internal/redact.js';
 import { FailedPreconditionError, isValidationError } from '../model/errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { sanitize } from './sanitize.js';
+import { rootCommand, type CliProgram, type RegisterCommand } from './root.js';
+import { DEFAULT_SCHEMA } from '../broker/db.js';
 import { registerCron } from './cron.js';
 import { registerDash } from './dash.js';
 import { registerDemo } from './demo.js';
@@ -32,20 +33,6 @@ import { registerTask } from './task.js';
 export const EXIT_OK = 0;
 export const EXIT_FAILURE = 1;
 export const EXIT_USAGE = 2;
-
-function rootCommand() {
-  return new Command('pgasynq')
-    .description("asynq's task-queue model on PostgreSQL: migrations, inspection, workers")
-    .option('--database-url <url>', 'PostgreSQL connection string (default: $DATABASE_URL)')
-    .option('--schema <name>', 'schema holding the pgasynq tables', DEFAULT_SCHEMA)
-    .option('--json', 'machine-readable output: what the library call returns, as JSON')
-    .option('--debug', 'print stack traces of errors');
-}
-
-/** The root command with the global options; commands hang off it. */
-export type CliProgram = ReturnType<typeof rootCommand>;
-
-export type RegisterCommand = (program: CliProgram, ctx: CliContext) => void;
 
 /** Every command, in the order `--help` lists them. */
 const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerRoles, registerDash, registerDemo];

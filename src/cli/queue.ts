@@ -8,7 +8,7 @@ import { Option } from '@commander-js/extra-typings';
 import { colours, intInRange, jsonNote, OK, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { duration, errorRate, fields, table, when } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 import { stateBars } from './stats.js';
 
 export function registerQueue(program: CliProgram, ctx: CliContext): void {

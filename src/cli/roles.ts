@@ -9,7 +9,7 @@
 import { DEFAULT_ROLE_PREFIX, roleSetupSql } from '../broker/roles.js';
 import { jsonNote } from './common.js';
 import type { CliContext } from './context.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 export function registerRoles(program: CliProgram, ctx: CliContext): void {
   program

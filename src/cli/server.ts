@@ -7,7 +7,7 @@ import type { ServerInfo } from '../model/inspector-types.js';
 import { colours, jsonNote, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { jsonText, relative, table, type Style } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 function render(servers: ServerInfo[], s: Style): string[] {
   if (servers.length === 0) return ['no servers are running'];

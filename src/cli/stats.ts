@@ -9,7 +9,7 @@ import { isQueueNotFound } from '../model/errors.js';
 import { colours, jsonNote, STATES, withInspector } from './common.js';
 import type { CliContext } from './context.js';
 import { bar, duration, errorRate, table, type Style } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 /** Counts by state with a bar each, the bars scaled to the largest count. */
 export function stateBars(counts: Record<(typeof STATES)[number], number>, s: Style): string[] {

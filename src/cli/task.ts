@@ -17,7 +17,7 @@ import type { TaskInfo, TaskState } from '../model/task.js';
 import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
 import { UsageError, type CliContext } from './context.js';
 import { duration, fields, jsonText, relative, table, truncate, when } from './format.js';
-import type { CliProgram } from './program.js';
+import type { CliProgram } from './root.js';
 
 type Bulk = 'deleteall' | 'archiveall' | 'runall';
 

@@ -6,7 +6,7 @@
  * Modes: idle → running (start) → stopping (stop) → idle. start() while running
  * and stop() while idle are no-ops; stop() twice returns the same promise.
  */
-import { isTransientConnectionError } from '../broker/db-errors.js';
+import { isTransientConnectionError } from './db-errors.js';
 import { FailureRun, type Logger } from './logger.js';
 import { backoffMs } from './backoff.js';
 import { Sleeper } from './sleeper.js';

@@ -150,3 +150,6 @@ export function knownKeys(obj: Record<string, unknown>, known: readonly string[]
 }
 
 export { describe as describeValue };
+
+/** The highest page number a list accepts. */
+export const MAX_PAGE = 1_000_000_000;

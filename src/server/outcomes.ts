@@ -10,7 +10,7 @@ import type { Db } from '../broker/db.js';
 import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';
 import { isRevokeTask, isSkipRetry, ServerClosedError } from '../model/errors.js';
-import { errorSummary, lastErrorText, retryDelayFor } from '../model/retry.js';
+import { errorSummary, lastErrorText, retryDelayFor } from './retry.js';
 import type { Task } from '../model/task.js';
 import { Batcher } from './batcher.js';
 import type { Lease } from './lease.js';

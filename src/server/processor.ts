@@ -21,7 +21,7 @@ import type { Transaction } from 'kysely';
 import { durableTransaction, type Db } from '../broker/db.js';
 import { claimFrom, complete, lockLease, requeue, writeResult, type ClaimedRow } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
-import { isTransientConnectionError } from '../broker/db-errors.js';
+import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from '../mux.js';
 import { decodePayload, encodePayload } from '../model/payload.js';

@@ -13,7 +13,7 @@ import type { Db } from '../broker/db.js';
 import { LeaseExpiredError } from '../model/errors.js';
 import type { Logger } from '../internal/logger.js';
 import { decodePayload } from '../model/payload.js';
-import { retryDelayFor } from '../model/retry.js';
+import { retryDelayFor } from './retry.js';
 import { Task } from '../model/task.js';
 import type { StatsCollector } from './stats.js';
 import { Ticker } from '../internal/ticker.js';

@@ -3,9 +3,9 @@
  * one, and the text stored as its last error.
  */
 import { redact } from '../internal/redact.js';
-import { coerceError } from './errors.js';
+import { coerceError } from '../model/errors.js';
 import type { Logger } from '../internal/logger.js';
-import type { Task } from './task.js';
+import type { Task } from '../model/task.js';
 
 /**
  * asynq's default (Sidekiq's formula): n⁴ + 15 + rand[0, 30)·(n + 1) seconds,
