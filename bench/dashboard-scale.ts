@@ -34,7 +34,9 @@ await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
 await migrate({ connectionString: url, schema });
 
 const fillStarted = performance.now();
-await pool.query(`INSERT INTO ${schema}.queues (name, processed_total, failed_total) VALUES ('default', 9000000, 12000), ('low', 5000, 10), ('critical', 700000, 900)`);
+await pool.query(
+  `INSERT INTO ${schema}.queues (name, processed_total, failed_total) VALUES ('default', 9000000, 12000), ('low', 5000, 10), ('critical', 700000, 900)`,
+);
 await pool.query(
   `INSERT INTO ${schema}.tasks (queue, id, type, payload, state, run_at, completed_at, retention, error_msg, last_failed_at,
                                 group_key, lease_owner, lease_expires_at, lease_token, started_at)

@@ -22,7 +22,14 @@ await migrate({ connectionString: url, schema });
 await pool.end();
 
 const worker = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/worker.ts'], {
-  env: { ...process.env, DATABASE_URL: url, SCHEMA: schema, MODE: 'hang', LEASE: String(lease ?? 30_000), HEARTBEAT: String(lease ? Math.floor(lease / 5) : 5000) },
+  env: {
+    ...process.env,
+    DATABASE_URL: url,
+    SCHEMA: schema,
+    MODE: 'hang',
+    LEASE: String(lease ?? 30_000),
+    HEARTBEAT: String(lease ? Math.floor(lease / 5) : 5000),
+  },
   stdio: ['ignore', 'pipe', 'inherit'],
 });
 const lines = createInterface({ input: worker.stdout });
@@ -41,6 +48,13 @@ const ran = new Promise<number>((r) => (done = r));
 const rescuer = new Server({ connectionString: url, schema, concurrency: 1, retryDelay: () => 0, delayedTaskCheckInterval: 100, ...config });
 await rescuer.start(() => done(performance.now()));
 const seconds = ((await ran) - killedAt) / 1000;
-console.log(JSON.stringify({ leaseDuration: lease ?? 30_000, recoverCutoff: cutoff ?? 30_000, recoverInterval: interval ?? 60_000, recoverySeconds: Number(seconds.toFixed(2)) }));
+console.log(
+  JSON.stringify({
+    leaseDuration: lease ?? 30_000,
+    recoverCutoff: cutoff ?? 30_000,
+    recoverInterval: interval ?? 60_000,
+    recoverySeconds: Number(seconds.toFixed(2)),
+  }),
+);
 await rescuer.shutdown();
 await client.close();

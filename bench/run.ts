@@ -64,7 +64,10 @@ const chosenSystems = args.systems ? list(args.systems, SYSTEMS, (s) => ALIASES[
 
 function list<T extends string>(value: string | undefined, all: readonly T[], norm: (s: string) => string): T[] {
   if (!value || value === 'true') return [...all];
-  const out = value.split(',').map((s) => norm(s.trim())).filter(Boolean);
+  const out = value
+    .split(',')
+    .map((s) => norm(s.trim()))
+    .filter(Boolean);
   for (const s of out) if (!all.includes(s as T)) fail(`unknown name "${s}" (known: ${all.join(', ')})`);
   return out as T[];
 }
@@ -131,7 +134,7 @@ if (givenUrl) {
   process.env.DATABASE_URL = cluster.url;
   console.log(`  ${cluster.url} (data in ${cluster.dir}; removed at the end)`);
 }
-const DATABASE_URL = process.env.DATABASE_URL!;
+const DATABASE_URL = process.env.DATABASE_URL;
 
 // ----------------------------------------------------------------- snapshot
 
@@ -158,7 +161,11 @@ function snapshotSource(stamp: string): { index: string; commit: string; dirty: 
     }
   };
   const dirty = git('status', '--porcelain', '--', 'src', 'migrations');
-  return { index: join(root, 'src', 'index.ts'), commit: git('rev-parse', '--short', 'HEAD'), dirty: dirty ? dirty.split('\n').length + ' uncommitted file(s) in src/ or migrations/' : 'clean' };
+  return {
+    index: join(root, 'src', 'index.ts'),
+    commit: git('rev-parse', '--short', 'HEAD'),
+    dirty: dirty ? dirty.split('\n').length + ' uncommitted file(s) in src/ or migrations/' : 'clean',
+  };
 }
 
 // -------------------------------------------------------------------- plan
@@ -233,18 +240,25 @@ function buildPlan(): Case[] {
       { label: `W1 one-by-one enqueue of ${fmt(single)}, tasks/s`, metric: 'singlePerSec', better: 'higher', unit: 'rate' },
     ],
   });
-  for (const [concurrency, payload] of [[10, 0], [100, 0], [10, 1500]] as const) {
+  for (const [concurrency, payload] of [
+    [10, 0],
+    [100, 0],
+    [10, 1500],
+  ] as const) {
     const n = q(50_000);
     const what = payload ? `${fmt(payload)}-byte JSON` : 'no-op';
-    add('W2', {
-      key: `W2 c${concurrency}${payload ? ` ${payload}B` : ''}`,
-      params: { n, concurrency, capMs, payload },
-      timeoutMs: capMs + 180_000,
-      rows: [{ label: `W2 drain ${fmt(n)} ${what} tasks, concurrency ${concurrency}, tasks/s`, metric: 'perSec', better: 'higher', unit: 'rate' }],
-    },
-    // With payloads, on request only: BullMQ (on Redis its claim does not rewrite the job's data; on PostgreSQL it
-    // drains ~700/s either way) and graphile-default (~900/s either way: one round trip per job, not bytes).
-    payload ? ['bullmq', 'bullmq-pg', 'graphile-default'] : []);
+    add(
+      'W2',
+      {
+        key: `W2 c${concurrency}${payload ? ` ${payload}B` : ''}`,
+        params: { n, concurrency, capMs, payload },
+        timeoutMs: capMs + 180_000,
+        rows: [{ label: `W2 drain ${fmt(n)} ${what} tasks, concurrency ${concurrency}, tasks/s`, metric: 'perSec', better: 'higher', unit: 'rate' }],
+      },
+      // With payloads, on request only: BullMQ (on Redis its claim does not rewrite the job's data; on PostgreSQL it
+      // drains ~700/s either way) and graphile-default (~900/s either way: one round trip per job, not bytes).
+      payload ? ['bullmq', 'bullmq-pg', 'graphile-default'] : [],
+    );
   }
   const w3n = q(500);
   add('W3', {
@@ -257,7 +271,12 @@ function buildPlan(): Case[] {
     key: 'W4',
     params: { n: q(100), leadMs: 2000, spreadMs: quick ? 1000 : 4000, concurrency: 10 },
     timeoutMs: 180_000,
-    rows: (['p50', 'p99'] as const).map((m) => ({ label: `W4 scheduled task start after due (${q(100)} tasks), ${m} ms`, metric: m, better: 'lower', unit: 'ms' })),
+    rows: (['p50', 'p99'] as const).map((m) => ({
+      label: `W4 scheduled task start after due (${q(100)} tasks), ${m} ms`,
+      metric: m,
+      better: 'lower',
+      unit: 'ms',
+    })),
   });
   for (const finished of [q(10_000), q(1_000_000)]) {
     add('W5', {
@@ -308,7 +327,12 @@ function buildPlan(): Case[] {
     timeoutMs: (w8.seconds + w8.drainWait + 180) * 1000,
     reps: w8Reps,
     rows: [
-      { label: `W8 ${w8.rate}/s for ${w8.seconds} s, snapshot from ${w8.snapshotAt} s: achieved enqueue rate, tasks/s`, metric: 'achievedRate', better: 'higher', unit: 'rate' },
+      {
+        label: `W8 ${w8.rate}/s for ${w8.seconds} s, snapshot from ${w8.snapshotAt} s: achieved enqueue rate, tasks/s`,
+        metric: 'achievedRate',
+        better: 'higher',
+        unit: 'rate',
+      },
       { label: `W8 enqueue→start p50 ${before}, ms`, metric: 'p50Before', better: 'lower', unit: 'ms' },
       { label: `W8 enqueue→start p50 in the last 30 s, ms`, metric: 'p50Last30', better: 'lower', unit: 'ms' },
       { label: `W8 p50 last 30 s ÷ p50 ${before}`, metric: 'p50Ratio', better: 'lower', unit: 'ratio' },
@@ -340,7 +364,12 @@ function buildPlan(): Case[] {
         ...per('all three', 'total'),
         { label: `WAL per ${what} task while running, bytes/s (heartbeats)`, metric: 'holdBytesPerTaskSec', better: 'lower', unit: 'count' },
         { label: `WAL of an idle worker (baseline), bytes/s`, metric: 'idleWorkerBytesPerSec', better: 'lower', unit: 'count' },
-        { label: `WAL (${what}): autovacuum/autoanalyze runs inside the phases (their WAL is counted in them)`, metric: 'autovacuumsInPhases', better: 'lower', unit: 'count' },
+        {
+          label: `WAL (${what}): autovacuum/autoanalyze runs inside the phases (their WAL is counted in them)`,
+          metric: 'autovacuumsInPhases',
+          better: 'lower',
+          unit: 'count',
+        },
       ],
     });
   }
@@ -385,11 +414,11 @@ function runOne(c: Case, system: SystemName): Promise<{ result?: Record<string, 
     let out = '';
     let err = '';
     child.stdout.on('data', (d: Buffer) => {
-      out += d;
+      out += d.toString();
       appendFileSync(logFile, d);
     });
     child.stderr.on('data', (d: Buffer) => {
-      err += d;
+      err += d.toString();
       appendFileSync(logFile, d);
     });
     const timer = setTimeout(() => {
@@ -482,7 +511,10 @@ function tabulate(cases: Case[], ms: Measurement[]): TableRow[] {
   const w5 = cases.filter((c) => c.workload === 'W5');
   const w5Ratios = () => {
     const [small, large] = w5 as [Case, Case];
-    for (const [metric, what] of [['claimMs', 'claim round trip'], ['explainMs', 'claim execution']] as const) {
+    for (const [metric, what] of [
+      ['claimMs', 'claim round trip'],
+      ['explainMs', 'claim execution'],
+    ] as const) {
       summarize(
         `W5 ${what} with ${fmt(large.params.finished!)} ÷ with ${fmt(small.params.finished!)} finished rows`,
         'lower',
@@ -529,7 +561,13 @@ function w8Windows(cs: Case[], ms: Measurement[]): string | undefined {
   const n = Math.ceil(seconds / window);
   const systems = c.systems;
   const cell = (s: SystemName, key: string) => {
-    const get = (m: string) => median(ms.filter((x) => x.case === c.key && x.system === s).map((x) => x.result?.[`${key}.${m}`]).filter((v): v is number => typeof v === 'number'));
+    const get = (m: string) =>
+      median(
+        ms
+          .filter((x) => x.case === c.key && x.system === s)
+          .map((x) => x.result?.[`${key}.${m}`])
+          .filter((v): v is number => typeof v === 'number'),
+      );
     const p50 = get('p50');
     if (Number.isNaN(p50)) return '–';
     return `${formatValue(p50, 'ms')} / ${formatValue(get('p99'), 'ms')} (${formatValue(get('backlog'), 'count')})`;
@@ -541,13 +579,20 @@ function w8Windows(cs: Case[], ms: Measurement[]): string | undefined {
     const mark = from <= snapshotAt && snapshotAt < from + window ? ' ◆' : '';
     return `| ${from}–${Math.min(from + window, seconds)}${mark} | ${systems.map((s) => cell(s, key)).join(' | ')} |`;
   });
-  return [`W8 enqueue→start per ${window} s window: p50 / p99 ms (backlog at the window's end); ◆ the snapshot is taken at ${snapshotAt} s.`, '', head, ...body].join('\n');
+  return [
+    `W8 enqueue→start per ${window} s window: p50 / p99 ms (backlog at the window's end); ◆ the snapshot is taken at ${snapshotAt} s.`,
+    '',
+    head,
+    ...body,
+  ].join('\n');
 }
 
 function settingsLine(): string {
   const s = serverSettings;
   if (s.error) return `settings unreadable (${s.error})`;
-  return ['autovacuum', 'fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'max_connections'].map((k) => `${k}=${s[k]}`).join(', ');
+  return ['autovacuum', 'fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'max_connections']
+    .map((k) => `${k}=${s[k]}`)
+    .join(', ');
 }
 
 // -------------------------------------------------------------------- main
@@ -587,7 +632,7 @@ const cases = buildPlan();
 if (cases.length === 0) fail('nothing to run: no workload supports the chosen systems');
 const total = cases.reduce((n, c) => n + c.systems.length * (c.reps ?? reps), 0);
 /** The server's settings as it reports them (SHOW), whoever started it. */
-const serverSettings = await readSettings(DATABASE_URL).catch((e: Error) => ({ error: e.message }) as Record<string, string>);
+const serverSettings = await readSettings(DATABASE_URL).catch((e: Error): Record<string, string> => ({ error: e.message }));
 const database = {
   throwaway: Boolean(cluster),
   url: DATABASE_URL.replace(/\/\/([^:@/]+):[^@/]*@/, '//$1:***@'),
@@ -598,7 +643,9 @@ const env = await versions();
 const startedAt = new Date().toISOString();
 const loadBefore = loadavg();
 console.log(`pgasynq bench${quick ? ' (quick: sizes ÷ 10)' : ''}: ${total} measurements, ${reps} repetition(s); log ${logFile}`);
-console.log(`node ${env.node}, PostgreSQL ${env.postgresql}, Redis ${env.redis}; graphile-worker ${env['graphile-worker']}, pg-boss ${env['pg-boss']}, bullmq ${env.bullmq}`);
+console.log(
+  `node ${env.node}, PostgreSQL ${env.postgresql}, Redis ${env.redis}; graphile-worker ${env['graphile-worker']}, pg-boss ${env['pg-boss']}, bullmq ${env.bullmq}`,
+);
 console.log(`pgasynq: ${env['pgasynq.source']}`);
 console.log(`database: ${database.throwaway ? 'throwaway cluster' : database.url}; ${settingsLine()}`);
 if (serverSettings.autovacuum !== 'on') console.log('WARNING: autovacuum is off on this server: not production settings (BENCH.md)');
@@ -618,7 +665,13 @@ const save = (finished: boolean) => {
         command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
         quick,
         reps,
-        machine: { cores: cpus().length, model: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), loadBefore, loadAfter: finished ? loadavg() : null },
+        machine: {
+          cores: cpus().length,
+          model: cpus()[0]?.model,
+          memoryGiB: Math.round(totalmem() / 2 ** 30),
+          loadBefore,
+          loadAfter: finished ? loadavg() : null,
+        },
         versions: env,
         database,
         cases: cases.map(({ workload, key, params, systems }) => ({ workload, key, params, systems })),
@@ -638,15 +691,24 @@ async function measureCase(c: Case, rep: number): Promise<void> {
     const load1 = loadavg()[0]!;
     const { result, error } = await runOne(c, system);
     const seconds = (now() - began) / 1000;
-    measurements.push({ workload: c.workload, case: c.key, system, rep, params: c.params, startedAt: new Date().toISOString(), seconds, loadavg1: load1, ...(result ? { result } : {}), ...(error ? { error } : {}) });
+    measurements.push({
+      workload: c.workload,
+      case: c.key,
+      system,
+      rep,
+      params: c.params,
+      startedAt: new Date().toISOString(),
+      seconds,
+      loadavg1: load1,
+      ...(result ? { result } : {}),
+      ...(error ? { error } : {}),
+    });
     done++;
-    const shown = result
-      ? c.rows
-          .map((r) => `${r.metric}=${formatValue(result[r.metric] as number, r.unit)}`)
-          .join(' ')
-      : `ERROR ${error}`;
+    const shown = result ? c.rows.map((r) => `${r.metric}=${formatValue(result[r.metric] as number, r.unit)}`).join(' ') : `ERROR ${error}`;
     const elapsed = (now() - t0) / 1000;
-    console.log(`[${done}/${total} ${Math.floor(elapsed / 60)}:${String(Math.floor(elapsed % 60)).padStart(2, '0')}] ${c.key} rep ${rep} ${system}: ${shown} (${seconds.toFixed(1)} s, load ${load1.toFixed(1)})`);
+    console.log(
+      `[${done}/${total} ${Math.floor(elapsed / 60)}:${String(Math.floor(elapsed % 60)).padStart(2, '0')}] ${c.key} rep ${rep} ${system}: ${shown} (${seconds.toFixed(1)} s, load ${load1.toFixed(1)})`,
+    );
     save(false);
   }
 }
@@ -673,7 +735,9 @@ console.log(`\n${legend.join('\n')}\n`);
 console.log(markdown(rows, shownSystems));
 if (windowTable) console.log(`\n${windowTable}`);
 const failed = measurements.filter((m) => m.error);
-console.log(`\n${measurements.length - failed.length}/${measurements.length} measurements succeeded in ${((now() - t0) / 60000).toFixed(1)} min; load average before ${loadBefore.map((l) => l.toFixed(2)).join(' ')}, after ${loadAfter.map((l) => l.toFixed(2)).join(' ')}.`);
+console.log(
+  `\n${measurements.length - failed.length}/${measurements.length} measurements succeeded in ${((now() - t0) / 60000).toFixed(1)} min; load average before ${loadBefore.map((l) => l.toFixed(2)).join(' ')}, after ${loadAfter.map((l) => l.toFixed(2)).join(' ')}.`,
+);
 for (const m of failed) console.log(`  failed: ${m.case} rep ${m.rep} ${m.system}: ${m.error}`);
 console.log(`Raw figures: ${base}.json`);
 writeFileSync(

@@ -82,6 +82,11 @@ export async function listServerPreviews(inspector: Inspector, hide: boolean): P
  * broker queueFootprint (mean task size per state over a sample, orphaned
  * active tasks), measured in PostgreSQL.
  */
-export async function queueFootprint(inspector: Inspector, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+export async function queueFootprint(
+  inspector: Inspector,
+  queue: string,
+  states: readonly TaskState[],
+  sample: number,
+): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
   return read.queueFootprint(internals.db(inspector), v.queueName(queue), states, v.integer(sample, 'sample', 1, 1000));
 }

@@ -36,7 +36,6 @@ function pageOf(opts: unknown): { limit: number; offset: number } {
   return { limit: size, offset: (page - 1) * size };
 }
 
-
 /**
  * @internal The Inspector's private parts that the CLI's and the dashboard's
  * extra calls need (inspector-internal.ts): set by the class's static block,

@@ -27,6 +27,8 @@ export interface TaskContext {
    * by the lease: your writes and the completion commit together, or, if the
    * lease was lost, nothing commits and it rejects with LeaseExpiredError.
    */
+  // Kysely's any-tables transaction: annotate trx with Transaction<YourDatabase> to type it.
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
   transaction<T>(fn: (trx: Transaction<any>) => Promise<T>): Promise<T>;
 }
 

@@ -66,7 +66,7 @@ export class PeriodicTaskManager {
     this.#sync = new Ticker(
       this.#log,
       async () => {
-        await this.sync().catch((err) => this.#log.error({ err }, 'sync failed; entries unchanged'));
+        await this.sync().catch((err: unknown) => this.#log.error({ err }, 'sync failed; entries unchanged'));
       },
       { interval: () => interval },
     );

@@ -102,7 +102,10 @@ export function prepareEntry(location: string, cronspec: unknown, task: unknown,
   toRecord(task, overrides); // option combinations (processAt with processIn, a past deadline)
   const merged: EnqueueOptions = { ...task.options, ...overrides, headers: { ...task.headers, ...overrides.headers } };
   if (Object.keys(merged.headers ?? {}).length === 0) delete merged.headers;
-  const payload = task.encoded.bytes !== null ? { bytes: task.encoded.bytes.toString('base64') } : { json: task.encoded.json === null ? null : JSON.parse(task.encoded.json) };
+  const payload =
+    task.encoded.bytes !== null
+      ? { bytes: task.encoded.bytes.toString('base64') }
+      : { json: task.encoded.json === null ? null : (JSON.parse(task.encoded.json) as unknown) };
   const spec = schedule.spec.trim().replace(/\s+/g, ' ');
   // v1: bump if the derivation changes (ids then change once, for every scheduler at once).
   const id = createHash('sha256')
@@ -126,7 +129,10 @@ export function resolveSchedulerOptions(input: unknown): { location: string; hea
   v.knownKeys(o, SCHEDULER_KEYS, 'options', ConfigError);
   return {
     location: o.location === undefined ? 'UTC' : validateZone(o.location, 'location', ConfigError),
-    heartbeatInterval: o.heartbeatInterval === undefined ? SCHEDULER_HEARTBEAT_DEFAULT_MS : v.duration(o.heartbeatInterval, 'heartbeatInterval', 10, v.MAX_DURATION_MS, ConfigError),
+    heartbeatInterval:
+      o.heartbeatInterval === undefined
+        ? SCHEDULER_HEARTBEAT_DEFAULT_MS
+        : v.duration(o.heartbeatInterval, 'heartbeatInterval', 10, v.MAX_DURATION_MS, ConfigError),
     logger: resolveLogger(o),
   };
 }
@@ -236,7 +242,10 @@ export class Scheduler {
     if (!registered) this.#heartbeat.wake();
     this.#loop.start();
     this.#heartbeat.start();
-    this.#log.info({ schedulerId: this.id, schema: this.#db.schema, database: this.#db.target, entries: this.#entries.size, location: this.#location }, 'scheduler started');
+    this.#log.info(
+      { schedulerId: this.id, schema: this.#db.schema, database: this.#db.target, entries: this.#entries.size, location: this.#location },
+      'scheduler started',
+    );
   }
 
   /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
@@ -262,7 +271,7 @@ export class Scheduler {
     if (wasActive) {
       await Promise.all([this.#loop.stop(), this.#heartbeat.stop()]);
       const ids = [...this.#entries.keys(), ...this.#removed];
-      await deleteEntries(this.#db, this.id, ids).catch((err) => this.#log.warn({ err }, 'could not remove the entries'));
+      await deleteEntries(this.#db, this.id, ids).catch((err: unknown) => this.#log.warn({ err }, 'could not remove the entries'));
     }
     await this.#db.close();
     if (wasActive) this.#log.info({ schedulerId: this.id }, 'scheduler stopped');
@@ -286,7 +295,13 @@ export class Scheduler {
     if (this.#entries.size === 0) return undefined;
     const unloaded = [...this.#entries.values()].filter((e) => e.cursor === null);
     const before = performance.now();
-    const { now, last } = unloaded.length > 0 ? await lastTicks(this.#db, unloaded.map((e) => e.id)) : { now: await databaseNow(this.#db), last: new Map<string, Date>() };
+    const { now, last } =
+      unloaded.length > 0
+        ? await lastTicks(
+            this.#db,
+            unloaded.map((e) => e.id),
+          )
+        : { now: await databaseNow(this.#db), last: new Map<string, Date>() };
     // The moment `now` was read, on the monotonic clock (half the round trip).
     const readAt = (before + performance.now()) / 2;
     for (const e of unloaded) {
@@ -350,7 +365,10 @@ export class Scheduler {
         this.#log.debug({ entryId: e.id, tickAt: tick, taskId: outcome.taskId }, 'tick enqueued');
         break;
       case 'conflict':
-        this.#log.warn({ err: outcome.error, entryId: e.id, tickAt: tick, taskId: outcome.taskId }, 'tick recorded without a new task: it conflicts with an existing task');
+        this.#log.warn(
+          { err: outcome.error, entryId: e.id, tickAt: tick, taskId: outcome.taskId },
+          'tick recorded without a new task: it conflicts with an existing task',
+        );
         break;
       case 'taken':
         break;
@@ -370,7 +388,12 @@ export class Scheduler {
     const removed = [...this.#removed];
     if (entries.length > 0) {
       const now = await databaseNow(this.#db);
-      await upsertEntries(this.#db, this.id, entries.map((e) => ({ ...e.row, nextRunAt: e.nextDue !== null && e.nextDue > now ? e.nextDue : e.schedule.next(now) })), 2 * this.#heartbeatInterval);
+      await upsertEntries(
+        this.#db,
+        this.id,
+        entries.map((e) => ({ ...e.row, nextRunAt: e.nextDue !== null && e.nextDue > now ? e.nextDue : e.schedule.next(now) })),
+        2 * this.#heartbeatInterval,
+      );
     }
     if (removed.length > 0) {
       await deleteEntries(this.#db, this.id, removed);

@@ -110,7 +110,9 @@ export class Server {
     const recoverer = new Recoverer(this.#db, log.child({ component: 'recoverer' }), cfg, stats);
     const janitor = new Janitor(this.#db, log.child({ component: 'janitor' }), cfg);
     // Groups: only with an aggregator, and only the server's own queues.
-    const aggregator = cfg.groupAggregator && new Aggregator(this.#db, log.child({ component: 'aggregator' }), { ...cfg, groupAggregator: cfg.groupAggregator, queues: Object.keys(cfg.queues) });
+    const aggregator =
+      cfg.groupAggregator &&
+      new Aggregator(this.#db, log.child({ component: 'aggregator' }), { ...cfg, groupAggregator: cfg.groupAggregator, queues: Object.keys(cfg.queues) });
     const healthchecker = cfg.healthCheck && new Healthchecker(this.#db, log.child({ component: 'healthcheck' }), cfg.healthCheck, cfg.healthCheckInterval);
     notifier.on(this.#db.channels.tasks, (queue) => processor.notify(queue));
     notifier.on(this.#db.channels.delayed, () => forwarder.wake());
@@ -159,7 +161,7 @@ export class Server {
         void p.stats.flush().then(
           () => flushErrors.succeeded(),
           // A lost database is reported once for all components, by the Db's health log.
-          (err) => (isTransientConnectionError(err) ? this.#log.debug({ err }, 'stats flush failed: database unreachable') : flushErrors.failed(err)),
+          (err: unknown) => (isTransientConnectionError(err) ? this.#log.debug({ err }, 'stats flush failed: database unreachable') : flushErrors.failed(err)),
         ),
       STATS_FLUSH_MS,
     );
@@ -265,11 +267,11 @@ export class Server {
     dbg('notifier');
     await p.notifier.stop();
     dbg('stats');
-    await p.stats.flush().catch((err) => this.#log.warn({ err }, 'final stats flush failed'));
+    await p.stats.flush().catch((err: unknown) => this.#log.warn({ err }, 'final stats flush failed'));
     dbg('heartbeater');
     await p.heartbeater.stop();
     dbg('delete');
-    await deleteServer(this.#db, this.id).catch((err) => this.#log.warn({ err }, 'could not remove the server row'));
+    await deleteServer(this.#db, this.id).catch((err: unknown) => this.#log.warn({ err }, 'could not remove the server row'));
     dbg('close');
     await this.#db.close();
     this.#log.info({ serverId: this.id, claimed: p.processor.counters.claimed, uptimeMs: Math.round(performance.now() - this.#startedAt) }, 'server stopped');

@@ -61,7 +61,6 @@ let pool: ReturnType<typeof countedPool>;
 let client: Client;
 let inspector: Inspector;
 
-
 /** Row counts of every table a refused call could have written to. */
 async function snapshot(): Promise<Record<string, number>> {
   const out: Record<string, number> = {};
@@ -154,10 +153,14 @@ async function taskRow(id: string): Promise<{ state: string; retried: number; er
 async function failOnce(type: string): Promise<NonNullable<Awaited<ReturnType<typeof taskRow>>>> {
   const { client: c } = await runtimeServer();
   const info = await c.enqueue(new Task(type), { maxRetry: 5 });
-  return waitFor(async () => {
-    const r = await taskRow(info.id);
-    return r?.state === 'retry' ? r : undefined;
-  }, 20_000, `${type} in retry`);
+  return waitFor(
+    async () => {
+      const r = await taskRow(info.id);
+      return r?.state === 'retry' ? r : undefined;
+    },
+    20_000,
+    `${type} in retry`,
+  );
 }
 
 /** The worker still processes: a fresh task completes. */
@@ -189,7 +192,7 @@ interface Row {
 }
 
 const enqueue = (task: () => Task, opts?: EnqueueOptions) => () => thrown(async () => client.enqueue(task(), opts));
-const option = (opts: Record<string, unknown>) => enqueue(() => new Task('bad:option'), opts as EnqueueOptions);
+const option = (opts: Record<string, unknown>) => enqueue(() => new Task('bad:option'), opts);
 const withPayload = (payload: () => unknown) => enqueue(() => new Task('bad:payload', payload()));
 const register = (spec: string) => () => thrown(() => new Scheduler({ pool, schema: db.schema }).register(spec, new Task('cron:t')));
 const serverConfig = (config: Record<string, unknown>) => () => thrown(() => new Server({ pool, schema: db.schema, ...config }));
@@ -201,14 +204,71 @@ const deep = (levels: number): unknown => {
 };
 
 const ROWS: Row[] = [
-  { n: 1, surface: 'enqueue', input: 'queue ""', error: 'InvalidQueueNameError', message: /^queue must be 1–100 characters \(got 0\)$/, attempt: option({ queue: '' }) },
-  { n: 2, surface: 'enqueue', input: 'queue of 101 × a', error: 'InvalidQueueNameError', message: /^queue must be 1–100 characters \(got 101\)$/, attempt: option({ queue: 'a'.repeat(101) }) },
-  { n: 3, surface: 'enqueue', input: 'queue " default"', error: 'InvalidQueueNameError', message: /^queue may contain only A–Z a–z 0–9 _ \. : - \(found " " at index 0\)$/, attempt: option({ queue: ' default' }) },
-  { n: 4, surface: 'enqueue', input: `queue "default'; DROP TABLE tasks;--"`, error: 'InvalidQueueNameError', message: /^queue may contain only .* \(found "'" at index 7\)$/, attempt: option({ queue: "default'; DROP TABLE tasks;--" }) },
-  { n: 5, surface: 'enqueue', input: 'queue "a\\u0000b"', error: 'InvalidQueueNameError', message: /^queue may contain only .* \(NUL character at index 1\)$/, attempt: option({ queue: 'a\u0000b' }), note: 'refused on the client, never PostgreSQL 22021' },
-  { n: 6, surface: 'enqueue', input: 'task type ""', error: 'InvalidTaskTypeError', message: /^type must be 1–100 characters, not blank \(got 0\)$/, attempt: enqueue(() => new Task('')) },
-  { n: 7, surface: 'enqueue', input: 'task type "email:\\uD800"', error: 'InvalidTaskTypeError', message: /^type is not valid Unicode \(lone surrogate at index 6\)$/, attempt: enqueue(() => new Task('email:\uD800')) },
-  { n: 8, surface: 'enqueue', input: 'payload { amount: 10n }', error: 'PayloadSerializationError', message: /^payload is not JSON-serialisable: BigInt \(encode it as a string\) at \$\.amount$/, attempt: withPayload(() => ({ amount: 10n })) },
+  {
+    n: 1,
+    surface: 'enqueue',
+    input: 'queue ""',
+    error: 'InvalidQueueNameError',
+    message: /^queue must be 1–100 characters \(got 0\)$/,
+    attempt: option({ queue: '' }),
+  },
+  {
+    n: 2,
+    surface: 'enqueue',
+    input: 'queue of 101 × a',
+    error: 'InvalidQueueNameError',
+    message: /^queue must be 1–100 characters \(got 101\)$/,
+    attempt: option({ queue: 'a'.repeat(101) }),
+  },
+  {
+    n: 3,
+    surface: 'enqueue',
+    input: 'queue " default"',
+    error: 'InvalidQueueNameError',
+    message: /^queue may contain only A–Z a–z 0–9 _ \. : - \(found " " at index 0\)$/,
+    attempt: option({ queue: ' default' }),
+  },
+  {
+    n: 4,
+    surface: 'enqueue',
+    input: `queue "default'; DROP TABLE tasks;--"`,
+    error: 'InvalidQueueNameError',
+    message: /^queue may contain only .* \(found "'" at index 7\)$/,
+    attempt: option({ queue: "default'; DROP TABLE tasks;--" }),
+  },
+  {
+    n: 5,
+    surface: 'enqueue',
+    input: 'queue "a\\u0000b"',
+    error: 'InvalidQueueNameError',
+    message: /^queue may contain only .* \(NUL character at index 1\)$/,
+    attempt: option({ queue: 'a\u0000b' }),
+    note: 'refused on the client, never PostgreSQL 22021',
+  },
+  {
+    n: 6,
+    surface: 'enqueue',
+    input: 'task type ""',
+    error: 'InvalidTaskTypeError',
+    message: /^type must be 1–100 characters, not blank \(got 0\)$/,
+    attempt: enqueue(() => new Task('')),
+  },
+  {
+    n: 7,
+    surface: 'enqueue',
+    input: 'task type "email:\\uD800"',
+    error: 'InvalidTaskTypeError',
+    message: /^type is not valid Unicode \(lone surrogate at index 6\)$/,
+    attempt: enqueue(() => new Task('email:\uD800')),
+  },
+  {
+    n: 8,
+    surface: 'enqueue',
+    input: 'payload { amount: 10n }',
+    error: 'PayloadSerializationError',
+    message: /^payload is not JSON-serialisable: BigInt \(encode it as a string\) at \$\.amount$/,
+    attempt: withPayload(() => ({ amount: 10n })),
+  },
   {
     n: 9,
     surface: 'enqueue',
@@ -221,8 +281,22 @@ const ROWS: Row[] = [
       return a;
     }),
   },
-  { n: 10, surface: 'enqueue', input: 'payload of 1,048,577 bytes (cap 1 MiB)', error: 'PayloadTooLargeError', message: /^payload is 1048577 bytes as JSON; the limit is 1048576 \(option maxPayloadBytes\)$/, attempt: withPayload(() => 'x'.repeat(MIB - 1)) },
-  { n: 10, surface: 'enqueue', input: 'bytes payload of 1,048,577 bytes', error: 'PayloadTooLargeError', message: /^payload is 1048577 bytes; the limit is 1048576 \(option maxPayloadBytes\)$/, attempt: withPayload(() => new Uint8Array(MIB + 1)) },
+  {
+    n: 10,
+    surface: 'enqueue',
+    input: 'payload of 1,048,577 bytes (cap 1 MiB)',
+    error: 'PayloadTooLargeError',
+    message: /^payload is 1048577 bytes as JSON; the limit is 1048576 \(option maxPayloadBytes\)$/,
+    attempt: withPayload(() => 'x'.repeat(MIB - 1)),
+  },
+  {
+    n: 10,
+    surface: 'enqueue',
+    input: 'bytes payload of 1,048,577 bytes',
+    error: 'PayloadTooLargeError',
+    message: /^payload is 1048577 bytes; the limit is 1048576 \(option maxPayloadBytes\)$/,
+    attempt: withPayload(() => new Uint8Array(MIB + 1)),
+  },
   {
     n: 10,
     surface: 'enqueue',
@@ -237,26 +311,74 @@ const ROWS: Row[] = [
     input: 'enqueueMany, second payload over maxPayloadBytes: 100',
     error: 'PayloadTooLargeError',
     message: /^tasks\[1\]\.payload is 101 bytes as JSON; the limit is 100 \(option maxPayloadBytes\)$/,
-    attempt: () => thrown(() => new Client({ pool, schema: db.schema, maxPayloadBytes: 100 }).enqueueMany([new Task('t', 'ok'), new Task('t', 'x'.repeat(99))])),
+    attempt: () =>
+      thrown(() => new Client({ pool, schema: db.schema, maxPayloadBytes: 100 }).enqueueMany([new Task('t', 'ok'), new Task('t', 'x'.repeat(99))])),
   },
-  { n: 10, surface: 'config', input: 'Client maxPayloadBytes: 0', error: 'ConfigError', message: /^maxPayloadBytes must be an integer in \[1, 268435455\] \(got 0\)$/, attempt: () => thrown(() => new Client({ pool, schema: db.schema, maxPayloadBytes: 0 })) },
-  { n: 11, surface: 'enqueue', input: 'payload { f: () => 1 }', error: 'PayloadSerializationError', message: /^payload is not JSON-serialisable: function at \$\.f$/, attempt: withPayload(() => ({ f: () => 1 })) },
-  { n: 12, surface: 'enqueue', input: 'payload { ratio: NaN }', error: 'PayloadSerializationError', message: /^payload is not JSON-serialisable: non-finite number NaN at \$\.ratio$/, attempt: withPayload(() => ({ ratio: Number.NaN })) },
-  { n: 13, surface: 'enqueue', input: 'payload nested 1,000 levels deep', error: 'PayloadSerializationError', message: /^payload nesting depth exceeds the limit of 64 levels at \$(\.a){59}\.…$/, attempt: withPayload(() => deep(1000)) },
-  { n: 14, surface: 'enqueue', input: 'maxRetry: -1', error: 'InvalidOptionError', message: /^maxRetry must be an integer in \[0, 1000\] \(got -1\)$/, attempt: option({ maxRetry: -1 }) },
-  { n: 15, surface: 'enqueue', input: 'maxRetry: 2.5', error: 'InvalidOptionError', message: /^maxRetry must be an integer in \[0, 1000\] \(got 2\.5\)$/, attempt: option({ maxRetry: 2.5 }) },
-  ...[-1000, Number.NaN, Number.POSITIVE_INFINITY].map(
-    (timeout): Row => ({
-      n: 16,
-      surface: 'enqueue',
-      input: `timeout: ${timeout}`,
-      error: 'InvalidOptionError',
-      message: new RegExp(`^timeout must be a finite duration in ms in \\[0, 2147483647\\] \\(got ${timeout}\\)$`),
-      attempt: option({ timeout }),
-      note: 'timeout: 0 means "not set" (API.md) and is accepted; the upper bound is 2^31-1 ms, not 24 h',
-    }),
-  ),
-  { n: 17, surface: 'enqueue', input: "processAt: new Date('nope')", error: 'InvalidOptionError', message: /^processAt is an Invalid Date$/, attempt: option({ processAt: new Date('nope') }) },
+  {
+    n: 10,
+    surface: 'config',
+    input: 'Client maxPayloadBytes: 0',
+    error: 'ConfigError',
+    message: /^maxPayloadBytes must be an integer in \[1, 268435455\] \(got 0\)$/,
+    attempt: () => thrown(() => new Client({ pool, schema: db.schema, maxPayloadBytes: 0 })),
+  },
+  {
+    n: 11,
+    surface: 'enqueue',
+    input: 'payload { f: () => 1 }',
+    error: 'PayloadSerializationError',
+    message: /^payload is not JSON-serialisable: function at \$\.f$/,
+    attempt: withPayload(() => ({ f: () => 1 })),
+  },
+  {
+    n: 12,
+    surface: 'enqueue',
+    input: 'payload { ratio: NaN }',
+    error: 'PayloadSerializationError',
+    message: /^payload is not JSON-serialisable: non-finite number NaN at \$\.ratio$/,
+    attempt: withPayload(() => ({ ratio: Number.NaN })),
+  },
+  {
+    n: 13,
+    surface: 'enqueue',
+    input: 'payload nested 1,000 levels deep',
+    error: 'PayloadSerializationError',
+    message: /^payload nesting depth exceeds the limit of 64 levels at \$(\.a){59}\.…$/,
+    attempt: withPayload(() => deep(1000)),
+  },
+  {
+    n: 14,
+    surface: 'enqueue',
+    input: 'maxRetry: -1',
+    error: 'InvalidOptionError',
+    message: /^maxRetry must be an integer in \[0, 1000\] \(got -1\)$/,
+    attempt: option({ maxRetry: -1 }),
+  },
+  {
+    n: 15,
+    surface: 'enqueue',
+    input: 'maxRetry: 2.5',
+    error: 'InvalidOptionError',
+    message: /^maxRetry must be an integer in \[0, 1000\] \(got 2\.5\)$/,
+    attempt: option({ maxRetry: 2.5 }),
+  },
+  ...[-1000, Number.NaN, Number.POSITIVE_INFINITY].map((timeout): Row => ({
+    n: 16,
+    surface: 'enqueue',
+    input: `timeout: ${timeout}`,
+    error: 'InvalidOptionError',
+    message: new RegExp(`^timeout must be a finite duration in ms in \\[0, 2147483647\\] \\(got ${timeout}\\)$`),
+    attempt: option({ timeout }),
+    note: 'timeout: 0 means "not set" (API.md) and is accepted; the upper bound is 2^31-1 ms, not 24 h',
+  })),
+  {
+    n: 17,
+    surface: 'enqueue',
+    input: "processAt: new Date('nope')",
+    error: 'InvalidOptionError',
+    message: /^processAt is an Invalid Date$/,
+    attempt: option({ processAt: new Date('nope') }),
+  },
   ...(
     [
       [18, 'public; DROP SCHEMA public CASCADE', /^schema must match \^\[a-z_\]\[a-z0-9_\]\{0,62\}\$ \(found ";" at index 6\)$/],
@@ -270,12 +392,47 @@ const ROWS: Row[] = [
       [21, 'a'.repeat(64), /^schema must be 1–63 characters \(got 64\)$/],
     ] as const
   ).flatMap(([n, schema, message]): Row[] => [
-    { n, surface: 'client', input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}…` : schema)}`, error: 'InvalidSchemaNameError', message, attempt: () => thrown(() => new Client({ pool, schema })) },
-    { n, surface: 'migrate', input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}…` : schema)}`, error: 'InvalidSchemaNameError', message, attempt: () => thrown(() => migrate({ pool, schema })) },
+    {
+      n,
+      surface: 'client',
+      input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}…` : schema)}`,
+      error: 'InvalidSchemaNameError',
+      message,
+      attempt: () => thrown(() => new Client({ pool, schema })),
+    },
+    {
+      n,
+      surface: 'migrate',
+      input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}…` : schema)}`,
+      error: 'InvalidSchemaNameError',
+      message,
+      attempt: () => thrown(() => migrate({ pool, schema })),
+    },
   ]),
-  { n: 22, surface: 'enqueue', input: 'task id "../etc/passwd"', error: 'InvalidTaskIdError', message: /^taskId must start with a letter, a digit or _ \(found "\." at index 0\)$/, attempt: option({ taskId: '../etc/passwd' }) },
-  { n: 22, surface: 'enqueue', input: 'task id "a b"', error: 'InvalidTaskIdError', message: /^taskId may contain only A–Z a–z 0–9 _ \. : - \(found " " at index 1\)$/, attempt: option({ taskId: 'a b' }) },
-  { n: 22, surface: 'enqueue', input: 'task id of 200 characters', error: 'InvalidTaskIdError', message: /^taskId must be 1–128 characters \(got 200\)$/, attempt: option({ taskId: 'i'.repeat(200) }) },
+  {
+    n: 22,
+    surface: 'enqueue',
+    input: 'task id "../etc/passwd"',
+    error: 'InvalidTaskIdError',
+    message: /^taskId must start with a letter, a digit or _ \(found "\." at index 0\)$/,
+    attempt: option({ taskId: '../etc/passwd' }),
+  },
+  {
+    n: 22,
+    surface: 'enqueue',
+    input: 'task id "a b"',
+    error: 'InvalidTaskIdError',
+    message: /^taskId may contain only A–Z a–z 0–9 _ \. : - \(found " " at index 1\)$/,
+    attempt: option({ taskId: 'a b' }),
+  },
+  {
+    n: 22,
+    surface: 'enqueue',
+    input: 'task id of 200 characters',
+    error: 'InvalidTaskIdError',
+    message: /^taskId must be 1–128 characters \(got 200\)$/,
+    attempt: option({ taskId: 'i'.repeat(200) }),
+  },
   {
     n: 23,
     surface: 'enqueue',
@@ -290,20 +447,121 @@ const ROWS: Row[] = [
     sqlFree: false,
     note: "asynq's wording (ErrTaskIDConflict); needs the database, so SQL is sent",
   },
-  { n: 24, surface: 'enqueue', input: 'unique: 0', error: 'InvalidOptionError', message: /^unique TTL must be a finite number of ms ≥ 1000 \(got 0\)$/, attempt: option({ unique: 0 }) },
-  { n: 24, surface: 'enqueue', input: 'unique: -1000', error: 'InvalidOptionError', message: /^unique TTL must be a finite number of ms ≥ 1000 \(got -1000\)$/, attempt: option({ unique: -1000 }) },
-  { n: 25, surface: 'enqueue', input: 'processIn: -5000', error: 'InvalidOptionError', message: /^processIn must be a finite duration in ms in \[0, 2147483647\] \(got -5000\)$/, attempt: option({ processIn: -5000 }) },
-  { n: 26, surface: 'cron', input: '"* * * * * * *"', error: 'InvalidCronSpecError', message: /^cronspec does not parse: .*exactly 5 or 6 parts, but pattern '\* \* \* \* \* \* \*' has 7 parts/, attempt: register('* * * * * * *') },
-  { n: 27, surface: 'cron', input: '"61 * * * *"', error: 'InvalidCronSpecError', message: /^cronspec does not parse: Invalid value for minute: 61 \(got "61 \* \* \* \*"\)$/, attempt: register('61 * * * *') },
-  { n: 28, surface: 'cron', input: '"*/0 * * * *"', error: 'InvalidCronSpecError', message: /^cronspec does not parse: .*illegal stepping: 0 \(got "\*\/0 \* \* \* \*"\)$/, attempt: register('*/0 * * * *') },
-  { n: 29, surface: 'cron', input: '"0 0 31 2 *"', error: 'InvalidCronSpecError', message: /^cronspec never fires \(got "0 0 31 2 \*"\)$/, attempt: register('0 0 31 2 *'), note: 'one class for every bad spec: InvalidCronSpecError, not ScheduleNeverFiresError' },
-  { n: 30, surface: 'cron', input: 'location "Mars/Olympus_Mons"', error: 'ConfigError', message: /^location is not a known IANA time zone \(got "Mars\/Olympus_Mons"\)$/, attempt: () => thrown(() => new Scheduler({ pool, schema: db.schema, location: 'Mars/Olympus_Mons' })) },
-  { n: 30, surface: 'cron', input: '"CRON_TZ=Mars/Olympus_Mons * * * * *"', error: 'InvalidCronSpecError', message: /^cronspec is not a known IANA time zone \(got "Mars\/Olympus_Mons"\)$/, attempt: register('CRON_TZ=Mars/Olympus_Mons * * * * *') },
-  { n: 31, surface: 'cron', input: 'a 10,000-character expression', error: 'InvalidCronSpecError', message: /^cronspec must be at most 256 characters \(got 10000\)$/, attempt: register(`${'1,'.repeat(4999)}10`), note: 'timed in security.test.ts (SEC7)' },
-  { n: 32, surface: 'config', input: 'heartbeatInterval: 30 s, leaseDuration: 30 s', error: 'ConfigError', message: /^heartbeatInterval \(30000 ms\) must be below leaseDuration \/ 2 \(15000 ms\)$/, attempt: serverConfig({ heartbeatInterval: 30_000, leaseDuration: 30_000 }), note: 'API.md: below leaseDuration / 2' },
-  { n: 33, surface: 'config', input: 'recoverCutoff: -1000', error: 'ConfigError', message: /^recoverCutoff must be a finite duration in ms in \[0, 2147483647\] \(got -1000\)$/, attempt: serverConfig({ recoverCutoff: -1000 }) },
-  { n: 33, surface: 'config', input: 'recoverInterval: 0', error: 'ConfigError', message: /^recoverInterval must be a finite duration in ms in \[10, 2147483647\] \(got 0\)$/, attempt: serverConfig({ recoverInterval: 0 }) },
-  ...[0, -1, 1e6].map((concurrency): Row => ({ n: 34, surface: 'config', input: `concurrency: ${concurrency}`, error: 'ConfigError', message: new RegExp(`^concurrency must be an integer in \\[1, 10000\\] \\(got ${concurrency}\\)$`), attempt: serverConfig({ concurrency }) })),
+  {
+    n: 24,
+    surface: 'enqueue',
+    input: 'unique: 0',
+    error: 'InvalidOptionError',
+    message: /^unique TTL must be a finite number of ms ≥ 1000 \(got 0\)$/,
+    attempt: option({ unique: 0 }),
+  },
+  {
+    n: 24,
+    surface: 'enqueue',
+    input: 'unique: -1000',
+    error: 'InvalidOptionError',
+    message: /^unique TTL must be a finite number of ms ≥ 1000 \(got -1000\)$/,
+    attempt: option({ unique: -1000 }),
+  },
+  {
+    n: 25,
+    surface: 'enqueue',
+    input: 'processIn: -5000',
+    error: 'InvalidOptionError',
+    message: /^processIn must be a finite duration in ms in \[0, 2147483647\] \(got -5000\)$/,
+    attempt: option({ processIn: -5000 }),
+  },
+  {
+    n: 26,
+    surface: 'cron',
+    input: '"* * * * * * *"',
+    error: 'InvalidCronSpecError',
+    message: /^cronspec does not parse: .*exactly 5 or 6 parts, but pattern '\* \* \* \* \* \* \*' has 7 parts/,
+    attempt: register('* * * * * * *'),
+  },
+  {
+    n: 27,
+    surface: 'cron',
+    input: '"61 * * * *"',
+    error: 'InvalidCronSpecError',
+    message: /^cronspec does not parse: Invalid value for minute: 61 \(got "61 \* \* \* \*"\)$/,
+    attempt: register('61 * * * *'),
+  },
+  {
+    n: 28,
+    surface: 'cron',
+    input: '"*/0 * * * *"',
+    error: 'InvalidCronSpecError',
+    message: /^cronspec does not parse: .*illegal stepping: 0 \(got "\*\/0 \* \* \* \*"\)$/,
+    attempt: register('*/0 * * * *'),
+  },
+  {
+    n: 29,
+    surface: 'cron',
+    input: '"0 0 31 2 *"',
+    error: 'InvalidCronSpecError',
+    message: /^cronspec never fires \(got "0 0 31 2 \*"\)$/,
+    attempt: register('0 0 31 2 *'),
+    note: 'one class for every bad spec: InvalidCronSpecError, not ScheduleNeverFiresError',
+  },
+  {
+    n: 30,
+    surface: 'cron',
+    input: 'location "Mars/Olympus_Mons"',
+    error: 'ConfigError',
+    message: /^location is not a known IANA time zone \(got "Mars\/Olympus_Mons"\)$/,
+    attempt: () => thrown(() => new Scheduler({ pool, schema: db.schema, location: 'Mars/Olympus_Mons' })),
+  },
+  {
+    n: 30,
+    surface: 'cron',
+    input: '"CRON_TZ=Mars/Olympus_Mons * * * * *"',
+    error: 'InvalidCronSpecError',
+    message: /^cronspec is not a known IANA time zone \(got "Mars\/Olympus_Mons"\)$/,
+    attempt: register('CRON_TZ=Mars/Olympus_Mons * * * * *'),
+  },
+  {
+    n: 31,
+    surface: 'cron',
+    input: 'a 10,000-character expression',
+    error: 'InvalidCronSpecError',
+    message: /^cronspec must be at most 256 characters \(got 10000\)$/,
+    attempt: register(`${'1,'.repeat(4999)}10`),
+    note: 'timed in security.test.ts (SEC7)',
+  },
+  {
+    n: 32,
+    surface: 'config',
+    input: 'heartbeatInterval: 30 s, leaseDuration: 30 s',
+    error: 'ConfigError',
+    message: /^heartbeatInterval \(30000 ms\) must be below leaseDuration \/ 2 \(15000 ms\)$/,
+    attempt: serverConfig({ heartbeatInterval: 30_000, leaseDuration: 30_000 }),
+    note: 'API.md: below leaseDuration / 2',
+  },
+  {
+    n: 33,
+    surface: 'config',
+    input: 'recoverCutoff: -1000',
+    error: 'ConfigError',
+    message: /^recoverCutoff must be a finite duration in ms in \[0, 2147483647\] \(got -1000\)$/,
+    attempt: serverConfig({ recoverCutoff: -1000 }),
+  },
+  {
+    n: 33,
+    surface: 'config',
+    input: 'recoverInterval: 0',
+    error: 'ConfigError',
+    message: /^recoverInterval must be a finite duration in ms in \[10, 2147483647\] \(got 0\)$/,
+    attempt: serverConfig({ recoverInterval: 0 }),
+  },
+  ...[0, -1, 1e6].map((concurrency): Row => ({
+    n: 34,
+    surface: 'config',
+    input: `concurrency: ${concurrency}`,
+    error: 'ConfigError',
+    message: new RegExp(`^concurrency must be an integer in \\[1, 10000\\] \\(got ${concurrency}\\)$`),
+    attempt: serverConfig({ concurrency }),
+  })),
   {
     n: 35,
     surface: 'config',
@@ -312,21 +570,67 @@ const ROWS: Row[] = [
     message: /^connectionString has an invalid port "notaport" \(postgres:\/\/app:\*\*\*@db:notaport\/q\)$/,
     attempt: () => thrown(() => new Client({ connectionString: 'postgres://app:hunter2@db:notaport/q' })),
   },
-  { n: 35, surface: 'config', input: 'DSN with port 99999', error: 'ConfigError', message: /^connectionString has an invalid port "99999" \(postgres:\/\/app:\*\*\*@127\.0\.0\.1:99999\/q\)$/, attempt: () => thrown(() => new Inspector({ connectionString: 'postgres://app:hunter2@127.0.0.1:99999/q' })) },
-  { n: 36, surface: 'CLI', input: 'pgasynq task inspect default (no id)', error: 'exit 2', message: /^error: missing required argument 'id'\n/, attempt: () => cli('task', 'inspect', 'default'), sqlFree: false },
-  { n: 37, surface: 'CLI', input: 'pgasynq frobnicate', error: 'exit 2', message: /^error: unknown command 'frobnicate'\n/, attempt: () => cli('frobnicate'), sqlFree: false },
+  {
+    n: 35,
+    surface: 'config',
+    input: 'DSN with port 99999',
+    error: 'ConfigError',
+    message: /^connectionString has an invalid port "99999" \(postgres:\/\/app:\*\*\*@127\.0\.0\.1:99999\/q\)$/,
+    attempt: () => thrown(() => new Inspector({ connectionString: 'postgres://app:hunter2@127.0.0.1:99999/q' })),
+  },
+  {
+    n: 36,
+    surface: 'CLI',
+    input: 'pgasynq task inspect default (no id)',
+    error: 'exit 2',
+    message: /^error: missing required argument 'id'\n/,
+    attempt: () => cli('task', 'inspect', 'default'),
+    sqlFree: false,
+  },
+  {
+    n: 37,
+    surface: 'CLI',
+    input: 'pgasynq frobnicate',
+    error: 'exit 2',
+    message: /^error: unknown command 'frobnicate'\n/,
+    attempt: () => cli('frobnicate'),
+    sqlFree: false,
+  },
   {
     n: 38,
     surface: 'CLI',
     input: 'pgasynq task ls --queue default --state bogus',
     error: 'exit 2',
-    message: /^error: option '-s, --state <state>' argument 'bogus' is invalid\. Allowed choices are active, pending, aggregating, scheduled, retry, archived, completed\.\n/,
+    message:
+      /^error: option '-s, --state <state>' argument 'bogus' is invalid\. Allowed choices are active, pending, aggregating, scheduled, retry, archived, completed\.\n/,
     attempt: () => cli('task', 'ls', '--queue', 'default', '--state', 'bogus'),
     sqlFree: false,
   },
-  { n: 38, surface: 'CLI', input: 'pgasynq task deleteall default bogus', error: 'exit 2', message: /^error: invalid state 'bogus': the states are active, pending, aggregating, scheduled, retry, archived, completed\n/, attempt: () => cli('task', 'deleteall', 'default', 'bogus'), sqlFree: false },
-  { n: 40, surface: 'inspector', input: 'listPendingTasks({ pageSize: 0 })', error: 'InvalidOptionError', message: /^pageSize must be an integer in \[1, 1000\] \(got 0\)$/, attempt: () => thrown(() => inspector.listPendingTasks('default', { pageSize: 0 })) },
-  { n: 40, surface: 'inspector', input: 'listPendingTasks({ pageSize: 100001 })', error: 'InvalidOptionError', message: /^pageSize must be an integer in \[1, 1000\] \(got 100001\)$/, attempt: () => thrown(() => inspector.listPendingTasks('default', { pageSize: 100_001 })) },
+  {
+    n: 38,
+    surface: 'CLI',
+    input: 'pgasynq task deleteall default bogus',
+    error: 'exit 2',
+    message: /^error: invalid state 'bogus': the states are active, pending, aggregating, scheduled, retry, archived, completed\n/,
+    attempt: () => cli('task', 'deleteall', 'default', 'bogus'),
+    sqlFree: false,
+  },
+  {
+    n: 40,
+    surface: 'inspector',
+    input: 'listPendingTasks({ pageSize: 0 })',
+    error: 'InvalidOptionError',
+    message: /^pageSize must be an integer in \[1, 1000\] \(got 0\)$/,
+    attempt: () => thrown(() => inspector.listPendingTasks('default', { pageSize: 0 })),
+  },
+  {
+    n: 40,
+    surface: 'inspector',
+    input: 'listPendingTasks({ pageSize: 100001 })',
+    error: 'InvalidOptionError',
+    message: /^pageSize must be an integer in \[1, 1000\] \(got 100001\)$/,
+    attempt: () => thrown(() => inspector.listPendingTasks('default', { pageSize: 100_001 })),
+  },
   {
     n: 40,
     surface: 'inspector',
@@ -336,7 +640,14 @@ const ROWS: Row[] = [
     attempt: () => thrown(() => inspector.listPendingTasks('default', { cursor: '1; DROP TABLE tasks' } as never)),
     note: 'pages are numbers, never cursors: there is nothing to tamper with',
   },
-  { n: 40, surface: 'inspector', input: 'listPendingTasks({ page: "2" })', error: 'InvalidOptionError', message: /^page must be an integer in \[1, 1000000000\] \(got "2"\)$/, attempt: () => thrown(() => inspector.listPendingTasks('default', { page: '2' } as never)) },
+  {
+    n: 40,
+    surface: 'inspector',
+    input: 'listPendingTasks({ page: "2" })',
+    error: 'InvalidOptionError',
+    message: /^page must be an integer in \[1, 1000000000\] \(got "2"\)$/,
+    attempt: () => thrown(() => inspector.listPendingTasks('default', { page: '2' } as never)),
+  },
   {
     n: 41,
     surface: 'runtime',
@@ -367,34 +678,36 @@ const ROWS: Row[] = [
     sqlFree: false,
     unchanged: false,
   },
-  ...Object.entries(BAD_DELAYS).map(
-    ([type, value]): Row => ({
-      n: 42,
-      surface: 'runtime',
-      input: `retryDelay returns ${value}: the default backoff, never a tight loop`,
-      error: 'retry delay',
-      message: /^default backoff: (1[5-9]|[234]\d) s$/,
-      attempt: async () => {
-        const r = await failOnce(type);
-        assert.equal(r.retried, 1);
-        // asynq's default for the first retry is 15–44 s: far from a tight loop.
-        return { name: 'retry delay', message: `default backoff: ${Math.floor(r.delay_s ?? -1)} s` };
-      },
-      sqlFree: false,
-      unchanged: false,
-    }),
-  ),
+  ...Object.entries(BAD_DELAYS).map(([type, value]): Row => ({
+    n: 42,
+    surface: 'runtime',
+    input: `retryDelay returns ${value}: the default backoff, never a tight loop`,
+    error: 'retry delay',
+    message: /^default backoff: (1[5-9]|[234]\d) s$/,
+    attempt: async () => {
+      const r = await failOnce(type);
+      assert.equal(r.retried, 1);
+      // asynq's default for the first retry is 15–44 s: far from a tight loop.
+      return { name: 'retry delay', message: `default backoff: ${Math.floor(r.delay_s ?? -1)} s` };
+    },
+    sqlFree: false,
+    unchanged: false,
+  })),
   {
     n: 42,
     surface: 'runtime',
     input: 'retryDelay returns NaN, -1, Infinity for 2 tasks of each type: one warning per type',
     error: 'warnings',
-    message: /^delay:infinity: 1 \(retryDelay returned Infinity; using the default backoff.*\), delay:nan: 1 \(retryDelay returned NaN; using the default backoff.*\), delay:negative: 1 \(retryDelay returned -1; using the default backoff.*\)$/,
+    message:
+      /^delay:infinity: 1 \(retryDelay returned Infinity; using the default backoff.*\), delay:nan: 1 \(retryDelay returned NaN; using the default backoff.*\), delay:negative: 1 \(retryDelay returned -1; using the default backoff.*\)$/,
     attempt: async () => {
       for (const type of Object.keys(BAD_DELAYS)) await failOnce(type); // the second task of each type
       const byType = new Map<string, string[]>();
       for (const [msg, b] of warnings) if (/retryDelay/.test(msg)) byType.set(String(b.type), [...(byType.get(String(b.type)) ?? []), msg]);
-      const text = [...byType.keys()].sort().map((t) => `${t}: ${byType.get(t)?.length} (${byType.get(t)?.[0]})`).join(', ');
+      const text = [...byType.keys()]
+        .sort()
+        .map((t) => `${t}: ${byType.get(t)?.length} (${byType.get(t)?.[0]})`)
+        .join(', ');
       return { name: 'warnings', message: text };
     },
     sqlFree: false,
@@ -448,7 +761,10 @@ after(async () => {
 describe('§6 bad input: the typed error, a message naming field and rule, no SQL, nothing written', () => {
   test('the table has every row of the plan, 1 to 43, but 39 (see the header)', () => {
     const expected = Array.from({ length: 43 }, (_, i) => i + 1).filter((n) => n !== 39);
-    assert.deepEqual([...new Set(ROWS.map((r) => r.n))].sort((a, b) => a - b), expected);
+    assert.deepEqual(
+      [...new Set(ROWS.map((r) => r.n))].sort((a, b) => a - b),
+      expected,
+    );
   });
 
   for (const row of ROWS) {
@@ -467,7 +783,8 @@ describe('§6 bad input: the typed error, a message naming field and rule, no SQ
         const cls = (lib as Record<string, unknown>)[row.error];
         assert.equal(typeof cls, 'function', `${row.error} is exported by the package`);
         assert.ok(seen.error instanceof (cls as new () => Error), `an instance of the exported ${row.error}`);
-        if (seen.error instanceof ValidationError) assert.ok(seen.message.startsWith(seen.error.field), `the message starts with the field "${seen.error.field}"`);
+        if (seen.error instanceof ValidationError)
+          assert.ok(seen.message.startsWith(seen.error.field), `the message starts with the field "${seen.error.field}"`);
       }
       if (row.sqlFree ?? row.surface !== 'CLI') assert.equal(sentByAttempt, 0, 'refused before any SQL was sent');
       if (row.unchanged ?? true) assert.deepEqual(await snapshot(), before, 'nothing written');
@@ -512,7 +829,11 @@ describe('§6 accepted safely', () => {
     const info = await client.enqueue(new Task('upd', { a: 1 }), { processIn: 3_600_000 });
     const small = new Inspector({ pool, schema: db.schema, maxPayloadBytes: 10 });
     const sentBefore = pool.sent;
-    await assert.rejects(small.updateTaskPayload(info.queue, info.id, 'x'.repeat(20)), (err: unknown) => err instanceof lib.PayloadTooLargeError && /^payload is 22 bytes as JSON; the limit is 10 \(option maxPayloadBytes\)$/.test(err.message));
+    await assert.rejects(
+      small.updateTaskPayload(info.queue, info.id, 'x'.repeat(20)),
+      (err: unknown) =>
+        err instanceof lib.PayloadTooLargeError && /^payload is 22 bytes as JSON; the limit is 10 \(option maxPayloadBytes\)$/.test(err.message),
+    );
     assert.equal(pool.sent, sentBefore);
     await small.updateTaskPayload(info.queue, info.id, 'x'.repeat(8));
     assert.equal((await inspector.getTaskInfo(info.queue, info.id)).payload, 'x'.repeat(8));

@@ -97,7 +97,9 @@ const stateOf = async (queue: string, id: string) =>
   (await db.query<{ state: string }>('SELECT state FROM {{schema}}.tasks WHERE queue = $1 AND id = $2', [queue, id]))[0]?.state ?? 'gone';
 const countsOf = async (queue: string) =>
   Object.fromEntries(
-    (await db.query<{ state: string; n: number }>('SELECT state, count(*)::int AS n FROM {{schema}}.tasks WHERE queue = $1 GROUP BY state', [queue])).map((r) => [r.state, r.n]),
+    (await db.query<{ state: string; n: number }>('SELECT state, count(*)::int AS n FROM {{schema}}.tasks WHERE queue = $1 GROUP BY state', [queue])).map(
+      (r) => [r.state, r.n],
+    ),
   );
 
 before(async () => {
@@ -176,7 +178,8 @@ describe('reading and refusing', { concurrency: true }, () => {
       const [info, text] = await Promise.all([json<{ latency: number; timestamp: string }>('queue', 'inspect', 'reads'), pgasynq('queue', 'inspect', 'reads')]);
       assert.deepEqual(stable(info), stable(plain(await inspector.getQueueInfo('reads')) as { latency: number; timestamp: string }));
       const out = ok(text);
-      for (const line of [/^queue:\s+reads$/m, /^paused:\s+no$/m, /^size:\s+10$/m, /^groups:\s+2$/m, /^latency:\s+(\d+m)?\d+(\.\d)?s$/m]) assert.match(out, line);
+      for (const line of [/^queue:\s+reads$/m, /^paused:\s+no$/m, /^size:\s+10$/m, /^groups:\s+2$/m, /^latency:\s+(\d+m)?\d+(\.\d)?s$/m])
+        assert.match(out, line);
       assert.match(out, /^processed:\s+7 today \(UTC\), 0 in all$/m);
       assert.match(out, /^failed:\s+2 today \(UTC\), 0 in all$/m);
       assert.match(out, /^error rate:\s+28\.57% today$/m);
@@ -208,7 +211,11 @@ describe('reading and refusing', { concurrency: true }, () => {
       const runs = await Promise.all(cases.map(([args]) => json<TaskInfo[]>('task', 'ls', '--queue', 'reads', ...args)));
       for (const [i, [args, truth, ids]] of cases.entries()) {
         assert.deepEqual(unclock(runs[i]), unclock(plain(await truth())), args.join(' '));
-        assert.deepEqual(runs[i]!.map((t) => t.id), ids, args.join(' '));
+        assert.deepEqual(
+          runs[i]!.map((t) => t.id),
+          ids,
+          args.join(' '),
+        );
       }
     });
 
@@ -233,7 +240,14 @@ describe('reading and refusing', { concurrency: true }, () => {
       const [info, text] = await Promise.all([json('task', 'inspect', 'reads', 'com'), pgasynq('task', 'inspect', 'reads', 'ret')]);
       assert.deepEqual(info, plain(await inspector.getTaskInfo('reads', 'com')));
       const out = ok(text);
-      for (const line of [/^id:\s+ret$/m, /^queue:\s+reads$/m, /^state:\s+retry$/m, /^payload:\s+\{"id":"ret"\}$/m, /^retried:\s+1 of 25$/m, /^last error:\s+boom$/m]) {
+      for (const line of [
+        /^id:\s+ret$/m,
+        /^queue:\s+reads$/m,
+        /^state:\s+retry$/m,
+        /^payload:\s+\{"id":"ret"\}$/m,
+        /^retried:\s+1 of 25$/m,
+        /^last error:\s+boom$/m,
+      ]) {
         assert.match(out, line);
       }
       assert.match(out, new RegExp(String.raw`^next process at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(${IN_AN_HOUR}\)$`, 'm'));
@@ -271,7 +285,10 @@ describe('reading and refusing', { concurrency: true }, () => {
       assert.match(ok(text), /^entry id\s+spec\s+type\s+payload\s+options\s+next\s+prev$/m);
       assert.match(ok(text), new RegExp(String.raw`^e1\s+@every 30s\s+report\s+\{"k":1\}\s+\{"queue":"reads"\}\s+${IN_AN_HOUR}\s+${AGO}$`, 'm'));
       assert.deepEqual(events, plain(await inspector.listSchedulerEnqueueEvents('e1', { page: 2, pageSize: 10 })));
-      assert.deepEqual(events.map((e) => e.taskId), ['task11', 'task12', 'task13', 'task14', 'task15', 'task16', 'task17', 'task18', 'task19', 'task20']);
+      assert.deepEqual(
+        events.map((e) => e.taskId),
+        ['task11', 'task12', 'task13', 'task14', 'task15', 'task16', 'task17', 'task18', 'task19', 'task20'],
+      );
       const lines = ok(history).trimEnd().split('\n');
       assert.match(lines[0]!, /^task id\s+tick\s+enqueued at\s+enqueued$/);
       assert.match(lines[2]!, new RegExp(String.raw`^task1\s+\S+Z\s+\S+Z\s+${AGO}$`));
@@ -315,7 +332,11 @@ describe('reading and refusing', { concurrency: true }, () => {
       fails(none, 2, /--database-url.*DATABASE_URL/);
       fails(unreachable, 1, /^error: cannot reach the database at postgres:\/\/u:\*\*\*@127\.0\.0\.1:1\/x: .*ECONNREFUSED/);
       assert.doesNotMatch(unreachable.stderr, /secret/);
-      fails(unmigrated, 1, /^error: schema "t_cli_admin_none" is not migrated \(relation "t_cli_admin_none\.\w+" does not exist\): run: pgasynq --schema t_cli_admin_none migrate\n$/);
+      fails(
+        unmigrated,
+        1,
+        /^error: schema "t_cli_admin_none" is not migrated \(relation "t_cli_admin_none\.\w+" does not exist\): run: pgasynq --schema t_cli_admin_none migrate\n$/,
+      );
     });
 
     test('--help lists the commands and says what --json prints', async () => {

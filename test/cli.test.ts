@@ -94,7 +94,10 @@ describe('pgasynq migrate', () => {
   test('status after up', async () => {
     const started = Date.now();
     const status = json<{ name: string; applied: boolean; appliedAt: string | null }[]>(await inSchema(SCHEMA, '--json', 'migrate', 'status'));
-    assert.deepEqual(status.map((m) => [m.name, m.applied]), ALL.map((n) => [n, true]));
+    assert.deepEqual(
+      status.map((m) => [m.name, m.applied]),
+      ALL.map((n) => [n, true]),
+    );
     const at = Date.parse(status[0]?.appliedAt ?? '');
     assert.ok(Number.isFinite(at) && at <= started && at > started - 10 * 60_000, `appliedAt ${status[0]?.appliedAt}`);
     const text = ok(await inSchema(SCHEMA, 'migrate', 'status'));
@@ -123,7 +126,9 @@ describe('pgasynq migrate', () => {
     // Rolling back storage v2 (it copies every task back), the views and the index drops no data: no question asked.
     for (const name of ALL.slice(1).reverse()) assert.equal(ok(await inSchema(schema, 'migrate', 'down')), `reverted ${name}\n`);
     await pool.query(`INSERT INTO "${schema}".queues (name) VALUES ('default')`);
-    await pool.query(`INSERT INTO "${schema}".tasks (id, queue, type, state, run_at) VALUES ('a', 'default', 't', 'pending', now()), ('b', 'default', 't', 'pending', now())`);
+    await pool.query(
+      `INSERT INTO "${schema}".tasks (id, queue, type, state, run_at) VALUES ('a', 'default', 't', 'pending', now()), ('b', 'default', 't', 'pending', now())`,
+    );
     const refused = await inSchema(schema, 'migrate', 'down');
     assert.equal(refused.code, 1, refused.stderr);
     assert.equal(refused.stdout, '');
@@ -223,7 +228,10 @@ describe('exit codes', { concurrency: true }, () => {
     const noDb = dsnWith({ database: 'no_such_db_cli' });
     const noRole = dsnWith({ user: 'no_such_role_cli' });
     const cases: [string[], RegExp][] = [
-      [['--database-url', noDb, 'stats'], /^error: database "no_such_db_cli" does not exist \(server [^)]+\/no_such_db_cli\): create it, or correct the database name in the connection string\n$/],
+      [
+        ['--database-url', noDb, 'stats'],
+        /^error: database "no_such_db_cli" does not exist \(server [^)]+\/no_such_db_cli\): create it, or correct the database name in the connection string\n$/,
+      ],
       [['--database-url', noDb, 'migrate'], /^error: database "no_such_db_cli" does not exist/],
       [['--database-url', noDb, 'server', 'ls'], /^error: database "no_such_db_cli" does not exist/],
       [['--database-url', noRole, 'stats'], /^error: .*"no_such_role_cli".*: check the user and password of the connection string\n$/],

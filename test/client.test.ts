@@ -106,7 +106,10 @@ async function countIn(queue: string): Promise<number> {
 
 function near(actual: Date | null | undefined, expectedMs: number, toleranceMs = 5_000, what = 'instant'): void {
   assert.ok(actual instanceof Date, `${what} is a Date (got ${String(actual)})`);
-  assert.ok(Math.abs(actual.getTime() - expectedMs) <= toleranceMs, `${what} ${actual.toISOString()} is within ${toleranceMs} ms of ${new Date(expectedMs).toISOString()}`);
+  assert.ok(
+    Math.abs(actual.getTime() - expectedMs) <= toleranceMs,
+    `${what} ${actual.toISOString()} is within ${toleranceMs} ms of ${new Date(expectedMs).toISOString()}`,
+  );
 }
 
 // ---------------------------------------------------------------------------
@@ -160,7 +163,11 @@ describe('enqueue: defaults and overrides', () => {
     for (const info of infos) assert.ok(ms(info.id) >= before && ms(info.id) <= Date.now(), `${info.id} carries ${ms(info.id)}`);
     const many = await client.enqueueMany(Array.from({ length: 50 }, () => new Task('defaults:ids')));
     const stamps = many.map((i) => ms(i.id));
-    assert.deepEqual(stamps, [...stamps].sort((a, b) => a - b), 'ids of one batch in creation order, to the millisecond');
+    assert.deepEqual(
+      stamps,
+      [...stamps].sort((a, b) => a - b),
+      'ids of one batch in creation order, to the millisecond',
+    );
   });
 
   test('only a deadline: TaskInfo.timeout is 0 and the deadline is stored', async () => {
@@ -198,13 +205,17 @@ describe('enqueue: defaults and overrides', () => {
   });
 
   test('options given to enqueue override those of new Task', async () => {
-    const task = new Task('override:t', { n: 1 }, {
-      queue: 'ovr_a',
-      maxRetry: 3,
-      timeout: 5_000,
-      retention: 1_000,
-      headers: { k: 'task' },
-    });
+    const task = new Task(
+      'override:t',
+      { n: 1 },
+      {
+        queue: 'ovr_a',
+        maxRetry: 3,
+        timeout: 5_000,
+        retention: 1_000,
+        headers: { k: 'task' },
+      },
+    );
     const info = await client.enqueue(task, { queue: 'ovr_b', maxRetry: 7, headers: { k: 'call' } });
     assert.equal(info.queue, 'ovr_b');
     assert.equal(info.maxRetry, 7);
@@ -336,7 +347,7 @@ describe('payloads round trip', () => {
     test(`binary: ${name} comes back as a Buffer with equal bytes`, async () => {
       const info = await client.enqueue(new Task('payload:bytes', payload));
       assert.ok(Buffer.isBuffer(info.payload), 'TaskInfo.payload is a Buffer');
-      assert.ok((info.payload as Buffer).equals(expected));
+      assert.ok(info.payload.equals(expected));
       const r = await mustRow(info);
       assert.equal(r.payload, null);
       assert.ok(Buffer.isBuffer(r.payload_bytes));
@@ -439,7 +450,10 @@ describe('unique', () => {
     near(mine.expires_at, before + 60_000, 5_000, 'lock expires_at');
 
     const countsBefore = await counts();
-    for (const opts of [{ unique: 60_000, queue: Q }, { unique: 5_000, queue: Q, headers: { other: 'headers' } }]) {
+    for (const opts of [
+      { unique: 60_000, queue: Q },
+      { unique: 5_000, queue: Q, headers: { other: 'headers' } },
+    ]) {
       const err = await caught(() => client.enqueue(new Task('uniq:report', { day: '2024-01-01' }), opts));
       assert.ok(err instanceof DuplicateTaskError, `got ${String(err)}`);
       assert.equal(err.queue, Q);
@@ -493,8 +507,10 @@ describe('unique', () => {
 describe('enqueueMany', () => {
   test('one call; results are index-aligned with the input', async () => {
     const queues = ['many_a', 'many_b', 'many_c'];
-    const tasks = Array.from({ length: 20 }, (_, i) =>
-      new Task(`many:t${i % 4}`, { i }, { queue: queues[i % 3], ...(i === 7 ? { taskId: 'many-seven' } : {}), ...(i === 11 ? { processIn: 60_000 } : {}) }),
+    const tasks = Array.from(
+      { length: 20 },
+      (_, i) =>
+        new Task(`many:t${i % 4}`, { i }, { queue: queues[i % 3], ...(i === 7 ? { taskId: 'many-seven' } : {}), ...(i === 11 ? { processIn: 60_000 } : {}) }),
     );
     const infos = await client.enqueueMany(tasks);
     assert.equal(infos.length, tasks.length);
@@ -511,24 +527,34 @@ describe('enqueueMany', () => {
     assert.equal(new Set(infos.map((i) => `${i.queue}/${i.id}`)).size, 20);
   });
 
-  test('tasks of one batch run in the caller\'s order, given ids and unique keys included', async () => {
+  test("tasks of one batch run in the caller's order, given ids and unique keys included", async () => {
     // Given ids go in in key order (lock order), so their FIFO number must come from the caller's order.
     const given = ['z-3', 'a-1', 'm-2', 'b-0'].map((taskId, i) => new Task('fifo:given', { i }, { queue: 'fifo_given', taskId }));
     const unique = [3, 1, 2, 0].map((n, i) => new Task('fifo:unique', { n, i }, { queue: 'fifo_unique', unique: 60_000 }));
-    for (const [queue, tasks] of [['fifo_given', given], ['fifo_unique', unique]] as const) {
+    for (const [queue, tasks] of [
+      ['fifo_given', given],
+      ['fifo_unique', unique],
+    ] as const) {
       const infos = await client.enqueueMany([...tasks]);
       const order = await db.query<{ id: string }>('SELECT id FROM {{schema}}.tasks WHERE queue = $1 AND state = $2 ORDER BY run_at, seq', [queue, 'pending']);
-      assert.deepEqual(order.map((r) => r.id), infos.map((i) => i.id), queue);
+      assert.deepEqual(
+        order.map((r) => r.id),
+        infos.map((i) => i.id),
+        queue,
+      );
     }
   });
 
   test('enqueueMany options apply to every task and override the Task options', async () => {
     const tasks = [new Task('many:o', 1, { queue: 'many_x', maxRetry: 1 }), new Task('many:o', 2)];
     const infos = await client.enqueueMany(tasks, { queue: 'many_y', retention: 5_000 });
-    assert.deepEqual(infos.map((i) => [i.queue, i.maxRetry, i.retention, i.payload]), [
-      ['many_y', 1, 5_000, 1],
-      ['many_y', 25, 5_000, 2],
-    ]);
+    assert.deepEqual(
+      infos.map((i) => [i.queue, i.maxRetry, i.retention, i.payload]),
+      [
+        ['many_y', 1, 5_000, 1],
+        ['many_y', 25, 5_000, 2],
+      ],
+    );
     assert.equal(await countIn('many_x'), 0);
   });
 
@@ -596,7 +622,11 @@ describe('enqueueMany', () => {
 
   test('all-or-nothing: one invalid Task (not a Task) → ValidationError naming its index', async () => {
     const err = await allOrNothing(
-      [new Task('aon:ok', null, { queue: 'aon_new_1' }), { type: 'aon:fake', payload: null } as unknown as Task, new Task('aon:ok', null, { queue: 'aon_new_2' })],
+      [
+        new Task('aon:ok', null, { queue: 'aon_new_1' }),
+        { type: 'aon:fake', payload: null } as unknown as Task,
+        new Task('aon:ok', null, { queue: 'aon_new_2' }),
+      ],
       ValidationError,
     );
     assert.equal((err as ValidationError).field, 'tasks[1]');
@@ -644,7 +674,7 @@ describe('transactional enqueue (tx)', () => {
   test('pg PoolClient: ROLLBACK leaves nothing (no task, no lock, no queue)', async () => {
     const before = await counts();
     const conn = await db.pool.connect();
-    let id = '';
+    let id: string;
     try {
       await conn.query('BEGIN');
       const info = await client.enqueue(new Task('tx:rollback', { n: 1 }), { tx: conn, queue: 'tx_rb', unique: 60_000 });
@@ -708,7 +738,11 @@ describe('NOTIFY', () => {
     await listener?.end();
   });
 
-  const on = (channel: string, prefix: string) => notes.filter((n) => n.channel === channel && n.payload?.startsWith(prefix)).map((n) => n.payload).sort();
+  const on = (channel: string, prefix: string) =>
+    notes
+      .filter((n) => n.channel === channel && n.payload?.startsWith(prefix))
+      .map((n) => n.payload)
+      .sort();
 
   test('enqueueMany of 3 tasks into 2 queues: one notification per queue, payload = queue name', async () => {
     await client.enqueueMany([
@@ -780,9 +814,9 @@ describe('bad input: ValidationError naming the field, nothing written, no SQL s
   const add = (name: string, run: Case['run'], field: string, cls: ErrClass) => cases.push({ name, run, field, cls });
   /** An option refused both on new Task, on enqueue and on enqueueMany. */
   const opt = (name: string, options: Record<string, unknown>, field: string, cls: ErrClass = InvalidOptionError) => {
-    add(`${name} (new Task options)`, (c) => c.enqueue(new Task('bad:t', null, options as EnqueueOptions)), field, cls);
-    add(`${name} (enqueue options)`, (c) => c.enqueue(new Task('bad:t'), options as EnqueueOptions), field, cls);
-    add(`${name} (enqueueMany options)`, (c) => c.enqueueMany([new Task('bad:t')], options as EnqueueOptions), field, cls);
+    add(`${name} (new Task options)`, (c) => c.enqueue(new Task('bad:t', null, options)), field, cls);
+    add(`${name} (enqueue options)`, (c) => c.enqueue(new Task('bad:t'), options), field, cls);
+    add(`${name} (enqueueMany options)`, (c) => c.enqueueMany([new Task('bad:t')], options), field, cls);
   };
   const payload = (name: string, value: unknown, cls: ErrClass = PayloadSerializationError) =>
     add(`payload: ${name}`, (c) => c.enqueue(new Task('bad:p', value)), 'payload', cls);
@@ -832,7 +866,12 @@ describe('bad input: ValidationError naming the field, nothing written, no SQL s
   opt('processAt Invalid Date', { processAt: new Date('nope') }, 'processAt');
   opt('processAt as a number', { processAt: Date.now() + 60_000 }, 'processAt');
   opt('processAt and processIn together', { processAt: new Date(Date.now() + 60_000), processIn: 1_000 }, 'processAt');
-  add('processAt on the Task, processIn on enqueue', (c) => c.enqueue(new Task('bad:t', null, { processAt: new Date(Date.now() + 60_000) }), { processIn: 1_000 }), 'processAt', InvalidOptionError);
+  add(
+    'processAt on the Task, processIn on enqueue',
+    (c) => c.enqueue(new Task('bad:t', null, { processAt: new Date(Date.now() + 60_000) }), { processIn: 1_000 }),
+    'processAt',
+    InvalidOptionError,
+  );
 
   // Task ids.
   for (const [name, taskId] of [
@@ -887,7 +926,12 @@ describe('bad input: ValidationError naming the field, nothing written, no SQL s
 
   // Schema names.
   for (const schema of ['public; DROP SCHEMA public CASCADE', "o'brien", 'a$$b', 'Queue', 'x.job', 'pg_catalog', 'pg_pgq', '', 'a'.repeat(64), '1abc', 'a b']) {
-    add(`schema: ${JSON.stringify(schema.length > 20 ? `${schema.slice(0, 20)}…` : schema)}`, () => new Client({ connectionString: db.connectionString, schema }), 'schema', InvalidSchemaNameError);
+    add(
+      `schema: ${JSON.stringify(schema.length > 20 ? `${schema.slice(0, 20)}…` : schema)}`,
+      () => new Client({ connectionString: db.connectionString, schema }),
+      'schema',
+      InvalidSchemaNameError,
+    );
   }
 
   // Arguments that are not Tasks.
@@ -986,11 +1030,15 @@ describe('a schema that was never migrated, a database that does not exist', () 
   const NEVER = `${SCHEMA}_never`;
   const notMigrated = (err: unknown): boolean => {
     assert.ok(err instanceof FailedPreconditionError, String(err));
-    assert.match(err.message, /^schema "t_client\w*_never" is not migrated \(relation "t_client\w*_never\.\w+" does not exist\): run `pgasynq migrate` \(or migrate\(\)\) first$/);
+    assert.match(
+      err.message,
+      /^schema "t_client\w*_never" is not migrated \(relation "t_client\w*_never\.\w+" does not exist\): run `pgasynq migrate` \(or migrate\(\)\) first$/,
+    );
     assert.equal((err.cause as { code?: string }).code, '42P01');
     return true;
   };
-  const tablesIn = async (schema: string) => (await db.pool.query('SELECT count(*)::int AS n FROM pg_tables WHERE schemaname = $1', [schema])).rows[0].n as number;
+  const tablesIn = async (schema: string) =>
+    (await db.pool.query('SELECT count(*)::int AS n FROM pg_tables WHERE schemaname = $1', [schema])).rows[0].n as number;
   const schemaExists = async (schema: string) => (await db.pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema])).rowCount === 1;
 
   test('enqueue, unique enqueue, enqueueMany, enqueue in a transaction: FailedPreconditionError saying to migrate; nothing written', async () => {

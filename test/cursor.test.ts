@@ -92,44 +92,50 @@ describe('claim cursor', () => {
     assert.ok(performance.now() - t0 < 5000, `the requeued task waited ${Math.round(performance.now() - t0)} ms`);
   });
 
-  test('under a held snapshot and a long transaction elsewhere, claims do not step over the dead entries of earlier claims again', { timeout: 120_000 }, async () => {
-    const n = 1500;
-    // A REPEATABLE READ snapshot held by another session: no dead row of the queue can be vacuumed.
-    const holder = new pg.Client({ connectionString: db.connectionString });
-    await holder.connect();
-    await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
-    await holder.query('SELECT count(*) FROM pg_class');
-    // A transaction with an id, open throughout, that never touches the queue (another
-    // application's batch job): every snapshot's xmin stays behind it, so the floors
-    // must rise on what holds task_seq, not on xmin.
-    const bystander = new pg.Client({ connectionString: db.connectionString });
-    await bystander.connect();
-    await bystander.query('BEGIN');
-    await bystander.query('SELECT pg_current_xact_id()');
-    const reads = async () => {
-      await new Promise((r) => setTimeout(r, 1200)); // statistics reach pg_stat_* within a second
-      const rows = await db.query(
-        "SELECT pg_stat_clear_snapshot(), (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = $1 AND indexrelname = 'task_states_pending_idx')::float8 AS n",
-        [db.schema],
-      );
-      return rows[0]!.n as number;
-    };
-    try {
-      const before = await reads();
-      let done = 0;
-      // One task per claim: n claims, each of which would start at the head of the queue.
-      await startServer(() => void done++, { concurrency: 1, prefetch: 0 });
-      for (let i = 0; i < n; i += 100) await client.enqueueMany(Array.from({ length: 100 }, (_, j) => new Task('snap', i + j)));
-      await waitFor(() => done === n, 90_000, 'all done');
-      const read = (await reads()) - before;
-      // From the head, the k-th claim reads the k dead entries before it: about n²/2 = 1,125,000.
-      // Above a floor it reads what is left of the queue plus a sweep every 10 s.
-      assert.ok(read < 20 * n, `the pending index was read ${read} times for ${n} claims`);
-    } finally {
-      await Promise.all([holder, bystander].map(async (c) => {
-        await c.query('ROLLBACK');
-        await c.end();
-      }));
-    }
-  });
+  test(
+    'under a held snapshot and a long transaction elsewhere, claims do not step over the dead entries of earlier claims again',
+    { timeout: 120_000 },
+    async () => {
+      const n = 1500;
+      // A REPEATABLE READ snapshot held by another session: no dead row of the queue can be vacuumed.
+      const holder = new pg.Client({ connectionString: db.connectionString });
+      await holder.connect();
+      await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+      await holder.query('SELECT count(*) FROM pg_class');
+      // A transaction with an id, open throughout, that never touches the queue (another
+      // application's batch job): every snapshot's xmin stays behind it, so the floors
+      // must rise on what holds task_seq, not on xmin.
+      const bystander = new pg.Client({ connectionString: db.connectionString });
+      await bystander.connect();
+      await bystander.query('BEGIN');
+      await bystander.query('SELECT pg_current_xact_id()');
+      const reads = async () => {
+        await new Promise((r) => setTimeout(r, 1200)); // statistics reach pg_stat_* within a second
+        const rows = await db.query(
+          "SELECT pg_stat_clear_snapshot(), (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = $1 AND indexrelname = 'task_states_pending_idx')::float8 AS n",
+          [db.schema],
+        );
+        return rows[0]!.n as number;
+      };
+      try {
+        const before = await reads();
+        let done = 0;
+        // One task per claim: n claims, each of which would start at the head of the queue.
+        await startServer(() => void done++, { concurrency: 1, prefetch: 0 });
+        for (let i = 0; i < n; i += 100) await client.enqueueMany(Array.from({ length: 100 }, (_, j) => new Task('snap', i + j)));
+        await waitFor(() => done === n, 90_000, 'all done');
+        const read = (await reads()) - before;
+        // From the head, the k-th claim reads the k dead entries before it: about n²/2 = 1,125,000.
+        // Above a floor it reads what is left of the queue plus a sweep every 10 s.
+        assert.ok(read < 20 * n, `the pending index was read ${read} times for ${n} claims`);
+      } finally {
+        await Promise.all(
+          [holder, bystander].map(async (c) => {
+            await c.query('ROLLBACK');
+            await c.end();
+          }),
+        );
+      }
+    },
+  );
 });

@@ -19,11 +19,32 @@ import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
-import { Client, ConfigError, Inspector, Scheduler, Server, Task, createDashboard, metricsHandler, renderPrometheus, serverMetrics, type Dashboard, type QueueInfo } from '../src/index.js';
+import {
+  Client,
+  ConfigError,
+  Inspector,
+  Scheduler,
+  Server,
+  Task,
+  createDashboard,
+  metricsHandler,
+  renderPrometheus,
+  serverMetrics,
+  type Dashboard,
+  type QueueInfo,
+} from '../src/index.js';
 import { testDb, waitFor, type TestDb } from './helpers.js';
 
 const CHROMIUM = '/usr/bin/chromium';
-const FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'];
+const FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--no-first-run',
+];
 const XSS_TYPE = '<img src=x onerror=alert(1)>';
 const TOKEN = 'test-token-0123456789';
 const SHOTS = process.env.DASHBOARD_SCREENSHOTS === '1';
@@ -88,20 +109,42 @@ const FORM = 'application/x-www-form-urlencoded';
 
 async function seed(): Promise<void> {
   const tasks: Task[] = [];
-  for (let i = 0; i < 45; i++) tasks.push(new Task('email:send', { to: `user${i}@example.com`, template: 'welcome' }, { queue: 'default', taskId: `mail-${String(i).padStart(2, '0')}`, headers: { 'x-request-id': `req-${i}` } }));
-  for (let i = 0; i < 8; i++) tasks.push(new Task('image:resize', { image: `img/${i}.png`, width: 640 }, { queue: 'critical', taskId: `img-${i}`, processIn: 3_600_000 + i * 60_000 }));
-  for (let i = 0; i < 6; i++) tasks.push(new Task('webhook:deliver', { url: `https://example.com/hooks/${i}` }, { queue: 'critical', taskId: `hook-${i}`, retention: 86_400_000 }));
-  for (let i = 0; i < 5; i++) tasks.push(new Task('event:track', { user: i, event: 'page_view' }, { queue: 'low', taskId: `ev-${i}`, group: i < 3 ? 'g1' : 'g2' }));
-  tasks.push(new Task(XSS_TYPE, { html: '<script>alert(2)</script>', quote: `"'><svg onload=alert(4)>` }, { queue: 'low', taskId: 'xss', headers: { '<b>h</b>': '"><svg onload=alert(3)>' } }));
+  for (let i = 0; i < 45; i++)
+    tasks.push(
+      new Task(
+        'email:send',
+        { to: `user${i}@example.com`, template: 'welcome' },
+        { queue: 'default', taskId: `mail-${String(i).padStart(2, '0')}`, headers: { 'x-request-id': `req-${i}` } },
+      ),
+    );
+  for (let i = 0; i < 8; i++)
+    tasks.push(new Task('image:resize', { image: `img/${i}.png`, width: 640 }, { queue: 'critical', taskId: `img-${i}`, processIn: 3_600_000 + i * 60_000 }));
+  for (let i = 0; i < 6; i++)
+    tasks.push(new Task('webhook:deliver', { url: `https://example.com/hooks/${i}` }, { queue: 'critical', taskId: `hook-${i}`, retention: 86_400_000 }));
+  for (let i = 0; i < 5; i++)
+    tasks.push(new Task('event:track', { user: i, event: 'page_view' }, { queue: 'low', taskId: `ev-${i}`, group: i < 3 ? 'g1' : 'g2' }));
+  tasks.push(
+    new Task(
+      XSS_TYPE,
+      { html: '<script>alert(2)</script>', quote: `"'><svg onload=alert(4)>` },
+      { queue: 'low', taskId: 'xss', headers: { '<b>h</b>': '"><svg onload=alert(3)>' } },
+    ),
+  );
   tasks.push(new Task('binary:blob', Buffer.from('hello\u0000\u0001\u0002 binary world'), { queue: 'low', taskId: 'blob' }));
   for (let i = 0; i < 3; i++) tasks.push(new Task('job:long', { n: i }, { queue: 'busy', taskId: `long-${i}` }));
   for (let i = 0; i < 2; i++) tasks.push(new Task('report:daily', { kind: 'daily' }, { queue: 'cron', taskId: `cron-${i}` }));
   await client.enqueueMany(tasks);
 
   // States a client cannot enqueue: retry, archived, completed, and an orphan (an active task whose worker is gone).
-  await db.query(`UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '2 hours', retried = 1, error_msg = 'HTTP 503 <from upstream>', last_failed_at = now() - interval '1 minute' WHERE queue = 'critical' AND id IN ('hook-0', 'hook-1')`);
-  await db.query(`UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() - interval '1 hour', retried = 25, error_msg = 'gave up: connection refused', last_failed_at = now() - interval '1 hour' WHERE queue = 'critical' AND id IN ('hook-2', 'hook-3')`);
-  await db.query(`UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now() - interval '5 minutes', run_at = now() + interval '1 day', result = '{"status": 200, "ms": 41}' WHERE queue = 'critical' AND id IN ('hook-4', 'hook-5')`);
+  await db.query(
+    `UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '2 hours', retried = 1, error_msg = 'HTTP 503 <from upstream>', last_failed_at = now() - interval '1 minute' WHERE queue = 'critical' AND id IN ('hook-0', 'hook-1')`,
+  );
+  await db.query(
+    `UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() - interval '1 hour', retried = 25, error_msg = 'gave up: connection refused', last_failed_at = now() - interval '1 hour' WHERE queue = 'critical' AND id IN ('hook-2', 'hook-3')`,
+  );
+  await db.query(
+    `UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now() - interval '5 minutes', run_at = now() + interval '1 day', result = '{"status": 200, "ms": 41}' WHERE queue = 'critical' AND id IN ('hook-4', 'hook-5')`,
+  );
   await db.query(`INSERT INTO {{schema}}.tasks (queue, id, type, payload, state, lease_owner, lease_expires_at, lease_token, started_at)
                   VALUES ('critical', 'orphan-1', 'report:build', '{"part": 1}', 'active', 'a-server-that-died', now() - interval '2 seconds', gen_random_uuid(), now() - interval '1 minute')`);
   await db.query(`INSERT INTO {{schema}}.daily_stats (queue, day, processed, failed) VALUES
@@ -112,7 +155,9 @@ async function seed(): Promise<void> {
 
   // A live server running two tasks of "busy" until they are cancelled or it shuts down.
   server = new Server({ ...conn, queues: { busy: 1 }, concurrency: 2, shutdownTimeout: 500, recoverCutoff: 600_000 });
-  await server.start((_task, ctx) => new Promise<void>((_resolve, reject) => ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason), { once: true })));
+  await server.start(
+    (_task, ctx) => new Promise<void>((_resolve, reject) => ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason), { once: true })),
+  );
   await waitFor(async () => (await inspector.getQueueInfo('busy')).active === 2, 20_000, 'two active tasks');
 
   // A scheduler entry, and an enqueue history for it. The history is written
@@ -159,7 +204,17 @@ after(async () => {
 
 describe('HTTP', () => {
   test('pages answer 200 with the security headers; unknown things 404, bad names 400', async () => {
-    for (const path of ['/', '/queues/default', '/queues/critical?state=retry', '/queues/low/tasks/xss', '/servers', '/schedulers', `/schedulers/${entryId}`, '/api/overview', '/metrics']) {
+    for (const path of [
+      '/',
+      '/queues/default',
+      '/queues/critical?state=retry',
+      '/queues/low/tasks/xss',
+      '/servers',
+      '/schedulers',
+      `/schedulers/${entryId}`,
+      '/api/overview',
+      '/metrics',
+    ]) {
       const r = await http(port.dash, 'GET', path);
       assert.equal(r.status, 200, `${path}: ${r.body.slice(0, 300)}`);
       const csp = String(r.headers['content-security-policy']);
@@ -173,7 +228,11 @@ describe('HTTP', () => {
       assert.equal(r.headers['cache-control'], 'no-store');
     }
     const html = await http(port.dash, 'GET', '/');
-    assert.doesNotMatch(html.body.replace(/<script src="[^"]+" defer><\/script>|<script type="application\/json" id="live-data">[^<]*<\/script>/g, ''), /<script|style=/i, 'no inline script or style');
+    assert.doesNotMatch(
+      html.body.replace(/<script src="[^"]+" defer><\/script>|<script type="application\/json" id="live-data">[^<]*<\/script>/g, ''),
+      /<script|style=/i,
+      'no inline script or style',
+    );
     assert.equal((await http(port.dash, 'GET', '/queues/nope')).status, 404);
     assert.equal((await http(port.dash, 'GET', '/queues/default/tasks/nope')).status, 404);
     assert.equal((await http(port.dash, 'GET', '/queues/bad%20name')).status, 400);
@@ -235,7 +294,13 @@ describe('HTTP', () => {
     assert.doesNotMatch(page.body, /<form method="post"|name="do"/);
     assert.match(page.body, /read-only/);
     const { csrf } = await session(port.dash);
-    const r = await http(port.ro, 'POST', '/action', { 'content-type': FORM, origin: `http://127.0.0.1:${port.ro}` }, form({ csrf, do: 'pause', queue: 'critical', confirmed: '1' }));
+    const r = await http(
+      port.ro,
+      'POST',
+      '/action',
+      { 'content-type': FORM, origin: `http://127.0.0.1:${port.ro}` },
+      form({ csrf, do: 'pause', queue: 'critical', confirmed: '1' }),
+    );
     assert.equal(r.status, 403);
     assert.equal((await inspector.getQueueInfo('critical')).paused, false);
   });
@@ -261,13 +326,42 @@ describe('HTTP', () => {
   });
 
   test('hide-payloads: no payload, result or worker payload leaves the server', async () => {
-    const pages = ['/queues/default?state=pending', '/queues/default/tasks/mail-07', '/queues/critical?state=completed', '/queues/critical/tasks/hook-4', '/queues/low/tasks/blob', '/servers', '/schedulers', '/api/overview'];
+    const pages = [
+      '/queues/default?state=pending',
+      '/queues/default/tasks/mail-07',
+      '/queues/critical?state=completed',
+      '/queues/critical/tasks/hook-4',
+      '/queues/low/tasks/blob',
+      '/servers',
+      '/schedulers',
+      '/api/overview',
+    ];
     // Headers, last errors and results often repeat what the payload held: hidden too.
-    pages.push('/queues/critical?state=retry', '/queues/critical?state=archived', '/queues/critical/tasks/hook-0', '/queues/critical/tasks/hook-2', '/queues/low/tasks/xss');
+    pages.push(
+      '/queues/critical?state=retry',
+      '/queues/critical?state=archived',
+      '/queues/critical/tasks/hook-0',
+      '/queues/critical/tasks/hook-2',
+      '/queues/low/tasks/xss',
+    );
     for (const path of pages) {
       const r = await http(port.hid, 'GET', path);
       assert.equal(r.status, 200, path);
-      for (const secret of ['user7@example.com', 'user0@example.com', '"status"', '&quot;status&quot;', '68 65 6c 6c 6f', 'kind', '&quot;n&quot;', 'HTTP 503', 'from upstream', 'connection refused', 'x-request-id', 'req-7', 'onload']) {
+      for (const secret of [
+        'user7@example.com',
+        'user0@example.com',
+        '"status"',
+        '&quot;status&quot;',
+        '68 65 6c 6c 6f',
+        'kind',
+        '&quot;n&quot;',
+        'HTTP 503',
+        'from upstream',
+        'connection refused',
+        'x-request-id',
+        'req-7',
+        'onload',
+      ]) {
         assert.ok(!r.body.includes(secret), `${path} leaks ${secret}`);
       }
     }
@@ -347,8 +441,14 @@ describe('HTTP', () => {
     const blob = 'x'.repeat(600_000);
     const ids = (from: number, to: number) => Array.from({ length: to - from }, (_, i) => `big-${from + i}`);
     await client.enqueueMany(ids(0, 30).map((id) => new Task('big:blob', { blob, id }, { queue: 'big', taskId: id, headers: { h: blob.slice(0, 50_000) } })));
-    await db.query(`UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '1 hour', retried = 1, error_msg = repeat('e', 600000), last_failed_at = now() WHERE queue = 'big' AND id = ANY($1)`, [ids(15, 20)]);
-    await db.query(`UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 day', result = payload WHERE queue = 'big' AND id = ANY($1)`, [ids(20, 25)]);
+    await db.query(
+      `UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '1 hour', retried = 1, error_msg = repeat('e', 600000), last_failed_at = now() WHERE queue = 'big' AND id = ANY($1)`,
+      [ids(15, 20)],
+    );
+    await db.query(
+      `UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 day', result = payload WHERE queue = 'big' AND id = ANY($1)`,
+      [ids(20, 25)],
+    );
     // Active, leased to the live server (its heartbeat does not know them; the lease outlasts the test).
     await db.query(
       `UPDATE {{schema}}.tasks SET state = 'active', lease_owner = $2, lease_expires_at = now() + interval '1 hour', lease_token = gen_random_uuid(), started_at = now() WHERE queue = 'big' AND id = ANY($1)`,
@@ -356,7 +456,15 @@ describe('HTTP', () => {
     );
     try {
       const p = (await big.listen(0)).port;
-      for (const path of ['/queues/big?state=pending&size=1000', '/queues/big?state=retry&size=1000', '/queues/big?state=completed&size=1000', '/queues/big?state=active&size=1000', '/queues/big?state=pending&search=blob', '/servers', '/metrics']) {
+      for (const path of [
+        '/queues/big?state=pending&size=1000',
+        '/queues/big?state=retry&size=1000',
+        '/queues/big?state=completed&size=1000',
+        '/queues/big?state=active&size=1000',
+        '/queues/big?state=pending&search=blob',
+        '/servers',
+        '/metrics',
+      ]) {
         const before = bytesRead();
         const r = await http(p, 'GET', path);
         const read = bytesRead() - before;
@@ -382,17 +490,34 @@ describe('HTTP', () => {
     }
     const { cookie, csrf } = await session(port.dash);
     const origin = `http://127.0.0.1:${port.dash}`;
-    for (const back of ['/.//evil.example/', '/%2e//evil.example/x', '/./\\evil.example/', '/\\evil.example', '\\\\evil.example', 'http://evil.example/', '/..//evil.example']) {
+    for (const back of [
+      '/.//evil.example/',
+      '/%2e//evil.example/x',
+      '/./\\evil.example/',
+      '/\\evil.example',
+      '\\\\evil.example',
+      'http://evil.example/',
+      '/..//evil.example',
+    ]) {
       const r = await http(port.dash, 'POST', '/action', { 'content-type': FORM, cookie, origin }, form({ csrf, do: 'resume', queue: 'cron', back }));
       assert.equal(r.status, 303, back);
       assert.match(String(r.headers.location), onSite, `${back} → ${r.headers.location}`);
       const ask = await http(port.dash, 'POST', '/action', { 'content-type': FORM, cookie, origin }, form({ csrf, do: 'pause', queue: 'cron', back }));
       assert.equal(ask.status, 200);
       const cancel = /<a class="btn" href="([^"]*)">Cancel<\/a>/.exec(ask.body)?.[1];
-      assert.ok(cancel !== undefined && new URL(cancel, origin).origin === origin && onSite.test(new URL(cancel, origin).pathname), `${back}: Cancel goes to ${cancel}`);
+      assert.ok(
+        cancel !== undefined && new URL(cancel, origin).origin === origin && onSite.test(new URL(cancel, origin).pathname),
+        `${back}: Cancel goes to ${cancel}`,
+      );
     }
     assert.equal((await inspector.getQueueInfo('cron')).paused, false);
-    const here = await http(port.dash, 'POST', '/action', { 'content-type': FORM, cookie, origin }, form({ csrf, do: 'resume', queue: 'cron', back: '/queues/cron?state=pending' }));
+    const here = await http(
+      port.dash,
+      'POST',
+      '/action',
+      { 'content-type': FORM, cookie, origin },
+      form({ csrf, do: 'resume', queue: 'cron', back: '/queues/cron?state=pending' }),
+    );
     assert.match(String(here.headers.location), /^\/queues\/cron\?state=pending&flash=/, 'a path of this dashboard is kept');
   });
 
@@ -484,7 +609,8 @@ describe('/metrics', () => {
     assert.equal(types.get('asynq_tasks_enqueued_total'), 'gauge');
     assert.equal(types.get('asynq_tasks_processed_total'), 'counter');
     assert.equal(types.get('asynq_tasks_failed_total'), 'counter');
-    for (const name of ['asynq_queue_size', 'asynq_queue_latency_seconds', 'asynq_queue_memory_usage_approx_bytes', 'asynq_queue_paused_total']) assert.equal(types.get(name), 'gauge', name);
+    for (const name of ['asynq_queue_size', 'asynq_queue_latency_seconds', 'asynq_queue_memory_usage_approx_bytes', 'asynq_queue_paused_total'])
+      assert.equal(types.get(name), 'gauge', name);
     const get = (k: string) => {
       const v = samples.get(k);
       assert.notEqual(v, undefined, `missing ${k}`);
@@ -539,7 +665,10 @@ describe('/metrics', () => {
 // ------------------------------------------------------------------ CLI
 
 function runDash(args: string[]): { child: ReturnType<typeof spawn>; out: Promise<string>; exit: Promise<number | null>; stderr: () => string } {
-  const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', db.connectionString, '--schema', db.schema, ...args], { cwd: REPO, env: { ...process.env, PGASYNQ_DASH_TOKEN: '' } });
+  const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', db.connectionString, '--schema', db.schema, ...args], {
+    cwd: REPO,
+    env: { ...process.env, PGASYNQ_DASH_TOKEN: '' },
+  });
   let stdout = '';
   let stderr = '';
   child.stderr?.setEncoding('utf8').on('data', (s: string) => (stderr += s));
@@ -571,39 +700,46 @@ describe('pgasynq dash', () => {
     assert.equal(await run.exit, 0, run.stderr());
   });
 
-  test('--host 0.0.0.0: answers to loopback names, this machine and the bound address only, says how to allow more; --allowed-hosts adds names', { timeout: 60_000 }, async () => {
-    const run = runDash(['--json', 'dash', '--port', '0', '--host', '0.0.0.0', '--read-only']);
-    try {
-      const line = JSON.parse((await run.out).split('\n')[0] as string) as { url: string; allowedHosts: string[] };
-      const p = Number(new URL(line.url).port);
-      assert.deepEqual(line.allowedHosts, ['localhost', '127.0.0.1', '[::1]', hostname().toLowerCase(), '0.0.0.0']);
-      assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
-      for (const host of [`127.0.0.1:${p}`, `localhost:${p}`, `${hostname()}:${p}`, `0.0.0.0:${p}`]) assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
-      await waitFor(() => /--allowed-hosts/.test(run.stderr()), 10_000, 'the hint on stderr');
-    } finally {
-      run.child.kill('SIGTERM');
-      assert.equal(await run.exit, 0, run.stderr());
-    }
-    const named = runDash(['--json', 'dash', '--port', '0', '--host', '0.0.0.0', '--read-only', '--allowed-hosts', 'dash.example, 10.1.2.3']);
-    try {
-      const line = JSON.parse((await named.out).split('\n')[0] as string) as { url: string };
-      const p = Number(new URL(line.url).port);
-      for (const host of [`dash.example:${p}`, `10.1.2.3:${p}`, `127.0.0.1:${p}`]) assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
-      assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
-    } finally {
-      named.child.kill('SIGTERM');
-      assert.equal(await named.exit, 0, named.stderr());
-    }
-    const bad = runDash(['dash', '--port', '0', '--allowed-hosts', 'dash.example,a:80']);
-    assert.equal(await bad.exit, 2);
-    assert.match(bad.stderr(), /--allowed-hosts/);
-  });
+  test(
+    '--host 0.0.0.0: answers to loopback names, this machine and the bound address only, says how to allow more; --allowed-hosts adds names',
+    { timeout: 60_000 },
+    async () => {
+      const run = runDash(['--json', 'dash', '--port', '0', '--host', '0.0.0.0', '--read-only']);
+      try {
+        const line = JSON.parse((await run.out).split('\n')[0] as string) as { url: string; allowedHosts: string[] };
+        const p = Number(new URL(line.url).port);
+        assert.deepEqual(line.allowedHosts, ['localhost', '127.0.0.1', '[::1]', hostname().toLowerCase(), '0.0.0.0']);
+        assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
+        for (const host of [`127.0.0.1:${p}`, `localhost:${p}`, `${hostname()}:${p}`, `0.0.0.0:${p}`])
+          assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
+        await waitFor(() => /--allowed-hosts/.test(run.stderr()), 10_000, 'the hint on stderr');
+      } finally {
+        run.child.kill('SIGTERM');
+        assert.equal(await run.exit, 0, run.stderr());
+      }
+      const named = runDash(['--json', 'dash', '--port', '0', '--host', '0.0.0.0', '--read-only', '--allowed-hosts', 'dash.example, 10.1.2.3']);
+      try {
+        const line = JSON.parse((await named.out).split('\n')[0] as string) as { url: string };
+        const p = Number(new URL(line.url).port);
+        for (const host of [`dash.example:${p}`, `10.1.2.3:${p}`, `127.0.0.1:${p}`]) assert.equal((await http(p, 'GET', '/', { host })).status, 200, host);
+        assert.equal((await http(p, 'GET', '/', { host: `evil.example:${p}` })).status, 421);
+      } finally {
+        named.child.kill('SIGTERM');
+        assert.equal(await named.exit, 0, named.stderr());
+      }
+      const bad = runDash(['dash', '--port', '0', '--allowed-hosts', 'dash.example,a:80']);
+      assert.equal(await bad.exit, 2);
+      assert.match(bad.stderr(), /--allowed-hosts/);
+    },
+  );
 
   test('bad usage is exit 2; an unreachable database is exit 1', async () => {
     const bad = runDash(['dash', '--port', 'eighty']);
     assert.equal(await bad.exit, 2);
     assert.match(bad.stderr(), /--port/);
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', 'postgres://u:secret@127.0.0.1:1/x', 'dash', '--port', '0'], { cwd: REPO });
+    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', 'postgres://u:secret@127.0.0.1:1/x', 'dash', '--port', '0'], {
+      cwd: REPO,
+    });
     let stderr = '';
     child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
     const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
@@ -676,7 +812,12 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
       await p.evaluate("localStorage.removeItem('pgasynq.refresh')");
       // Some movement for the live chart.
       for (let i = 0; i < 20; i++) {
-        await client.enqueueMany(Array.from({ length: 5 + ((i * 7) % 11) }, (_, k) => new Task('email:send', { to: `burst${i}-${k}@example.com` }, { queue: i % 3 === 0 ? 'critical' : 'default' })));
+        await client.enqueueMany(
+          Array.from(
+            { length: 5 + ((i * 7) % 11) },
+            (_, k) => new Task('email:send', { to: `burst${i}-${k}@example.com` }, { queue: i % 3 === 0 ? 'critical' : 'default' }),
+          ),
+        );
         await http(port.dash, 'GET', '/api/overview');
         await new Promise((r) => setTimeout(r, 1100));
       }
@@ -713,7 +854,8 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
       assert.equal(await page.locator(`${row} td[data-col="paused"]`).textContent(), info.paused ? 'yes' : 'no');
     }
     const total = (k: 'size' | 'pending' | 'processed' | 'failed') => infos.reduce((n, i) => n + i[k], 0);
-    for (const k of ['size', 'pending', 'processed', 'failed'] as const) assert.equal(await cellNumber(page, `[data-tile="${k}"] .tile-value`), total(k), `tile ${k}`);
+    for (const k of ['size', 'pending', 'processed', 'failed'] as const)
+      assert.equal(await cellNumber(page, `[data-tile="${k}"] .tile-value`), total(k), `tile ${k}`);
     await page.locator('#live-chart svg').waitFor();
     assert.ok((await page.locator('#live-chart .legend').textContent())?.includes('default'));
     assert.ok((await page.locator('#r-history rect.bar-ok').count()) >= 7, 'a bar per day');
@@ -728,11 +870,17 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
       assert.equal(await cellNumber(page, `a.tab[data-state="${s}"] .count`), info[s], `tab ${s}`);
     }
     const first = await inspector.listPendingTasks('default');
-    assert.deepEqual(await page.locator('table.tasks tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-task-id'))), first.map((t) => t.id));
+    assert.deepEqual(
+      await page.locator('table.tasks tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-task-id'))),
+      first.map((t) => t.id),
+    );
     await page.locator('nav.pager a', { hasText: 'Next' }).click();
     await page.waitForURL(/page=2/);
     const second = await inspector.listPendingTasks('default', { page: 2 });
-    assert.deepEqual(await page.locator('table.tasks tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-task-id'))), second.map((t) => t.id));
+    assert.deepEqual(
+      await page.locator('table.tasks tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-task-id'))),
+      second.map((t) => t.id),
+    );
 
     await page.goto(`${base()}/queues/low?state=pending`);
     await page.fill('input[name=search]', 'BINARY');
@@ -742,7 +890,7 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     await page.fill('input[name=search]', 'hook-0');
     await page.press('input[name=search]', 'Enter');
     await page.waitForURL(/search=hook-0/);
-    assert.equal(await page.locator('.error-page').count() + (await page.locator('[data-search-result]').count()), 1, 'hook-0 is not in queue low');
+    assert.equal((await page.locator('.error-page').count()) + (await page.locator('[data-search-result]').count()), 1, 'hook-0 is not in queue low');
     await page.goto(`${base()}/queues/critical?state=pending`);
     await page.fill('input[name=search]', 'hook-0');
     await page.press('input[name=search]', 'Enter');
@@ -750,7 +898,10 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
 
     await page.goto(`${base()}/queues/low?state=aggregating`);
     const groups = await inspector.groups('low');
-    assert.deepEqual(await page.locator('nav.groups [data-group]').evaluateAll((els) => els.map((e) => e.getAttribute('data-group'))), groups.map((g) => g.group));
+    assert.deepEqual(
+      await page.locator('nav.groups [data-group]').evaluateAll((els) => els.map((e) => e.getAttribute('data-group'))),
+      groups.map((g) => g.group),
+    );
     assert.equal(await page.locator('table.tasks tbody tr').count(), groups[0]?.size);
   });
 
@@ -786,7 +937,10 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     );
     await page.goto(`${base()}/schedulers`);
     const entries = await inspector.schedulerEntries();
-    assert.deepEqual(await page.locator('table.entries tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-entry-id'))), entries.map((e) => e.id));
+    assert.deepEqual(
+      await page.locator('table.entries tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-entry-id'))),
+      entries.map((e) => e.id),
+    );
     await page.locator(`tr[data-entry-id="${entryId}"] a`).click();
     await page.waitForURL(/\/schedulers\//);
     const events = await inspector.listSchedulerEnqueueEvents(entryId);
@@ -820,7 +974,10 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     await page.waitForSelector('.flash');
     assert.match(await flash(), /Deleted task mail-00/);
     await assert.rejects(inspector.getTaskInfo('default', 'mail-00'), /cannot find task/);
-    assert.ok(dialogs.some((d) => d.startsWith('confirm: Delete for good task mail-00')), dialogs.join('\n'));
+    assert.ok(
+      dialogs.some((d) => d.startsWith('confirm: Delete for good task mail-00')),
+      dialogs.join('\n'),
+    );
 
     // A dismissed confirmation does nothing.
     acceptConfirm = false;
@@ -930,7 +1087,7 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     try {
       for (const path of ['/', '/queues/default?state=pending', '/queues/low/tasks/xss', '/servers']) {
         await p.goto(`http://127.0.0.1:${port.dash}${path}`);
-        const overflow = (await p.evaluate('document.documentElement.scrollWidth - window.innerWidth')) as number;
+        const overflow = await p.evaluate<number>('document.documentElement.scrollWidth - window.innerWidth');
         assert.ok(overflow <= 1, `${path} overflows by ${overflow} px`);
       }
       if (SHOTS) {
@@ -942,6 +1099,4 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
       await ctx.close();
     }
   });
-
-
 });

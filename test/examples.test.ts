@@ -15,7 +15,10 @@ describe('pgasynq demo', () => {
     const r = await runNode(['src/cli/main.ts', '--json', 'demo', '--tasks', '60', '--concurrency', '8']);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /embedded database/);
-    const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<'enqueued' | 'processed' | 'digests' | 'mergedIntoDigests' | 'unfinished' | 'archived', number>;
+    const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<
+      'enqueued' | 'processed' | 'digests' | 'mergedIntoDigests' | 'unfinished' | 'archived',
+      number
+    >;
     assert.equal(summary.unfinished, 0);
     assert.equal(summary.archived, 1, 'the poison task is archived');
     assert.ok(summary.processed >= 50, `processed ${summary.processed}`);
@@ -25,7 +28,10 @@ describe('pgasynq demo', () => {
     // The library's log lines, human-readable and errors only: the poison task's archive, nothing else.
     const logLines = r.stderr.split('\n').filter((l) => l !== '');
     assert.equal(logLines.length, 1, r.stderr);
-    assert.match(logLines[0]!, /^\d\d:\d\d:\d\d\.\d{3} ERROR processor: task archived task\.id=\S+ task\.type=import:parse task\.queue=low .*reason=skip-retry/);
+    assert.match(
+      logLines[0]!,
+      /^\d\d:\d\d:\d\d\.\d{3} ERROR processor: task archived task\.id=\S+ task\.type=import:parse task\.queue=low .*reason=skip-retry/,
+    );
   });
 });
 

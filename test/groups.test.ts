@@ -23,7 +23,9 @@ after(async () => {
 });
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+  await db.query(
+    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
+  );
 }
 
 interface Ran {
@@ -135,7 +137,12 @@ describe('closing a group', () => {
     await client.enqueue(new Task('item', 'y'), { queue: 'other', group: 'g' });
     const { ran } = await startServer({
       queues: { default: 1, other: 1 },
-      groupAggregator: (_group, members) => new Task('batch', members.map((m) => m.payload), { queue: 'default', maxRetry: 2 }),
+      groupAggregator: (_group, members) =>
+        new Task(
+          'batch',
+          members.map((m) => m.payload),
+          { queue: 'default', maxRetry: 2 },
+        ),
     });
     await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
     assert.deepEqual(ran[0], { type: 'batch', payload: ['y'], queue: 'other' });
@@ -151,7 +158,7 @@ describe('closing a group', () => {
     assert.equal(info.group, 'timed');
     await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
     assert.deepEqual(ran[0]?.payload, { group: 'timed', items: ['later'] });
-    const [{ late }] = await db.query("SELECT now() >= $1::timestamptz AS late", [info.nextProcessAt]);
+    const [{ late }] = await db.query('SELECT now() >= $1::timestamptz AS late', [info.nextProcessAt]);
     assert.equal(late, true);
   });
 });
@@ -180,41 +187,48 @@ describe('atomicity', () => {
     assert.equal((await db.query('SELECT * FROM {{schema}}.unique_locks')).length, 0, 'member locks released with the members');
   });
 
-  test('the aggregator runs holding no lock: a member deleted meanwhile is not aggregated, and the rest are again at the next check', { timeout: 30_000 }, async () => {
-    await reset();
-    const infos = await client.enqueueMany([new Task('item', 1), new Task('item', 2), new Task('item', 3)], { group: 'slow' });
-    const inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema, logger: false });
-    const first = deferred();
-    const release = deferred();
-    const calls: unknown[][] = [];
-    const { ran } = await startServer({
-      groupGracePeriod: 100,
-      groupAggregator: async (group, members) => {
-        calls.push(members.map((m) => m.payload));
-        if (calls.length === 1) {
-          first.resolve();
-          await release.promise;
-        }
-        return new Task('batch', { group, items: members.map((m) => m.payload) });
-      },
-    });
-    try {
-      await first.promise;
-      // While the aggregator runs, the members are not locked: deleting one does not wait for it.
-      const t0 = performance.now();
-      await inspector.deleteTask('default', infos[1]!.id);
-      assert.ok(performance.now() - t0 < 2000, `the delete waited ${Math.round(performance.now() - t0)} ms`);
-      release.resolve();
-      await waitFor(() => ran.length === 1, 20_000, 'one batch ran');
-      // The first result, made with the deleted member, never committed: the batch is of the two left.
-      assert.deepEqual(calls, [[1, 2, 3], [1, 3]]);
-      assert.deepEqual(ran[0]?.payload, { group: 'slow', items: [1, 3] });
-      await waitFor(async () => Object.keys(await countByState(db)).length === 0, 20_000, 'all rows gone');
-    } finally {
-      release.resolve();
-      await inspector.close();
-    }
-  });
+  test(
+    'the aggregator runs holding no lock: a member deleted meanwhile is not aggregated, and the rest are again at the next check',
+    { timeout: 30_000 },
+    async () => {
+      await reset();
+      const infos = await client.enqueueMany([new Task('item', 1), new Task('item', 2), new Task('item', 3)], { group: 'slow' });
+      const inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema, logger: false });
+      const first = deferred();
+      const release = deferred();
+      const calls: unknown[][] = [];
+      const { ran } = await startServer({
+        groupGracePeriod: 100,
+        groupAggregator: async (group, members) => {
+          calls.push(members.map((m) => m.payload));
+          if (calls.length === 1) {
+            first.resolve();
+            await release.promise;
+          }
+          return new Task('batch', { group, items: members.map((m) => m.payload) });
+        },
+      });
+      try {
+        await first.promise;
+        // While the aggregator runs, the members are not locked: deleting one does not wait for it.
+        const t0 = performance.now();
+        await inspector.deleteTask('default', infos[1]!.id);
+        assert.ok(performance.now() - t0 < 2000, `the delete waited ${Math.round(performance.now() - t0)} ms`);
+        release.resolve();
+        await waitFor(() => ran.length === 1, 20_000, 'one batch ran');
+        // The first result, made with the deleted member, never committed: the batch is of the two left.
+        assert.deepEqual(calls, [
+          [1, 2, 3],
+          [1, 3],
+        ]);
+        assert.deepEqual(ran[0]?.payload, { group: 'slow', items: [1, 3] });
+        await waitFor(async () => Object.keys(await countByState(db)).length === 0, 20_000, 'all rows gone');
+      } finally {
+        release.resolve();
+        await inspector.close();
+      }
+    },
+  );
 
   test('an aggregate that cannot be enqueued (its taskId exists) or is not a Task rolls back: members stay', { timeout: 30_000 }, async () => {
     await reset();
@@ -253,15 +267,22 @@ describe('atomicity', () => {
     const b = await startServer(handler);
     const tasks: Task[] = [];
     for (let g = 0; g < groups; g++) for (let k = 0; k < perGroup; k++) tasks.push(new Task('item', g * perGroup + k));
-    await Promise.all(
-      Array.from({ length: groups }, (_, g) => client.enqueueMany(tasks.slice(g * perGroup, (g + 1) * perGroup), { group: `g${g}` })),
-    );
+    await Promise.all(Array.from({ length: groups }, (_, g) => client.enqueueMany(tasks.slice(g * perGroup, (g + 1) * perGroup), { group: `g${g}` })));
     await waitFor(() => a.ran.length + b.ran.length === groups, 30_000, 'one batch per group');
     for (const r of [...a.ran, ...b.ran]) batches.push(r.payload);
     assert.equal(new Set(batches.map((x) => x.group)).size, groups, 'one aggregate per group');
     const items = batches.flatMap((x) => x.items).sort((p, q) => p - q);
-    assert.deepEqual(items, Array.from({ length: groups * perGroup }, (_, i) => i), 'every member exactly once');
-    for (const x of batches) assert.deepEqual(x.items, [...x.items].sort((p, q) => p - q), 'enqueue order');
+    assert.deepEqual(
+      items,
+      Array.from({ length: groups * perGroup }, (_, i) => i),
+      'every member exactly once',
+    );
+    for (const x of batches)
+      assert.deepEqual(
+        x.items,
+        [...x.items].sort((p, q) => p - q),
+        'enqueue order',
+      );
     assert.equal((await db.query("SELECT * FROM {{schema}}.tasks WHERE state = 'aggregating'")).length, 0);
   });
 });

@@ -60,7 +60,7 @@ export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs = 20_000
   const deadline = performance.now() + timeoutMs;
   for (;;) {
     const value = await check();
-    if (value) return value as NonNullable<T>;
+    if (value) return value;
     if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }

@@ -49,7 +49,8 @@ const row = async (queue: string, id: string) => (await db.query('SELECT * FROM 
 const put = (queue: string, id: string, extra: Record<string, unknown> = {}) => client.enqueue(new Task('job', { id }), { queue, taskId: id, ...extra });
 /** Rewrites a row's state with the columns that state needs (SQL `set`, $1 = queue, $2 = id). */
 const force = (queue: string, id: string, set: string) => db.query(`UPDATE {{schema}}.tasks SET ${set} WHERE queue = $1 AND id = $2`, [queue, id]);
-const ACTIVE = "state = 'active', run_at = NULL, lease_owner = 'srv', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min', started_at = now()";
+const ACTIVE =
+  "state = 'active', run_at = NULL, lease_owner = 'srv', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min', started_at = now()";
 const ids = (tasks: { id: string }[]) => tasks.map((t) => t.id);
 
 /** LISTENs on a channel of the test schema and collects payloads. */
@@ -143,7 +144,9 @@ describe('queues, getQueueInfo, history and the views', () => {
   test('getQueueInfo counts every state, latency, stats of today and totals; queue_stats agrees', async () => {
     await everyState('default');
     await db.query("UPDATE {{schema}}.tasks SET run_at = now() - interval '5 s' WHERE id = 'p1'");
-    await db.query("INSERT INTO {{schema}}.daily_stats VALUES ('default', (now() AT TIME ZONE 'UTC')::date, 7, 2), ('default', (now() AT TIME ZONE 'UTC')::date - 1, 100, 50)");
+    await db.query(
+      "INSERT INTO {{schema}}.daily_stats VALUES ('default', (now() AT TIME ZONE 'UTC')::date, 7, 2), ('default', (now() AT TIME ZONE 'UTC')::date - 1, 100, 50)",
+    );
     await db.query("UPDATE {{schema}}.queues SET processed_total = 1000, failed_total = 300, paused = true WHERE name = 'default'");
     const info = await inspector.getQueueInfo('default');
     const { latency, timestamp, ...rest } = info;
@@ -208,13 +211,10 @@ describe('queues, getQueueInfo, history and the views', () => {
       { id: 'orphan', lease_owner: 'srv', orphaned: true, started: true },
     ]);
     const active = await inspector.listActiveTasks('default');
-    assert.deepEqual(
-      active.map((t) => [t.id, t.isOrphaned]).sort(),
-      [
-        ['live', false],
-        ['orphan', true],
-      ],
-    );
+    assert.deepEqual(active.map((t) => [t.id, t.isOrphaned]).sort(), [
+      ['live', false],
+      ['orphan', true],
+    ]);
   });
 
   test('history: n days, today first, UTC midnights, zeros for quiet days', async () => {
@@ -262,7 +262,10 @@ describe('reading tasks', () => {
     assert.equal(t.timeout, 5000);
     assert.ok(t.nextProcessAt && t.nextProcessAt.getTime() > Date.now());
     assert.deepEqual(t.headers, { h: 'v' });
-    await assert.rejects(inspector.getTaskInfo('default', 'missing'), (e: unknown) => e instanceof TaskNotFoundError && e.taskId === 'missing' && e.queue === 'default');
+    await assert.rejects(
+      inspector.getTaskInfo('default', 'missing'),
+      (e: unknown) => e instanceof TaskNotFoundError && e.taskId === 'missing' && e.queue === 'default',
+    );
     await assert.rejects(inspector.getTaskInfo('nope', 'r1'), QueueNotFoundError);
   });
 
@@ -301,29 +304,54 @@ describe('reading tasks', () => {
       [null, 'options'],
     ];
     for (const [opts, field] of bad) {
-      await assert.rejects(inspector.listArchivedTasks('default', opts as never), (e: unknown) => e instanceof ValidationError && e.field === field, JSON.stringify(opts));
+      await assert.rejects(
+        inspector.listArchivedTasks('default', opts as never),
+        (e: unknown) => e instanceof ValidationError && e.field === field,
+        JSON.stringify(opts),
+      );
     }
   });
 
   test('scheduled and retry by due time, archived and completed oldest first, aggregating by enqueue order and group', async () => {
-    for (const [id, mins] of [['s3', 30], ['s1', 10], ['s2', 20]] as const) await put('default', id, { processIn: mins * 60_000 });
+    for (const [id, mins] of [
+      ['s3', 30],
+      ['s1', 10],
+      ['s2', 20],
+    ] as const)
+      await put('default', id, { processIn: mins * 60_000 });
     assert.deepEqual(ids(await inspector.listScheduledTasks('default')), ['s1', 's2', 's3']);
-    for (const [id, mins] of [['r2', 2], ['r1', 1]] as const) {
+    for (const [id, mins] of [
+      ['r2', 2],
+      ['r1', 1],
+    ] as const) {
       await put('default', id);
       await force('default', id, `state = 'retry', run_at = now() + interval '${mins} min'`);
     }
     assert.deepEqual(ids(await inspector.listRetryTasks('default')), ['r1', 'r2']);
-    for (const [id, ago] of [['a2', 2], ['a3', 1], ['a1', 3]] as const) {
+    for (const [id, ago] of [
+      ['a2', 2],
+      ['a3', 1],
+      ['a1', 3],
+    ] as const) {
       await put('default', id);
       await force('default', id, `state = 'archived', run_at = now() - interval '${ago} min'`);
     }
     assert.deepEqual(ids(await inspector.listArchivedTasks('default')), ['a1', 'a2', 'a3']);
-    for (const [id, ago] of [['c2', 2], ['c1', 3]] as const) {
+    for (const [id, ago] of [
+      ['c2', 2],
+      ['c1', 3],
+    ] as const) {
       await put('default', id, { retention: 3_600_000 });
       await force('default', id, `state = 'completed', completed_at = now() - interval '${ago} min', run_at = now() - interval '${ago} min' + retention`);
     }
     assert.deepEqual(ids(await inspector.listCompletedTasks('default')), ['c1', 'c2']);
-    for (const [id, g] of [['g1b', 'g1'], ['g2a', 'g2'], ['g1a', 'g1'], ['g1c', 'g1']] as const) await put('default', id, { group: g });
+    for (const [id, g] of [
+      ['g1b', 'g1'],
+      ['g2a', 'g2'],
+      ['g1a', 'g1'],
+      ['g1c', 'g1'],
+    ] as const)
+      await put('default', id, { group: g });
     assert.deepEqual(ids(await inspector.listAggregatingTasks('default', 'g1')), ['g1b', 'g1a', 'g1c']);
     assert.deepEqual(ids(await inspector.listAggregatingTasks('default', 'g2')), ['g2a']);
     assert.deepEqual(await inspector.listAggregatingTasks('default', 'g3'), []);
@@ -368,7 +396,10 @@ describe('single-task actions', () => {
       }
       assert.deepEqual(ids(await inspector.listPendingTasks('default')), ['p1', 'p2', 'sch', 'ret', 'arc', 'com', 'agg1']);
       assert.equal((await row('default', 'arc')).error_msg, 'dead', 'the last error is kept');
-      await assert.rejects(inspector.runTask('default', 'p1'), (e: unknown) => e instanceof FailedPreconditionError && /already in pending state/.test(e.message));
+      await assert.rejects(
+        inspector.runTask('default', 'p1'),
+        (e: unknown) => e instanceof FailedPreconditionError && /already in pending state/.test(e.message),
+      );
       await assert.rejects(inspector.runTask('default', 'act'), (e: unknown) => e instanceof FailedPreconditionError && /already running/.test(e.message));
       await assert.rejects(inspector.runTask('default', 'nope'), TaskNotFoundError);
       await waitFor(() => notes.payloads.filter((p) => p === 'default').length >= 5, 5000, 'a NOTIFY per run');
@@ -383,7 +414,9 @@ describe('single-task actions', () => {
       await inspector.archiveTask('default', id);
       assert.equal((await row('default', id)).state, 'archived', id);
     }
-    const [{ fresh }] = await db.query("SELECT bool_and(run_at > now() - interval '1 min') AS fresh FROM {{schema}}.tasks WHERE state = 'archived' AND id <> 'arc'");
+    const [{ fresh }] = await db.query(
+      "SELECT bool_and(run_at > now() - interval '1 min') AS fresh FROM {{schema}}.tasks WHERE state = 'archived' AND id <> 'arc'",
+    );
     assert.equal(fresh, true, 'archived at now()');
     assert.equal((await row('default', 'ret')).error_msg, 'boom', 'last error and last_failed_at kept');
     assert.ok((await row('default', 'ret')).last_failed_at instanceof Date);
@@ -399,7 +432,11 @@ describe('single-task actions', () => {
     await inspector.updateTaskPayload('default', 'sch', Buffer.from([1, 2, 3]));
     assert.deepEqual((await inspector.getTaskInfo('default', 'sch')).payload, Buffer.from([1, 2, 3]));
     for (const id of ['p1', 'ret', 'arc', 'com', 'act', 'agg1']) {
-      await assert.rejects(inspector.updateTaskPayload('default', id, { v: 3 }), (e: unknown) => e instanceof FailedPreconditionError && /not in scheduled state/.test(e.message), id);
+      await assert.rejects(
+        inspector.updateTaskPayload('default', id, { v: 3 }),
+        (e: unknown) => e instanceof FailedPreconditionError && /not in scheduled state/.test(e.message),
+        id,
+      );
     }
     await assert.rejects(inspector.updateTaskPayload('default', 'sch', { n: 1n }), (e: unknown) => e instanceof ValidationError && e.field === 'payload');
     await assert.rejects(inspector.updateTaskPayload('default', 'nope', {}), TaskNotFoundError);
@@ -466,7 +503,10 @@ describe('queue administration', () => {
     await put('default', 'x');
     await inspector.pauseQueue('default');
     assert.equal((await inspector.getQueueInfo('default')).paused, true);
-    await assert.rejects(inspector.pauseQueue('default'), (e: unknown) => e instanceof FailedPreconditionError && e.message === 'queue "default" is already paused');
+    await assert.rejects(
+      inspector.pauseQueue('default'),
+      (e: unknown) => e instanceof FailedPreconditionError && e.message === 'queue "default" is already paused',
+    );
     const ran: string[] = [];
     const server = await startServer((_t, ctx) => void ran.push(ctx.taskId), { taskCheckInterval: 60_000 });
     try {
@@ -478,7 +518,10 @@ describe('queue administration', () => {
     } finally {
       await server.shutdown();
     }
-    await assert.rejects(inspector.unpauseQueue('default'), (e: unknown) => e instanceof FailedPreconditionError && e.message === 'queue "default" is not paused');
+    await assert.rejects(
+      inspector.unpauseQueue('default'),
+      (e: unknown) => e instanceof FailedPreconditionError && e.message === 'queue "default" is not paused',
+    );
   });
 
   test('deleteQueue: empty only, or force unless a task is active; stats and locks go too', async () => {
@@ -530,8 +573,13 @@ describe('servers and cancellation, with a real Server', () => {
       assert.equal(view.lease_owner, server.id);
       assert.equal(view.orphaned, false);
       // An expired server row is not listed.
-      await db.query("INSERT INTO {{schema}}.servers (id, host, pid, concurrency, queues, strict_priority, status, expires_at) VALUES ('dead', 'h', 1, 1, '{}', false, 'active', now() - interval '1 s')");
-      assert.deepEqual((await inspector.servers()).map((x) => x.id), [server.id]);
+      await db.query(
+        "INSERT INTO {{schema}}.servers (id, host, pid, concurrency, queues, strict_priority, status, expires_at) VALUES ('dead', 'h', 1, 1, '{}', false, 'active', now() - interval '1 s')",
+      );
+      assert.deepEqual(
+        (await inspector.servers()).map((x) => x.id),
+        [server.id],
+      );
     } finally {
       release.resolve();
       await server.shutdown();
@@ -716,12 +764,11 @@ describe('validation, closing, migration', () => {
     await migrate(opts);
     const objects = () =>
       db.pool
-        .query(`SELECT to_regclass('"${schema}".queue_stats')::text AS v, to_regclass('"${schema}".active_tasks')::text AS a, to_regclass('"${schema}".tasks_due_queue_idx')::text AS i`)
+        .query(
+          `SELECT to_regclass('"${schema}".queue_stats')::text AS v, to_regclass('"${schema}".active_tasks')::text AS a, to_regclass('"${schema}".tasks_due_queue_idx')::text AS i`,
+        )
         .then((r) => r.rows[0]);
-    const activeIndex = () =>
-      db.pool
-        .query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`)
-        .then((r) => r.rows[0].def as string);
+    const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
     assert.equal(await migrateDown(opts), '0004_storage_v2');
     assert.ok((await objects()).v && (await objects()).a && (await objects()).i);
     assert.match(await activeIndex(), /\(queue, started_at, seq\) WHERE \(\(state = 'active'::text\) AND \(lease_owner IS NOT NULL\)\)/);

@@ -39,7 +39,9 @@ after(async () => {
 });
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.side_effects');
+  await db.query(
+    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.side_effects',
+  );
 }
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
@@ -75,7 +77,12 @@ async function activeTask(retried: number, maxRetry: number, leaseExpiresSql: st
 }
 
 function recoverer(cutoffMs: number): Recoverer {
-  return new Recoverer(broker, silentLogger, { recoverInterval: 60_000, recoverCutoff: cutoffMs, leaseDuration: 30_000, retryDelay: () => 5000 }, new StatsCollector(broker));
+  return new Recoverer(
+    broker,
+    silentLogger,
+    { recoverInterval: 60_000, recoverCutoff: cutoffMs, leaseDuration: 30_000, retryDelay: () => 5000 },
+    new StatsCollector(broker),
+  );
 }
 
 describe('lease at claim', () => {
@@ -89,7 +96,7 @@ describe('lease at claim', () => {
     assert.equal(r1.lease_owner, 'server-a');
     const [{ secs }] = await db.query('SELECT round(extract(epoch FROM lease_expires_at - now()))::int AS secs FROM {{schema}}.tasks WHERE id = $1', [info.id]);
     assert.equal(secs, 30);
-    await requeue(broker, [{ queue: 'default', id: info.id, seq: row!.seq, token: r1.lease_token }]);
+    await requeue(broker, [{ queue: 'default', id: info.id, seq: row.seq, token: r1.lease_token }]);
     const [again] = await claim(broker, ['default'], 10, 'server-b', 30_000);
     assert.notEqual(again?.lease_token, r1.lease_token, 'a new token on every claim');
   });
@@ -189,7 +196,11 @@ describe('recoverer', () => {
     // Meanwhile a heartbeat lands on one, and another recoverer (same decisions) takes the other.
     await db.query("UPDATE {{schema}}.tasks SET lease_expires_at = now() + interval '30 seconds' WHERE id = $1", [extended]);
     const decisions = expired.map((e) => ({ seq: e.seq, token: e.lease_token, archive: false, delayMs: 0 }));
-    const other = await recoverLeases(broker, decisions.filter((d) => d.seq === expired.find((e) => e.id === taken)!.seq), bounds);
+    const other = await recoverLeases(
+      broker,
+      decisions.filter((d) => d.seq === expired.find((e) => e.id === taken)!.seq),
+      bounds,
+    );
     assert.equal(other.length, 1);
     const before = await db.query('SELECT * FROM {{schema}}.tasks ORDER BY id');
     assert.deepEqual(await recoverLeases(broker, decisions, bounds), [], 'nothing left to recover');
@@ -207,8 +218,11 @@ describe('recoverer', () => {
     );
     const recoverers = Array.from({ length: 4 }, () => recoverer(30_000));
     const results = await Promise.all(recoverers.map((r) => r.runOnce()));
-    assert.equal(results.reduce((n, r) => n + r.retried, 0), 250);
-    const rows = await db.query("SELECT retried, count(*)::int AS n FROM {{schema}}.tasks GROUP BY retried");
+    assert.equal(
+      results.reduce((n, r) => n + r.retried, 0),
+      250,
+    );
+    const rows = await db.query('SELECT retried, count(*)::int AS n FROM {{schema}}.tasks GROUP BY retried');
     assert.deepEqual(rows, [{ retried: 1, n: 250 }], 'no task recovered twice');
   });
 });
@@ -219,10 +233,13 @@ describe('heartbeats', () => {
     const info = await client.enqueue(new Task('long'));
     let aborted = false;
     // Leases of 2 s, extended every 200 ms: the task outlives three of them.
-    const server = await startServer(async (_t, ctx) => {
-      ctx.signal.addEventListener('abort', () => (aborted = true));
-      await new Promise((r) => setTimeout(r, 6500));
-    }, { leaseDuration: 2000, heartbeatInterval: 200 });
+    const server = await startServer(
+      async (_t, ctx) => {
+        ctx.signal.addEventListener('abort', () => (aborted = true));
+        await new Promise((r) => setTimeout(r, 6500));
+      },
+      { leaseDuration: 2000, heartbeatInterval: 200 },
+    );
     await waitFor(async () => (await taskRow(info.id)) === undefined, 30_000, 'task completes');
     assert.equal(aborted, false);
     assert.equal(server.metrics().leasesLost, 0);
@@ -298,16 +315,22 @@ describe('ctx.transaction', () => {
     const info = await client.enqueue(new Task('charge'));
     const go = deferred();
     const outcome = deferred<unknown>();
-    const server = await startServer(async (_t, ctx) => {
-      await go.promise;
-      await ctx
-        .transaction(async (trx) => {
-          await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
-        })
-        .then(() => outcome.resolve('committed'), (err) => outcome.resolve(err));
-    }, { heartbeatInterval: 5000, leaseDuration: 30_000 });
+    const server = await startServer(
+      async (_t, ctx) => {
+        await go.promise;
+        await ctx
+          .transaction(async (trx) => {
+            await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+          })
+          .then(
+            () => outcome.resolve('committed'),
+            (err) => outcome.resolve(err),
+          );
+      },
+      { heartbeatInterval: 5000, leaseDuration: 30_000 },
+    );
     await waitFor(async () => (await taskRow(info.id))?.state === 'active');
-    await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid() WHERE id = $1", [info.id]);
+    await db.query('UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid() WHERE id = $1', [info.id]);
     go.resolve();
     assert.ok((await outcome.promise) instanceof LeaseExpiredError);
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
@@ -315,7 +338,7 @@ describe('ctx.transaction', () => {
     await server.shutdown();
   });
 
-  test("a user error inside the transaction rolls it back and fails the task", { timeout: 30_000 }, async () => {
+  test('a user error inside the transaction rolls it back and fails the task', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });
     const server = await startServer(async (_t, ctx) => {
@@ -356,17 +379,24 @@ describe('graceful shutdown', () => {
     assert.equal(row.retried, 2);
     assert.equal(row.lease_token, null);
     const order = await db.query("SELECT id FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY pending_seq");
-    assert.deepEqual(order.map((r) => r.id), [info.id, other.id], 'requeued to the front');
+    assert.deepEqual(
+      order.map((r) => r.id),
+      [info.id, other.id],
+      'requeued to the front',
+    );
   });
 
   test('a handler that finishes within shutdownTimeout completes normally', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('quick'));
     const started = deferred();
-    const server = await startServer(async () => {
-      started.resolve();
-      await new Promise((r) => setTimeout(r, 150));
-    }, { shutdownTimeout: 2000 });
+    const server = await startServer(
+      async () => {
+        started.resolve();
+        await new Promise((r) => setTimeout(r, 150));
+      },
+      { shutdownTimeout: 2000 },
+    );
     await started.promise;
     await server.shutdown();
     assert.equal(await taskRow(info.id), undefined);
@@ -392,10 +422,14 @@ function spawnWorker(mode: string, env: Record<string, string> = {}): Worker {
   });
   const events: Record<string, unknown>[] = [];
   const waiters: [string, (e: Record<string, unknown>) => void][] = [];
-  createInterface({ input: child.stdout! }).on('line', (line) => {
+  createInterface({ input: child.stdout }).on('line', (line) => {
     const e = JSON.parse(line) as Record<string, unknown>;
     events.push(e);
-    for (const [i, [name, fn]] of [...waiters.entries()].reverse()) if (name === e.event) (waiters.splice(i, 1), fn(e));
+    for (const [i, [name, fn]] of [...waiters.entries()].reverse()) {
+      if (name !== e.event) continue;
+      waiters.splice(i, 1);
+      fn(e);
+    }
   });
   return {
     child,

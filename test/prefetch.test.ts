@@ -17,7 +17,9 @@ before(async () => {
 });
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+  await db.query(
+    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
+  );
 });
 after(async () => {
   await client.close();
@@ -42,7 +44,11 @@ async function startServer(handler: Handler, config: ServerConfig): Promise<Serv
   return server;
 }
 
-const enqueueN = (n: number, opts = {}) => client.enqueueMany(Array.from({ length: n }, (_, i) => new Task('held', { i })), opts);
+const enqueueN = (n: number, opts = {}) =>
+  client.enqueueMany(
+    Array.from({ length: n }, (_, i) => new Task('held', { i })),
+    opts,
+  );
 
 /**
  * Samples, from SQL, the tasks that are active (claimed) but whose handler has
@@ -130,7 +136,10 @@ describe('prefetch', () => {
       { concurrency: 1, prefetch: 4 },
     );
     await waitFor(() => started.length === infos.length, 10_000, 'every task started');
-    assert.deepEqual(started, infos.map((_, i) => i));
+    assert.deepEqual(
+      started,
+      infos.map((_, i) => i),
+    );
   });
 
   test('stop gives held tasks back to pending at once, their retries unused', { timeout: 30_000 }, async () => {

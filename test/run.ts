@@ -79,7 +79,13 @@ let stop = async () => {};
 if (url === undefined && process.env.PGASYNQ_EMBEDDED !== '1' && (await answers(LOCAL))) url = LOCAL;
 if (url === undefined) ({ url, stop } = await startEmbedded());
 
-const files = process.argv.length > 2 ? process.argv.slice(2) : readdirSync('test').filter((f) => f.endsWith('.test.ts')).sort().map((f) => join('test', f));
+const files =
+  process.argv.length > 2
+    ? process.argv.slice(2)
+    : readdirSync('test')
+        .filter((f) => f.endsWith('.test.ts'))
+        .sort()
+        .map((f) => join('test', f));
 const child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-concurrency=4', '--test-timeout=400000', ...files], {
   stdio: 'inherit',
   env: { ...process.env, DATABASE_URL: url },

@@ -42,7 +42,9 @@ function scheduler(opts: SchedulerOptions = {}): Scheduler {
 }
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.scheduler_entries, {{schema}}.scheduler_events');
+  await db.query(
+    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.scheduler_entries, {{schema}}.scheduler_events',
+  );
 }
 
 const iso = (d: Date | null) => d?.toISOString() ?? null;
@@ -238,15 +240,39 @@ describe('validation', () => {
   });
 
   test('a bad location, task or option', () => {
-    assert.throws(() => scheduler({ location: 'Nowhere/Special' }), (err: unknown) => err instanceof ConfigError && err.field === 'location');
-    assert.throws(() => scheduler({ location: '' }), (err: unknown) => err instanceof ConfigError && err.field === 'location');
-    assert.throws(() => scheduler({ heartbeatInterval: -1 }), (err: unknown) => err instanceof ConfigError && err.field === 'heartbeatInterval');
-    assert.throws(() => scheduler({ locaton: 'UTC' } as SchedulerOptions), (err: unknown) => err instanceof ConfigError && err.field === 'options.locaton');
+    assert.throws(
+      () => scheduler({ location: 'Nowhere/Special' }),
+      (err: unknown) => err instanceof ConfigError && err.field === 'location',
+    );
+    assert.throws(
+      () => scheduler({ location: '' }),
+      (err: unknown) => err instanceof ConfigError && err.field === 'location',
+    );
+    assert.throws(
+      () => scheduler({ heartbeatInterval: -1 }),
+      (err: unknown) => err instanceof ConfigError && err.field === 'heartbeatInterval',
+    );
+    assert.throws(
+      () => scheduler({ locaton: 'UTC' } as SchedulerOptions),
+      (err: unknown) => err instanceof ConfigError && err.field === 'options.locaton',
+    );
     const s = scheduler();
-    assert.throws(() => s.register('@hourly', { type: 'x' } as unknown as Task), (err: unknown) => err instanceof ValidationError && err.field === 'task');
-    assert.throws(() => s.register('@hourly', new Task('t'), { maxRetry: -1 }), (err: unknown) => err instanceof ValidationError && err.field === 'maxRetry');
-    assert.throws(() => s.register('@hourly', new Task('t'), { processAt: new Date(), processIn: 5 }), (err: unknown) => err instanceof ValidationError && err.field === 'processAt');
-    assert.throws(() => s.unregister('nope'), (err: unknown) => err instanceof ValidationError && err.field === 'entryId');
+    assert.throws(
+      () => s.register('@hourly', { type: 'x' } as unknown as Task),
+      (err: unknown) => err instanceof ValidationError && err.field === 'task',
+    );
+    assert.throws(
+      () => s.register('@hourly', new Task('t'), { maxRetry: -1 }),
+      (err: unknown) => err instanceof ValidationError && err.field === 'maxRetry',
+    );
+    assert.throws(
+      () => s.register('@hourly', new Task('t'), { processAt: new Date(), processIn: 5 }),
+      (err: unknown) => err instanceof ValidationError && err.field === 'processAt',
+    );
+    assert.throws(
+      () => s.unregister('nope'),
+      (err: unknown) => err instanceof ValidationError && err.field === 'entryId',
+    );
   });
 
   test('lifecycle: start twice is refused; after shutdown every call is ClientClosedError', async () => {
@@ -268,7 +294,11 @@ describe('entry ids', () => {
     const id = a.register('*/5 * * * *', new Task('report', { x: 1, y: [1, 2] }), { queue: 'low' });
     assert.match(id, /^[0-9a-f]{32}$/);
     assert.equal(b.register('*/5 * * * *', new Task('report', { y: [1, 2], x: 1 }), { queue: 'low' }), id, 'key order does not matter');
-    assert.equal(b.register('*/5  *  * * *', new Task('report', { x: 1, y: [1, 2] }, { queue: 'low' })), id, 'spacing, and options given to the Task or to register');
+    assert.equal(
+      b.register('*/5  *  * * *', new Task('report', { x: 1, y: [1, 2] }, { queue: 'low' })),
+      id,
+      'spacing, and options given to the Task or to register',
+    );
     assert.equal(a.register('*/5 * * * *', new Task('report', { x: 1, y: [1, 2] }), { queue: 'low' }), id, 'registering twice is one entry');
     assert.equal(a.entryIds().length, 1);
     const others = [
@@ -301,7 +331,10 @@ describe('exactly once per tick', () => {
       const ev = await assertOneTaskPerTick(id, `tick${n}`);
       const gaps = gapsMs(ev);
       // Ticks are not replayed: a tick a stalled process missed is skipped, so only "no duplicates" is exact.
-      assert.ok(gaps.every((g) => g >= 1000), `gaps ${gaps.join(',')}`);
+      assert.ok(
+        gaps.every((g) => g >= 1000),
+        `gaps ${gaps.join(',')}`,
+      );
     });
   }
 
@@ -321,7 +354,10 @@ describe('exactly once per tick', () => {
     await second.shutdown();
     const ev = await assertOneTaskPerTick(id, 'relay');
     const gaps = gapsMs(ev);
-    assert.ok(gaps.every((g) => g >= 1000 && g <= 2000), `gaps ${gaps.join(',')}`);
+    assert.ok(
+      gaps.every((g) => g >= 1000 && g <= 2000),
+      `gaps ${gaps.join(',')}`,
+    );
   });
 
   test('a scheduler process killed with SIGKILL and replaced: no double, no gap beyond one tick', { timeout: 60_000 }, async () => {
@@ -347,7 +383,10 @@ describe('exactly once per tick', () => {
     await waitFor(async () => (await events(id)).length >= handedOver + 3, 30_000, '3 ticks of the replacement');
     await replacement.shutdown();
     const ev = await assertOneTaskPerTick(id, 'from-child');
-    assert.ok(gapsMs(ev).every((g) => g >= 1000 && g <= 2000), `gaps ${gapsMs(ev).join(',')}`);
+    assert.ok(
+      gapsMs(ev).every((g) => g >= 1000 && g <= 2000),
+      `gaps ${gapsMs(ev).join(',')}`,
+    );
   });
 
   test('two schedulers, one stops: the other goes on alone without a gap beyond one tick', { timeout: 60_000 }, async () => {
@@ -363,7 +402,10 @@ describe('exactly once per tick', () => {
     await waitFor(async () => (await events(id)).length >= atStop + 3, 30_000, '3 more ticks');
     await b.shutdown();
     const ev = await assertOneTaskPerTick(id, 'pair');
-    assert.ok(gapsMs(ev).every((g) => g >= 1000 && g <= 2000), `gaps ${gapsMs(ev).join(',')}`);
+    assert.ok(
+      gapsMs(ev).every((g) => g >= 1000 && g <= 2000),
+      `gaps ${gapsMs(ev).join(',')}`,
+    );
   });
 
   test('catch-up: after downtime only the most recent missed tick is enqueued; a new entry never replays the past', async () => {
@@ -373,7 +415,10 @@ describe('exactly once per tick', () => {
     const missed = s.register('@every 1h', new Task('hourly-missed'));
     const [{ latest }] = await db.query("SELECT date_trunc('hour', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS latest");
     // `missed` last ran 4 hours before its latest tick: 3 ticks were missed, plus the latest one.
-    await db.query("INSERT INTO {{schema}}.scheduler_events (entry_id, tick_at, task_id) VALUES ($1, $2::timestamptz - interval '4 hours', 'old')", [missed, latest]);
+    await db.query("INSERT INTO {{schema}}.scheduler_events (entry_id, tick_at, task_id) VALUES ($1, $2::timestamptz - interval '4 hours', 'old')", [
+      missed,
+      latest,
+    ]);
     await s.runOnce();
     await s.runOnce();
     assert.equal((await events(fresh)).length, 0, 'no history: nothing replayed');
@@ -428,10 +473,14 @@ describe('registry', () => {
     const s = scheduler();
     const id = s.register('@every 1s', new Task('listed', { a: 1 }, { queue: 'low' }), { maxRetry: 3 });
     await s.start();
-    const row = await waitFor(async () => {
-      const [r] = await db.query('SELECT * FROM {{schema}}.scheduler_entries WHERE id = $1', [id]);
-      return r?.prev_run_at ? r : undefined;
-    }, 20_000, 'entry with a prev run');
+    const row = await waitFor(
+      async () => {
+        const [r] = await db.query('SELECT * FROM {{schema}}.scheduler_entries WHERE id = $1', [id]);
+        return r?.prev_run_at ? r : undefined;
+      },
+      20_000,
+      'entry with a prev run',
+    );
     assert.equal(row.spec, '@every 1s');
     assert.equal(row.task_type, 'listed');
     assert.deepEqual(row.payload, { a: 1 });
@@ -441,7 +490,11 @@ describe('registry', () => {
     assert.ok(row.next_run_at > row.prev_run_at);
     assert.ok(row.expires_at > row.heartbeat_at);
     const beat = row.heartbeat_at as Date;
-    await waitFor(async () => (await db.query('SELECT heartbeat_at FROM {{schema}}.scheduler_entries WHERE id = $1', [id]))[0]?.heartbeat_at > beat, 20_000, 'a refresh');
+    await waitFor(
+      async () => (await db.query('SELECT heartbeat_at FROM {{schema}}.scheduler_entries WHERE id = $1', [id]))[0]?.heartbeat_at > beat,
+      20_000,
+      'a refresh',
+    );
     await s.shutdown();
     assert.equal((await db.query('SELECT * FROM {{schema}}.scheduler_entries')).length, 0);
     assert.ok((await events(id)).length > 0, 'history outlives the scheduler');
@@ -456,7 +509,11 @@ describe('registry', () => {
     const keep = s.register('@every 1h', new Task('keep'));
     const drop = s.register('@every 1s', new Task('drop'));
     await s.start();
-    assert.deepEqual((await db.query('SELECT id FROM {{schema}}.scheduler_entries ORDER BY id')).map((r) => r.id).sort(), [keep, drop].sort(), 'stale expired at start');
+    assert.deepEqual(
+      (await db.query('SELECT id FROM {{schema}}.scheduler_entries ORDER BY id')).map((r) => r.id).sort(),
+      [keep, drop].sort(),
+      'stale expired at start',
+    );
     await waitFor(async () => (await events(drop)).length >= 1, 20_000, 'a tick of drop');
     s.unregister(drop);
     assert.deepEqual(s.entryIds(), [keep]);
@@ -489,7 +546,14 @@ describe('registry', () => {
 
 describe('PeriodicTaskManager', () => {
   function manager(getConfigs: () => PeriodicTaskConfig[] | Promise<PeriodicTaskConfig[]>, syncInterval = 100): PeriodicTaskManager {
-    const m = new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, syncInterval, getConfigs });
+    const m = new PeriodicTaskManager({
+      connectionString: db.connectionString,
+      schema: db.schema,
+      logger: false,
+      heartbeatInterval: 200,
+      syncInterval,
+      getConfigs,
+    });
     running.push(m);
     return m;
   }
@@ -528,7 +592,11 @@ describe('PeriodicTaskManager', () => {
     const m = manager(() => {
       calls++;
       if (mode === 'throw') throw new Error('provider down');
-      if (mode === 'invalid') return [{ cronspec: '@every 1h', task: new Task('x') }, { cronspec: 'bogus', task: new Task('y') }];
+      if (mode === 'invalid')
+        return [
+          { cronspec: '@every 1h', task: new Task('x') },
+          { cronspec: 'bogus', task: new Task('y') },
+        ];
       return [{ cronspec: '@every 1h', task: new Task('x') }];
     });
     await m.start();
@@ -540,10 +608,22 @@ describe('PeriodicTaskManager', () => {
       await waitFor(() => calls >= at + 2, 20_000, `two syncs while ${next}`);
       assert.deepEqual(m.scheduler.entryIds(), before, `unchanged while ${next}`);
     }
-    await assert.rejects(manager(() => Promise.reject(new Error('nope'))).start(), (err: unknown) => err instanceof ConfigError && /initial sync failed: nope/.test(err.message));
-    await assert.rejects(manager(() => [{ cronspec: '* *', task: new Task('z') }]).start(), (err: unknown) => err instanceof ConfigError && /configs\[0\]\.cronspec/.test(err.message));
-    assert.throws(() => new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema } as never), (err: unknown) => err instanceof ConfigError && err.field === 'getConfigs');
-    assert.throws(() => manager(() => [], -5), (err: unknown) => err instanceof ConfigError && err.field === 'syncInterval');
+    await assert.rejects(
+      manager(() => Promise.reject(new Error('nope'))).start(),
+      (err: unknown) => err instanceof ConfigError && /initial sync failed: nope/.test(err.message),
+    );
+    await assert.rejects(
+      manager(() => [{ cronspec: '* *', task: new Task('z') }]).start(),
+      (err: unknown) => err instanceof ConfigError && /configs\[0\]\.cronspec/.test(err.message),
+    );
+    assert.throws(
+      () => new PeriodicTaskManager({ connectionString: db.connectionString, schema: db.schema } as never),
+      (err: unknown) => err instanceof ConfigError && err.field === 'getConfigs',
+    );
+    assert.throws(
+      () => manager(() => [], -5),
+      (err: unknown) => err instanceof ConfigError && err.field === 'syncInterval',
+    );
   });
 
   test('its entries are enqueued like any scheduler entry', { timeout: 30_000 }, async () => {
@@ -595,7 +675,10 @@ describe('a database that cannot be used', () => {
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const s = scheduler({ schema });
     s.register('@every 1s', new Task('t'));
-    await assert.rejects(s.start(), (err: unknown) => err instanceof FailedPreconditionError && /^schema "\w+_never" is not migrated \(.*\): run `pgasynq migrate`/.test(err.message));
+    await assert.rejects(
+      s.start(),
+      (err: unknown) => err instanceof FailedPreconditionError && /^schema "\w+_never" is not migrated \(.*\): run `pgasynq migrate`/.test(err.message),
+    );
     assert.equal((await db.pool.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema])).rowCount, 0);
   });
 });

@@ -46,8 +46,6 @@ const MIB = 1_048_576;
 let db: TestDb;
 let pool: ReturnType<typeof countedPool>;
 
-
-
 const fastServer = (config: ServerConfig): ServerConfig => ({
   connectionString: DATABASE_URL,
   schema: db.schema,
@@ -78,7 +76,22 @@ after(async () => {
 // ---------------------------------------------------------------------------
 describe('SEC2 identifier injection', () => {
   /** §6 rows 18–21, and a few more of the same kind. */
-  const BAD_SCHEMAS = ['public; DROP SCHEMA public CASCADE', 'pg_catalog', 'pg_pgq', "o'brien", 'a$$b', 'Queue', 'x.job', '', 'a'.repeat(64), 'a"b', 'a b', 'a\nb', '1abc', 'ünï'];
+  const BAD_SCHEMAS = [
+    'public; DROP SCHEMA public CASCADE',
+    'pg_catalog',
+    'pg_pgq',
+    "o'brien",
+    'a$$b',
+    'Queue',
+    'x.job',
+    '',
+    'a'.repeat(64),
+    'a"b',
+    'a b',
+    'a\nb',
+    '1abc',
+    'ünï',
+  ];
 
   /**
    * Relations of the test schema and of public, and those two schemas. Not
@@ -121,7 +134,7 @@ describe('SEC2 identifier injection', () => {
 
   const NASTY = ["'", '"', '$$', ';', '--', '\n'];
 
-  test("queue names with ' \" $$ ; or a newline are refused before SQL (our charset rule: A–Z a–z 0–9 _ . : -); -- is data", async () => {
+  test('queue names with \' " $$ ; or a newline are refused before SQL (our charset rule: A–Z a–z 0–9 _ . : -); -- is data', async () => {
     const client = new Client({ pool, schema: db.schema });
     const inspector = new Inspector({ pool, schema: db.schema });
     for (const bad of NASTY.filter((s) => s !== '--')) {
@@ -151,9 +164,14 @@ describe('SEC2 identifier injection', () => {
     assert.deepEqual(await relations(), before);
   });
 
-  test("task types with ' \" $$ ; -- round-trip verbatim as data (a newline is refused: no control characters)", { timeout: 60_000 }, async () => {
+  test('task types with \' " $$ ; -- round-trip verbatim as data (a newline is refused: no control characters)', { timeout: 60_000 }, async () => {
     const before = await relations();
-    const types = [...NASTY.filter((s) => s !== '\n').map((s) => `t${s}x`), "x'); DROP TABLE tasks; --", '$$; DROP SCHEMA public CASCADE; $$', 'a"b\'c$$d;e--f'];
+    const types = [
+      ...NASTY.filter((s) => s !== '\n').map((s) => `t${s}x`),
+      "x'); DROP TABLE tasks; --",
+      '$$; DROP SCHEMA public CASCADE; $$',
+      'a"b\'c$$d;e--f',
+    ];
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
     const inspector = new Inspector({ connectionString: DATABASE_URL, schema: db.schema });
     const seen: string[] = [];
@@ -204,7 +222,7 @@ describe('SEC3 prototype pollution', () => {
     await server.start((task) => {
       const p = task.payload as Record<string, unknown>;
       // What a careless handler does: Object.assign onto a fresh object.
-      const assigned = Object.assign({}, p) as Record<string, unknown>;
+      const assigned: Record<string, unknown> = Object.assign({}, p);
       handled = {
         own: Object.keys(p).sort(),
         proto: Object.getPrototypeOf(p) === Object.prototype,
@@ -350,7 +368,10 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
     assert.ok((configErr as Error).message.includes(BAD_PORT.replaceAll(sentinel, '***')), (configErr as Error).message);
 
     assert.ok(logLines.length > 10, `the server logged (${logLines.length} lines)`);
-    assert.ok(logLines.some((l) => /"level":20/.test(l)), 'debug lines were written');
+    assert.ok(
+      logLines.some((l) => /"level":20/.test(l)),
+      'debug lines were written',
+    );
     const hits = [...seen, ...logLines].filter((s) => s.includes(sentinel));
     assert.deepEqual(hits, [], 'the password appears nowhere');
     // The stored errors too.
@@ -380,11 +401,18 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
       assert.equal(r.code, code, `${args.join(' ')}: exit ${r.code}; ${r.stderr}`);
       outputs.push(r.stdout, r.stderr);
     }
-    assert.ok(outputs.some((o) => /cannot reach the database/.test(o)), 'the failing migrate said why');
-    assert.deepEqual(outputs.filter((o) => o.includes(sentinel)), [], 'the password appears in no CLI output');
+    assert.ok(
+      outputs.some((o) => /cannot reach the database/.test(o)),
+      'the failing migrate said why',
+    );
+    assert.deepEqual(
+      outputs.filter((o) => o.includes(sentinel)),
+      [],
+      'the password appears in no CLI output',
+    );
   });
 
-  test('a DSN inside a handler error is masked in last_error and in the failed attempt\'s log line', { timeout: 30_000 }, async () => {
+  test("a DSN inside a handler error is masked in last_error and in the failed attempt's log line", { timeout: 30_000 }, async () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
     const lines: string[] = [];
     const server = new Server(
@@ -401,14 +429,20 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
       });
       const masked = `could not reach ${dsn({ host: 'db.example', port: 5432 }).replaceAll(sentinel, '***')}`;
       assert.equal(row.error_msg, masked);
-      const failedLine = await waitFor(() => lines.map((l) => JSON.parse(l) as { msg: string; err?: { message: string; stack: string } }).find((l) => l.msg === 'task failed; will retry'));
+      const failedLine = await waitFor(() =>
+        lines.map((l) => JSON.parse(l) as { msg: string; err?: { message: string; stack: string } }).find((l) => l.msg === 'task failed; will retry'),
+      );
       assert.equal(failedLine.err?.message, masked);
       assert.ok(failedLine.err?.stack.startsWith(`Error: ${masked}`), failedLine.err?.stack);
     } finally {
       await server.shutdown();
       await client.close();
     }
-    assert.deepEqual(lines.filter((l) => l.includes(sentinel)), [], 'no log line holds the password');
+    assert.deepEqual(
+      lines.filter((l) => l.includes(sentinel)),
+      [],
+      'no log line holds the password',
+    );
   });
 });
 
@@ -441,7 +475,10 @@ describe('SEC4 secrets: passwords with / ? # @ : and spaces, sslpassword, key=va
       [`postgres://u:${ODD}@db:5432/q`, 'postgres://u:***@db:5432/q'],
       [`failed: postgres://u:${ODD}@db/q, retrying`, 'failed: postgres://u:***@db/q, retrying'],
       [`postgres://me@tenant:${A}@db/q`, 'postgres://me@tenant:***@db/q'],
-      [`postgres://u:${A}@db/q?sslmode=require&sslpassword=${ODD}&application_name=x`, 'postgres://u:***@db/q?sslmode=require&sslpassword=***&application_name=x'],
+      [
+        `postgres://u:${A}@db/q?sslmode=require&sslpassword=${ODD}&application_name=x`,
+        'postgres://u:***@db/q?sslmode=require&sslpassword=***&application_name=x',
+      ],
       [`postgres://u@db/q?password=${B}`, 'postgres://u@db/q?password=***'],
       [`host=db password=${A} sslpassword='${B} ${C}' dbname=q`, 'host=db password=*** sslpassword=*** dbname=q'],
       [`PGPASSWORD=${D} psql`, 'PGPASSWORD=*** psql'],
@@ -537,7 +574,11 @@ describe('SEC6 NOTIFY spoofing', () => {
     const random = (len: number) => Array.from({ length: len }, () => alphabet[Math.floor(Math.random() * alphabet.length)]).join('');
     let serial = 0;
     /** 100 distinct payloads per statement (PostgreSQL folds identical ones within a transaction): 1 empty, 10 of 7,999 bytes, 89 random. */
-    const batch = () => ['', ...Array.from({ length: 10 }, () => `${serial++}:`.padEnd(7999, 'x')), ...Array.from({ length: 89 }, () => `${serial++}:${random(1 + Math.floor(Math.random() * 60))}`)];
+    const batch = () => [
+      '',
+      ...Array.from({ length: 10 }, () => `${serial++}:`.padEnd(7999, 'x')),
+      ...Array.from({ length: 89 }, () => `${serial++}:${random(1 + Math.floor(Math.random() * 60))}`),
+    ];
     const flood = async (statements: number) => {
       for (let i = 0; i < statements; i++) await sender.query('SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p', [CHANNEL, batch()]);
     };
@@ -561,9 +602,14 @@ describe('SEC6 NOTIFY spoofing', () => {
       const floodMs = performance.now() - floodStart;
       const floodClaims = claims - claims0;
       const cpu = process.cpuUsage(cpu0);
-      t.diagnostic(`flood: ${delivered - delivered0} notifications in ${Math.round(floodMs)} ms; ${floodClaims} claims (idle: ${idleClaims} in 2 s); test process CPU ${Math.round((cpu.user + cpu.system) / 1000)} ms`);
+      t.diagnostic(
+        `flood: ${delivered - delivered0} notifications in ${Math.round(floodMs)} ms; ${floodClaims} claims (idle: ${idleClaims} in 2 s); test process CPU ${Math.round((cpu.user + cpu.system) / 1000)} ms`,
+      );
       assert.equal(server.status, 'active');
-      assert.ok(floodClaims <= pollBound(floodMs), `no claim storm: ${floodClaims} claims in ${Math.round(floodMs)} ms of flood (polling allows ${pollBound(floodMs)})`);
+      assert.ok(
+        floodClaims <= pollBound(floodMs),
+        `no claim storm: ${floodClaims} claims in ${Math.round(floodMs)} ms of flood (polling allows ${pollBound(floodMs)})`,
+      );
 
       // During another flood, real tasks are still processed promptly.
       const during = flood(20);
@@ -607,7 +653,10 @@ describe('SEC7 cheap rejection', () => {
     for (const [attempt, message] of [
       [() => client.enqueue(new Task('big', 'x'.repeat(MIB - 1))), /^payload is 1048577 bytes as JSON; the limit is 1048576 \(option maxPayloadBytes\)$/],
       [() => client.enqueue(new Task('big', new Uint8Array(MIB + 1))), /^payload is 1048577 bytes; the limit is 1048576 \(option maxPayloadBytes\)$/],
-      [() => client.enqueueMany([new Task('ok'), new Task('big', { s: 'x'.repeat(MIB) })]), /^tasks\[1\]\.payload is 1048584 bytes as JSON; the limit is 1048576/],
+      [
+        () => client.enqueueMany([new Task('ok'), new Task('big', { s: 'x'.repeat(MIB) })]),
+        /^tasks\[1\]\.payload is 1048584 bytes as JSON; the limit is 1048576/,
+      ],
       [() => small.enqueue(new Task('big', 'é'.repeat(500))), /^payload is 1002 bytes as JSON; the limit is 1000 \(option maxPayloadBytes\)$/],
       [() => inspector.updateTaskPayload('default', 'some-id', 'x'.repeat(MIB - 1)), /^payload is 1048577 bytes as JSON; the limit is 1048576/],
     ] as const) {
@@ -725,4 +774,3 @@ describe(`stored errors: last_error is bounded (${MAX_LAST_ERROR_BYTES} bytes) a
     }
   });
 });
-

@@ -65,7 +65,9 @@ async function startServer(handler: ServeMux | ((t: Task, c: TaskContext) => unk
 }
 
 async function reset(): Promise<void> {
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers');
+  await db.query(
+    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
+  );
 }
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
@@ -220,7 +222,10 @@ describe('outcomes', () => {
   test('a task with no handler fails like asynq NotFound and is retried', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('nobody:handles'));
-    const server = await startServer(new ServeMux().handle('email:', () => {}), { retryDelay: () => 3_600_000 });
+    const server = await startServer(
+      new ServeMux().handle('email:', () => {}),
+      { retryDelay: () => 3_600_000 },
+    );
     const row = await waitFor(async () => {
       const r = await taskRow(info.id);
       return r?.state === 'retry' ? r : undefined;
@@ -390,13 +395,25 @@ describe('queues', () => {
     await client.enqueueMany(Array.from({ length: 5 }, (_, i) => new Task('w', i, { queue: 'light' })));
     const broker = new Db({ connectionString: db.connectionString, schema: db.schema });
     try {
-      for (const order of [['light', 'heavy'], ['heavy', 'light'], ['light', 'heavy'], ['heavy', 'light']]) {
+      for (const order of [
+        ['light', 'heavy'],
+        ['heavy', 'light'],
+        ['light', 'heavy'],
+        ['heavy', 'light'],
+      ]) {
         const rows = await claim(broker, order, 2, 'order-test', 60_000);
-        assert.deepEqual(rows.map((r) => r.queue), [order[0], order[0]], `claim in order ${order}`);
+        assert.deepEqual(
+          rows.map((r) => r.queue),
+          [order[0], order[0]],
+          `claim in order ${order}`,
+        );
       }
       // One task is left in each queue: the claim empties the first and goes on into the next.
       const rest = await claim(broker, ['light', 'heavy'], 3, 'order-test', 60_000);
-      assert.deepEqual(rest.map((r) => r.queue), ['light', 'heavy']);
+      assert.deepEqual(
+        rest.map((r) => r.queue),
+        ['light', 'heavy'],
+      );
     } finally {
       await broker.close();
     }
@@ -405,7 +422,7 @@ describe('queues', () => {
   test('queueOrder: weighted order starts with each queue in proportion to its weight', { timeout: 30_000 }, () => {
     const first = new Map<string, number>();
     let seed = 1;
-    const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+    const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
     for (let i = 0; i < 10_000; i++) {
       const q = queueOrder({ critical: 6, default: 3, low: 1 }, false, random)[0] as string;
       first.set(q, (first.get(q) ?? 0) + 1);
@@ -438,7 +455,10 @@ describe('queues', () => {
     const seen: number[] = [];
     const server = await startServer((t) => void seen.push(t.payload as number), { concurrency: 1 });
     await waitFor(() => seen.length === 35);
-    assert.deepEqual(seen, Array.from({ length: 35 }, (_, i) => i));
+    assert.deepEqual(
+      seen,
+      Array.from({ length: 35 }, (_, i) => i),
+    );
     assert.equal(infos.length, 30);
     await server.shutdown();
   });
@@ -469,7 +489,7 @@ describe('server bookkeeping', () => {
     });
     await waitFor(async () => (await countByState(db)).archived === 10 && (await countByState(db)).pending === undefined);
     await server.shutdown();
-    const rows = await db.query("SELECT queue, day, processed::int, failed::int FROM {{schema}}.daily_stats");
+    const rows = await db.query('SELECT queue, day, processed::int, failed::int FROM {{schema}}.daily_stats');
     assert.equal(rows.length, 1);
     assert.equal(rows[0].processed, 50);
     assert.equal(rows[0].failed, 10);
@@ -479,9 +499,15 @@ describe('server bookkeeping', () => {
 
   test('start twice is refused; shutdown is idempotent', { timeout: 30_000 }, async () => {
     const server = await startServer(() => {});
-    await assert.rejects(server.start(() => {}), ValidationError);
+    await assert.rejects(
+      server.start(() => {}),
+      ValidationError,
+    );
     await Promise.all([server.shutdown(), server.shutdown()]);
-    await assert.rejects(server.start(() => {}), /server closed/);
+    await assert.rejects(
+      server.start(() => {}),
+      /server closed/,
+    );
   });
 });
 
@@ -511,11 +537,26 @@ describe('ServeMux', () => {
 
 describe('retry delay', () => {
   test("asynq's formula n^4 + 15 + rand(30)·(n + 1) seconds", { timeout: 30_000 }, () => {
-    assert.equal(defaultRetryDelay(0, () => 0), 15_000);
-    assert.equal(defaultRetryDelay(0, () => 0.999), 44_000);
-    assert.equal(defaultRetryDelay(1, () => 0.5), (1 + 15 + 15 * 2) * 1000);
-    assert.equal(defaultRetryDelay(5, () => 0), (625 + 15) * 1000);
-    assert.equal(defaultRetryDelay(10, () => 0.999), (10_000 + 15 + 29 * 11) * 1000);
+    assert.equal(
+      defaultRetryDelay(0, () => 0),
+      15_000,
+    );
+    assert.equal(
+      defaultRetryDelay(0, () => 0.999),
+      44_000,
+    );
+    assert.equal(
+      defaultRetryDelay(1, () => 0.5),
+      (1 + 15 + 15 * 2) * 1000,
+    );
+    assert.equal(
+      defaultRetryDelay(5, () => 0),
+      (625 + 15) * 1000,
+    );
+    assert.equal(
+      defaultRetryDelay(10, () => 0.999),
+      (10_000 + 15 + 29 * 11) * 1000,
+    );
   });
 });
 
@@ -548,11 +589,14 @@ describe('configuration', () => {
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await migrate({ connectionString: db.connectionString, schema, to: '0003_active_index', logger: false });
     const server = new Server({ connectionString: db.connectionString, schema, logger: false });
-    await assert.rejects(server.start(() => {}), (err: unknown) => {
-      assert.ok(err instanceof FailedPreconditionError);
-      assert.match(err.message, /schema "t_server\w*_old" lacks migration 0004_storage_v2: run `pgasynq migrate`/);
-      return true;
-    });
+    await assert.rejects(
+      server.start(() => {}),
+      (err: unknown) => {
+        assert.ok(err instanceof FailedPreconditionError);
+        assert.match(err.message, /schema "t_server\w*_old" lacks migration 0004_storage_v2: run `pgasynq migrate`/);
+        return true;
+      },
+    );
     assert.equal(server.status, 'new');
     assert.equal((await db.pool.query(`SELECT count(*)::int AS n FROM "${schema}".servers`)).rows[0].n, 0, 'nothing registered');
     await migrate({ connectionString: db.connectionString, schema, logger: false });
@@ -659,7 +703,10 @@ describe('logging', () => {
     assert.equal(retried.retried, 1);
     assert.equal(retried.maxRetry, 1);
     assert.equal(retried.retryInMs, 0);
-    assert.deepEqual({ type: (retried.err as { type: string }).type, message: (retried.err as { message: string }).message }, { type: 'Error', message: 'boom 503' });
+    assert.deepEqual(
+      { type: (retried.err as { type: string }).type, message: (retried.err as { message: string }).message },
+      { type: 'Error', message: 'boom 503' },
+    );
     assert.match((retried.err as { stack: string }).stack, /^Error: boom 503\n\s+at /);
 
     const exhausted = await log.find('task archived', (l) => (l.task as { id: string }).id === twice.id);
@@ -676,8 +723,15 @@ describe('logging', () => {
     assert.equal(stopped.level, LEVEL.info);
     assert.equal(stopped.serverId, server.id);
     assert.equal(stopped.claimed, 3);
-    assert.deepEqual(log.raw.filter((l) => l.includes('PAYLOAD-SENTINEL')), [], 'no payload in any line');
-    assert.ok(log.lines.every((l) => l.level >= LEVEL.info), 'nothing below the level');
+    assert.deepEqual(
+      log.raw.filter((l) => l.includes('PAYLOAD-SENTINEL')),
+      [],
+      'no payload in any line',
+    );
+    assert.ok(
+      log.lines.every((l) => l.level >= LEVEL.info),
+      'nothing below the level',
+    );
   });
 
   test('at start, one warn per queue with pending tasks that no running server serves (a typo shows at once)', { timeout: 30_000 }, async () => {
@@ -710,14 +764,17 @@ describe('a database that cannot be used', () => {
   test('unknown database: start rejects at once with DatabaseUnavailableError naming it', { timeout: 30_000 }, async () => {
     const server = new Server(bad({ database: 'no_such_db_xyz' }));
     const t0 = performance.now();
-    await assert.rejects(server.start(() => {}), (err: unknown) => {
-      assert.ok(err instanceof DatabaseUnavailableError, String(err));
-      assert.equal(err.reason, 'database-not-found');
-      assert.equal(err.code, 'ERR_DATABASE_UNAVAILABLE');
-      assert.match(err.message, /^database "no_such_db_xyz" does not exist \(server [^)]+:\d+\/no_such_db_xyz\): create it/);
-      assert.equal((err.cause as { code?: string }).code, '3D000');
-      return true;
-    });
+    await assert.rejects(
+      server.start(() => {}),
+      (err: unknown) => {
+        assert.ok(err instanceof DatabaseUnavailableError, String(err));
+        assert.equal(err.reason, 'database-not-found');
+        assert.equal(err.code, 'ERR_DATABASE_UNAVAILABLE');
+        assert.match(err.message, /^database "no_such_db_xyz" does not exist \(server [^)]+:\d+\/no_such_db_xyz\): create it/);
+        assert.equal((err.cause as { code?: string }).code, '3D000');
+        return true;
+      },
+    );
     assert.ok(performance.now() - t0 < 10_000, `rejected after ${Math.round(performance.now() - t0)} ms`);
     assert.equal(server.status, 'new');
     await server.shutdown();
@@ -726,13 +783,16 @@ describe('a database that cannot be used', () => {
   test('unknown role: start rejects at once, naming the role', { timeout: 30_000 }, async () => {
     const server = new Server(bad({ user: 'no_such_role_xyz' }));
     const t0 = performance.now();
-    await assert.rejects(server.start(() => {}), (err: unknown) => {
-      assert.ok(err instanceof DatabaseUnavailableError, String(err));
-      assert.equal(err.reason, 'authentication-failed');
-      // Trust auth says the role does not exist (28000); password auth that its password failed (28P01).
-      assert.match(err.message, /"no_such_role_xyz".*: check the user and password of the connection string$/);
-      return true;
-    });
+    await assert.rejects(
+      server.start(() => {}),
+      (err: unknown) => {
+        assert.ok(err instanceof DatabaseUnavailableError, String(err));
+        assert.equal(err.reason, 'authentication-failed');
+        // Trust auth says the role does not exist (28000); password auth that its password failed (28P01).
+        assert.match(err.message, /"no_such_role_xyz".*: check the user and password of the connection string$/);
+        return true;
+      },
+    );
     assert.ok(performance.now() - t0 < 10_000);
     await server.shutdown();
   });
@@ -740,10 +800,16 @@ describe('a database that cannot be used', () => {
   test('unknown host: start rejects with host-not-found', { timeout: 30_000 }, async (t) => {
     const host = 'no-such-host.invalid';
     // Without a name server the lookup fails with EAI_AGAIN, which is retried, not refused.
-    const code = await lookup(host).then(() => 'resolved', (e: { code?: string }) => e.code);
+    const code = await lookup(host).then(
+      () => 'resolved',
+      (e: { code?: string }) => e.code,
+    );
     if (code !== 'ENOTFOUND') return t.skip(`the lookup of ${host} gives ${code} here, not ENOTFOUND`);
     const server = new Server(bad({ host }));
-    await assert.rejects(server.start(() => {}), (err: unknown) => err instanceof DatabaseUnavailableError && err.reason === 'host-not-found' && err.message.includes(`"${host}"`));
+    await assert.rejects(
+      server.start(() => {}),
+      (err: unknown) => err instanceof DatabaseUnavailableError && err.reason === 'host-not-found' && err.message.includes(`"${host}"`),
+    );
     await server.shutdown();
   });
 
@@ -764,7 +830,10 @@ describe('a database that cannot be used', () => {
     await new Promise((r) => setTimeout(r, 1500));
     const warnings = log.lines.filter((l) => l.level >= LEVEL.warn && l.component === 'database');
     assert.ok(warnings.length >= 1 && warnings.length <= 3, `${warnings.length} database warnings in 1.5 s`);
-    assert.ok(log.lines.every((l) => l.level < LEVEL.error), 'an unreachable database is no error line');
+    assert.ok(
+      log.lines.every((l) => l.level < LEVEL.error),
+      'an unreachable database is no error line',
+    );
     await server.shutdown();
   });
 
@@ -778,7 +847,14 @@ describe('a database that cannot be used', () => {
     await new Promise((r) => probe.close(r));
     const log = captureLog('info');
     const done = deferred();
-    const server = new Server({ ...bad({ host: '127.0.0.1', port }), logger: log.logger, taskCheckInterval: 50, delayedTaskCheckInterval: 50, heartbeatInterval: 100, leaseDuration: 1000 });
+    const server = new Server({
+      ...bad({ host: '127.0.0.1', port }),
+      logger: log.logger,
+      taskCheckInterval: 50,
+      delayedTaskCheckInterval: 50,
+      heartbeatInterval: 100,
+      leaseDuration: 1000,
+    });
     running.push(server);
     await server.start(() => done.resolve());
     await log.find('database unreachable; retrying in the background');
@@ -807,40 +883,50 @@ describe('a database that cannot be used', () => {
 });
 
 describe('the default logger, as a user sees it', () => {
-  test('a server process writes JSON lines to stderr at info: start, unserved queue, failed attempt, archive, stop; logLevel warn keeps only warnings and errors', { timeout: 120_000 }, async () => {
-    const env = (schema: string, level?: string) => ({ DATABASE_URL: db.connectionString, SCHEMA: schema, ...(level ? { LOG_LEVEL: level } : {}) });
-    const schemas = [`${db.schema}_dl_info`, `${db.schema}_dl_warn`];
-    for (const schema of schemas) {
-      await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-      await migrate({ connectionString: db.connectionString, schema, logger: false });
-    }
-    const [info, warn] = await Promise.all([runNode(['test/fixtures/default-logger.ts'], env(schemas[0]!)), runNode(['test/fixtures/default-logger.ts'], env(schemas[1]!, 'warn'))]);
-    for (const schema of schemas) await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
-    assert.equal(info.code, 0, info.stderr);
-    assert.equal(info.stdout, 'done\n');
-    const lines = parseLogLines(info.stderr);
-    assert.ok(lines.every((l) => l.name === 'pgasynq' && typeof l.time === 'number' && l.level >= LEVEL.info), 'pino lines at info and up');
-    const messages = lines.map((l) => `${l.level} ${l.component}: ${l.msg}`);
-    const expected = [
-      '30 server: server started',
-      '40 server: queue has pending tasks but no running server serves it',
-      '40 processor: task failed; will retry',
-      '50 processor: task archived',
-      '30 server: server stopped',
-    ];
-    assert.deepEqual(messages, expected, info.stderr);
-    const [started, unserved, failed, archived] = lines;
-    assert.deepEqual(started!.queues, { email: 2, default: 1 });
-    assert.equal(unserved!.queue, 'emails');
-    assert.deepEqual(unserved!.servedQueues, ['default', 'email']);
-    assert.deepEqual([failed!.retried, failed!.maxRetry, (failed!.err as { message: string }).message], [1, 1, 'smtp down']);
-    assert.deepEqual([archived!.retried, archived!.maxRetry, archived!.reason], [1, 1, 'retries-exhausted']);
-    assert.ok(!info.stderr.includes('PAYLOAD-SENTINEL'), 'never a payload');
+  test(
+    'a server process writes JSON lines to stderr at info: start, unserved queue, failed attempt, archive, stop; logLevel warn keeps only warnings and errors',
+    { timeout: 120_000 },
+    async () => {
+      const env = (schema: string, level?: string) => ({ DATABASE_URL: db.connectionString, SCHEMA: schema, ...(level ? { LOG_LEVEL: level } : {}) });
+      const schemas = [`${db.schema}_dl_info`, `${db.schema}_dl_warn`];
+      for (const schema of schemas) {
+        await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await migrate({ connectionString: db.connectionString, schema, logger: false });
+      }
+      const [info, warn] = await Promise.all([
+        runNode(['test/fixtures/default-logger.ts'], env(schemas[0]!)),
+        runNode(['test/fixtures/default-logger.ts'], env(schemas[1]!, 'warn')),
+      ]);
+      for (const schema of schemas) await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+      assert.equal(info.code, 0, info.stderr);
+      assert.equal(info.stdout, 'done\n');
+      const lines = parseLogLines(info.stderr);
+      assert.ok(
+        lines.every((l) => l.name === 'pgasynq' && typeof l.time === 'number' && l.level >= LEVEL.info),
+        'pino lines at info and up',
+      );
+      const messages = lines.map((l) => `${l.level} ${l.component}: ${l.msg}`);
+      const expected = [
+        '30 server: server started',
+        '40 server: queue has pending tasks but no running server serves it',
+        '40 processor: task failed; will retry',
+        '50 processor: task archived',
+        '30 server: server stopped',
+      ];
+      assert.deepEqual(messages, expected, info.stderr);
+      const [started, unserved, failed, archived] = lines;
+      assert.deepEqual(started!.queues, { email: 2, default: 1 });
+      assert.equal(unserved!.queue, 'emails');
+      assert.deepEqual(unserved!.servedQueues, ['default', 'email']);
+      assert.deepEqual([failed!.retried, failed!.maxRetry, (failed!.err as { message: string }).message], [1, 1, 'smtp down']);
+      assert.deepEqual([archived!.retried, archived!.maxRetry, archived!.reason], [1, 1, 'retries-exhausted']);
+      assert.ok(!info.stderr.includes('PAYLOAD-SENTINEL'), 'never a payload');
 
-    assert.equal(warn.code, 0, warn.stderr);
-    assert.deepEqual(
-      parseLogLines(warn.stderr).map((l) => l.msg),
-      ['queue has pending tasks but no running server serves it', 'task failed; will retry', 'task archived'],
-    );
-  });
+      assert.equal(warn.code, 0, warn.stderr);
+      assert.deepEqual(
+        parseLogLines(warn.stderr).map((l) => l.msg),
+        ['queue has pending tasks but no running server serves it', 'task failed; will retry', 'task archived'],
+      );
+    },
+  );
 });

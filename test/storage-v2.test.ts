@@ -271,23 +271,39 @@ describe('v1 tasks in every state through 0004 and back', () => {
     const migrated = positions.filter((r) => !['n1', 'n2'].includes(r.id)).map((r) => Number(r.pending_seq));
     for (const id of ['n1', 'n2']) {
       const mine = Number(positions.find((r) => r.id === id)!.pending_seq);
-      assert.ok(migrated.every((p) => p < mine), `${id} (${mine}) after every migrated position`);
+      assert.ok(
+        migrated.every((p) => p < mine),
+        `${id} (${mine}) after every migrated position`,
+      );
     }
     const ran: string[] = [];
     const payloads = new Map<string, unknown>();
-    await server(schema, (task, ctx) => {
-      ran.push(`${ctx.queue}/${ctx.taskId}`);
-      payloads.set(ctx.taskId, task.payload);
-    }, { queues: { default: 1, other: 1 } });
+    await server(
+      schema,
+      (task, ctx) => {
+        ran.push(`${ctx.queue}/${ctx.taskId}`);
+        payloads.set(ctx.taskId, task.payload);
+      },
+      { queues: { default: 1, other: 1 } },
+    );
     await waitFor(() => ran.length >= 9, 20_000, 'the 9 pending tasks');
-    assert.deepEqual(ran.filter((k) => k.startsWith('default/')), ['default/p0', 'default/p1', 'default/p2', 'default/p3', 'default/pbin', 'default/n1']);
-    assert.deepEqual(ran.filter((k) => k.startsWith('other/')), ['other/o1', 'other/o2', 'other/n2']);
+    assert.deepEqual(
+      ran.filter((k) => k.startsWith('default/')),
+      ['default/p0', 'default/p1', 'default/p2', 'default/p3', 'default/pbin', 'default/n1'],
+    );
+    assert.deepEqual(
+      ran.filter((k) => k.startsWith('other/')),
+      ['other/o1', 'other/o2', 'other/n2'],
+    );
     assert.deepEqual(Buffer.from(payloads.get('pbin') as Uint8Array), Buffer.from('00ff10deadbeef', 'hex'));
     assert.deepEqual(payloads.get('p2'), { n: 2 });
     // Completed with retention 0: deleted from both tables, and pbin's unique lock released.
     await waitFor(async () => (await q(schema, `SELECT 1 FROM {{schema}}.tasks WHERE state IN ('pending', 'active') AND id <> 'a1'`)).length === 0);
     assert.deepEqual(await v2Tables(schema), { inputs: 8, states: 8, view: 8, orphans: 0 });
-    assert.deepEqual((await q(schema, 'SELECT key FROM {{schema}}.unique_locks ORDER BY key')).map((r) => r.key), ['uk-s1']);
+    assert.deepEqual(
+      (await q(schema, 'SELECT key FROM {{schema}}.unique_locks ORDER BY key')).map((r) => r.key),
+      ['uk-s1'],
+    );
   });
 });
 
@@ -302,16 +318,24 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     await c.enqueue(new Task('keep-bytes', new Uint8Array([1, 2, 3])), { queue: 'work', taskId: 'done-bytes', retention: 3_600_000 });
     await c.enqueue(new Task('flaky', { f: 1 }), { queue: 'work', taskId: 'fails', maxRetry: 3 });
     await c.enqueue(new Task('doomed', { d: 1 }), { queue: 'work', taskId: 'skip' });
-    const s = await server(schema, async (task, ctx) => {
-      if (task.type === 'keep') await ctx.writeResult({ answer: 42 });
-      if (task.type === 'keep-bytes') await ctx.writeResult(new Uint8Array([9, 8, 7]));
-      if (task.type === 'flaky') throw new Error('flaky failure');
-      if (task.type === 'doomed') throw new SkipRetry('no point');
-    }, { queues: { work: 1 }, retryDelay: () => 3_600_000 });
-    await waitFor(async () => {
-      const rows = await q(schema, `SELECT id, state FROM {{schema}}.tasks WHERE queue = 'work' ORDER BY id`);
-      return rows.map((r) => `${r.id}:${r.state}`).join(' ') === 'done:completed done-bytes:completed fails:retry skip:archived';
-    }, 20_000, 'finished states');
+    const s = await server(
+      schema,
+      async (task, ctx) => {
+        if (task.type === 'keep') await ctx.writeResult({ answer: 42 });
+        if (task.type === 'keep-bytes') await ctx.writeResult(new Uint8Array([9, 8, 7]));
+        if (task.type === 'flaky') throw new Error('flaky failure');
+        if (task.type === 'doomed') throw new SkipRetry('no point');
+      },
+      { queues: { work: 1 }, retryDelay: () => 3_600_000 },
+    );
+    await waitFor(
+      async () => {
+        const rows = await q(schema, `SELECT id, state FROM {{schema}}.tasks WHERE queue = 'work' ORDER BY id`);
+        return rows.map((r) => `${r.id}:${r.state}`).join(' ') === 'done:completed done-bytes:completed fails:retry skip:archived';
+      },
+      20_000,
+      'finished states',
+    );
     await s.shutdown();
 
     // Pending, scheduled, aggregating, and every option.
@@ -329,7 +353,10 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     const broker = new Db({ connectionString: DATABASE_URL, schema });
     closers.push(() => broker.close());
     const claimed = await claim(broker, ['default'], 2, 'srv-x', 600_000);
-    assert.deepEqual(claimed.map((r) => r.id), ['q1', 'q2']);
+    assert.deepEqual(
+      claimed.map((r) => r.id),
+      ['q1', 'q2'],
+    );
     const [first] = claimed;
     assert.equal((await requeue(broker, [{ queue: 'default', id: first!.id, seq: first!.seq, token: first!.lease_token }])).length, 1);
 
@@ -368,10 +395,7 @@ describe('writes through the tasks view', () => {
   test('INSERT of a pending task: both rows, at the back, claimed by a server', async () => {
     await freshSchema(schema);
     const c = client(schema);
-    await c.enqueueMany([
-      new Task('t', { i: 1 }, { taskId: 'e1' }),
-      new Task('t', { i: 2 }, { taskId: 'e2' }),
-    ]);
+    await c.enqueueMany([new Task('t', { i: 1 }, { taskId: 'e1' }), new Task('t', { i: 2 }, { taskId: 'e2' })]);
     const notes = await listen(`${schema}_tasks`);
     const [row] = await q(
       schema,
@@ -410,22 +434,26 @@ describe('writes through the tasks view', () => {
     // A server that would poll only once a minute: only a wake-up makes it claim soon.
     const ran: string[] = [];
     const gate = deferred();
-    await server(schema, async (_t, ctx) => {
-      ran.push(ctx.taskId);
-      if (ctx.taskId === 'busy') await gate.promise;
-    }, { taskCheckInterval: 60_000, delayedTaskCheckInterval: 60_000, concurrency: 1, prefetch: 0 });
+    await server(
+      schema,
+      async (_t, ctx) => {
+        ran.push(ctx.taskId);
+        if (ctx.taskId === 'busy') await gate.promise;
+      },
+      { taskCheckInterval: 60_000, delayedTaskCheckInterval: 60_000, concurrency: 1, prefetch: 0 },
+    );
     // Its one slot busy, two tasks behind it: the later one must come after them.
     await c.enqueue(new Task('t', {}), { taskId: 'busy' });
     await waitFor(() => ran.includes('busy'), 10_000, 'busy started');
-    await c.enqueueMany([
-      new Task('t', { i: 1 }, { taskId: 'w1' }),
-      new Task('t', { i: 2 }, { taskId: 'w2' }),
-    ]);
+    await c.enqueueMany([new Task('t', { i: 1 }, { taskId: 'w1' }), new Task('t', { i: 2 }, { taskId: 'w2' })]);
     const notes = await listen(`${schema}_tasks`);
     const [updated] = await q(schema, `UPDATE {{schema}}.tasks SET state = 'pending' WHERE id = 'later' RETURNING *`);
     assert.equal(updated.state, 'pending');
     const rows = await q(schema, `SELECT id, pending_seq, run_at, (run_at <= now()) AS due FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY pending_seq`);
-    assert.deepEqual(rows.map((r) => r.id), ['w1', 'w2', 'later']);
+    assert.deepEqual(
+      rows.map((r) => r.id),
+      ['w1', 'w2', 'later'],
+    );
     assert.equal(String(updated.pending_seq), String(rows[2].pending_seq));
     // It became pending now: v1's meaning of a pending run_at (the queue's latency counts from it).
     assert.equal(rows[2].due, true, 'run_at is when it became pending, not its old due time');
@@ -443,10 +471,7 @@ describe('writes through the tasks view', () => {
   test('UPDATE of a pending task keeps its position; UPDATE away from pending drops it', async () => {
     await freshSchema(schema);
     const c = client(schema);
-    await c.enqueueMany([
-      new Task('t', { i: 1 }, { taskId: 'k1' }),
-      new Task('t', { i: 2 }, { taskId: 'k2' }),
-    ]);
+    await c.enqueueMany([new Task('t', { i: 1 }, { taskId: 'k1' }), new Task('t', { i: 2 }, { taskId: 'k2' })]);
     const [k1] = await q(schema, `SELECT pending_seq FROM {{schema}}.tasks WHERE id = 'k1'`);
     await q(schema, `UPDATE {{schema}}.tasks SET payload = '{"i": 10}', headers = '{"a": "b"}', max_retry = 1 WHERE id = 'k1'`);
     const [after] = await q(schema, `SELECT * FROM {{schema}}.tasks WHERE id = 'k1'`);
@@ -464,11 +489,13 @@ describe('writes through the tasks view', () => {
     await c.enqueue(new Task('t', { i: 2 }), { taskId: 'd2', processIn: 3_600_000 });
     const [{ seq }] = await q(schema, `SELECT seq FROM {{schema}}.tasks WHERE id = 'd1'`);
     const deleted = await q(schema, `DELETE FROM {{schema}}.tasks WHERE id = 'd1' RETURNING id`);
-    assert.deepEqual(deleted.map((r) => r.id), ['d1']);
+    assert.deepEqual(
+      deleted.map((r) => r.id),
+      ['d1'],
+    );
     assert.equal((await q(schema, 'SELECT 1 FROM {{schema}}.task_inputs WHERE seq = $1', [seq])).length, 0);
     assert.equal((await q(schema, 'SELECT 1 FROM {{schema}}.task_states WHERE seq = $1', [seq])).length, 0);
     assert.deepEqual(await v2Tables(schema), { inputs: 1, states: 1, view: 1, orphans: 0 });
     assert.deepEqual(await stats(schema), { default: { pending: 0, active: 0, scheduled: 1, retry: 0, archived: 0, completed: 0, aggregating: 0, size: 1 } });
   });
-
 });

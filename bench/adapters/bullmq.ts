@@ -69,7 +69,12 @@ export function create(backend: 'redis' | 'pg'): Adapter {
       const opts = { concurrency, removeOnComplete: { count: 0 }, removeOnFail: { count: 0 } };
       const worker =
         backend === 'pg'
-          ? (new Worker(QUEUE, async (job) => handler(job.data as Payload), { ...opts, connection: pgConnection(Math.min(concurrency, 30)) }, createPostgresBackend) as unknown as Worker)
+          ? (new Worker(
+              QUEUE,
+              async (job) => handler(job.data as Payload),
+              { ...opts, connection: pgConnection(Math.min(concurrency, 30)) },
+              createPostgresBackend,
+            ) as unknown as Worker)
           : new Worker(QUEUE, async (job) => handler(job.data as Payload), { ...opts, connection: redisConnection(), prefix: PREFIX });
       worker.on('error', () => {});
       await worker.waitUntilReady();
@@ -84,4 +89,3 @@ export function create(backend: 'redis' | 'pg'): Adapter {
     },
   };
 }
-

@@ -164,7 +164,9 @@ export function create(prefetch?: number): Adapter {
       }
     },
     async enqueueOne(payload) {
-      await admin().query(`WITH i AS (INSERT INTO ${T} (queue, payload) VALUES ('default', $1) RETURNING 1) SELECT pg_notify('${CHANNEL}', 'default') FROM i`, [payload]);
+      await admin().query(`WITH i AS (INSERT INTO ${T} (queue, payload) VALUES ('default', $1) RETURNING 1) SELECT pg_notify('${CHANNEL}', 'default') FROM i`, [
+        payload,
+      ]);
     },
     async enqueueMany(payloads) {
       await admin().query(

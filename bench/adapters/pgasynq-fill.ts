@@ -38,9 +38,8 @@ export async function fillFinished(admin: pg.Pool, schema: string, n: number): P
            CASE WHEN completed THEN now() END
     FROM numbered`);
   // Every table of the schema, so that whatever holds the rows is vacuumed and analysed.
-  const { rows } = await admin.query<{ t: string }>(
-    `SELECT format('%I.%I', schemaname, relname) AS t FROM pg_stat_user_tables WHERE schemaname = $1`,
-    [schema],
-  );
+  const { rows } = await admin.query<{ t: string }>(`SELECT format('%I.%I', schemaname, relname) AS t FROM pg_stat_user_tables WHERE schemaname = $1`, [
+    schema,
+  ]);
   for (const { t } of rows) await admin.query(`VACUUM ANALYZE ${t}`);
 }

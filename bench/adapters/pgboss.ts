@@ -60,7 +60,7 @@ export function create(): Adapter {
       boss.on('error', () => {});
       await boss.start();
       await boss.work<Payload>(QUEUE, { ...TUNING, localConcurrency: concurrency }, async (jobs) => {
-        await Promise.all(jobs.map((job) => handler(job.data)));
+        for (const job of jobs) await handler(job.data);
       });
       return { stop: () => boss.stop({ graceful: true, timeout: 10_000 }) };
     },

@@ -93,10 +93,9 @@ export async function readSettings(url: string): Promise<Record<string, string>>
   const client = new pg.Client({ connectionString: url, application_name: 'bench:admin' });
   await client.connect();
   try {
-    const { rows } = await client.query<{ name: string; setting: string }>(
-      `SELECT name, current_setting(name) AS setting FROM unnest($1::text[]) AS name`,
-      [RECORDED_SETTINGS],
-    );
+    const { rows } = await client.query<{ name: string; setting: string }>(`SELECT name, current_setting(name) AS setting FROM unnest($1::text[]) AS name`, [
+      RECORDED_SETTINGS,
+    ]);
     return Object.fromEntries(rows.map((r) => [r.name, r.setting]));
   } finally {
     await client.end();

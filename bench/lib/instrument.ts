@@ -29,7 +29,10 @@ export function instrumentPool(pool: pg.Pool, observe: StatementObserver): pg.Po
       }
       const p = query(...args);
       if (p && typeof (p as Promise<pg.QueryResult>).then === 'function') {
-        (p as Promise<pg.QueryResult>).then((res) => observe(text, values, now() - t0, res), () => {});
+        (p as Promise<pg.QueryResult>).then(
+          (res) => observe(text, values, now() - t0, res),
+          () => {},
+        );
       }
       return p;
     };

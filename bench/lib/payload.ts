@@ -35,7 +35,12 @@ export function document(bytes: number): Record<string, unknown> {
   for (let k = 0; size() < bytes; k++) {
     const qty = 1 + (k % 4);
     const price = Math.round((7.5 + ((k * 37) % 113) + ((k * 13) % 100) / 100) * 100) / 100;
-    items.push({ sku: `SKU-${(104729 * (k + 1)) % 1000003}`, title: `Item ${k + 1}: ${['enamel mug', 'linen towel', 'oak tray', 'wool throw', 'brass hook'][k % 5]}`, qty, price });
+    items.push({
+      sku: `SKU-${(104729 * (k + 1)) % 1000003}`,
+      title: `Item ${k + 1}: ${['enamel mug', 'linen towel', 'oak tray', 'wool throw', 'brass hook'][k % 5]}`,
+      qty,
+      price,
+    });
     const totals = doc.totals as Record<string, number>;
     totals.subtotal = Math.round(items.reduce((s, it) => s + (it.qty as number) * (it.price as number), 0) * 100) / 100;
     totals.tax = Math.round(totals.subtotal * 0.2 * 100) / 100;

@@ -28,7 +28,7 @@ export async function measure(a: Adapter, p: W4Params): Promise<Record<string, n
   const t0 = now();
   for (let i = 0; i < p.n; i++) {
     const due = base + (i * p.spreadMs) / Math.max(1, p.n - 1);
-    await a.enqueueAt!({ i, due }, new Date(due));
+    await a.enqueueAt({ i, due }, new Date(due));
   }
   const enqueueMs = now() - t0;
   await waitFor(() => lateness.length >= p.n, p.leadMs + p.spreadMs + 30_000, 10, 'every W4 task to start');

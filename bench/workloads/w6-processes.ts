@@ -84,9 +84,10 @@ export async function measure(a: Adapter, p: W6Params): Promise<Record<string, n
       maxShare: Math.max(...perProc) / Math.max(1, p.n),
     };
   } finally {
-    for (const pr of procs) if (pr.child.exitCode === null) {
-      log('killing a W6 worker that did not exit');
-      pr.child.kill('SIGKILL');
-    }
+    for (const pr of procs)
+      if (pr.child.exitCode === null) {
+        log('killing a W6 worker that did not exit');
+        pr.child.kill('SIGKILL');
+      }
   }
 }

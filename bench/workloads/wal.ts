@@ -243,7 +243,9 @@ export async function measure(a: Adapter, p: WalParams): Promise<Record<string, 
     type Phase = keyof typeof phases;
     const measured = {} as Record<Phase, Wal & { seconds: number; autovacuums: number }>;
     for (const [name, [from, to]] of Object.entries(phases) as [Phase, readonly [Reading, Reading]][]) {
-      const w: Wal = waldump ? waldump(from.lsn, to.lsn) : { records: to.records - from.records, bytes: to.bytes - from.bytes, fpiBytes: Number.NaN, byRmgr: {} };
+      const w: Wal = waldump
+        ? waldump(from.lsn, to.lsn)
+        : { records: to.records - from.records, bytes: to.bytes - from.bytes, fpiBytes: Number.NaN, byRmgr: {} };
       measured[name] = { ...w, seconds: (to.t - from.t) / 1000, autovacuums: to.auto - from.auto };
     }
     // Each baseline is the quieter of its two halves: an autovacuum that ran in one half is not a steady rate to subtract.

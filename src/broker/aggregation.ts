@@ -55,7 +55,11 @@ function closes(n: RawBuilder<unknown>, oldest: RawBuilder<unknown>, newest: Raw
  * The groups of `queues` that close now, and the ms until the next of the
  * others will (by grace period or max delay; null when no group waits).
  */
-export async function readyGroups(db: Db, queues: string[], rules: GroupRules): Promise<{ ready: { queue: string; group: string }[]; nextInMs: number | null }> {
+export async function readyGroups(
+  db: Db,
+  queues: string[],
+  rules: GroupRules,
+): Promise<{ ready: { queue: string; group: string }[]; nextInMs: number | null }> {
   const rows = await db.run(sql<{ queue: string; group_key: string; ready: boolean; due_in_ms: number | null }>`
     SELECT queue, group_key,
            ${closes(sql`count(*)`, sql`min(updated_at)`, sql`max(updated_at)`, rules)} AS ready,

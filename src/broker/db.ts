@@ -45,7 +45,17 @@ export interface ConnectionOptions {
 export const DEFAULT_SCHEMA = 'pgasynq';
 
 /** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */
-export type Transactional = Transaction<any> | pg.PoolClient | pg.Client | EmbeddedClient;
+/**
+ * A Kysely transaction over any tables: pgasynq's statements are raw `sql`
+ * templates over tables it does not declare to Kysely, and ctx.transaction
+ * hands the same transaction to the user's code, typed by the user's tables.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type AnyTransaction = Transaction<any>;
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type AnyKysely = Kysely<any>;
+
+export type Transactional = AnyTransaction | pg.PoolClient | pg.Client | EmbeddedClient;
 
 /** Whether pg will parse the URL: it percent-encodes spaces and stray % first, then uses WHATWG's URL (pg-connection-string). */
 function parsesAsUrl(cs: string): boolean {
@@ -108,7 +118,7 @@ function resolveConnectionString(opts: ConnectionOptions): string {
 export class Db {
   readonly schema: string;
   readonly pool: pg.Pool;
-  readonly kysely: Kysely<any>;
+  readonly kysely: AnyKysely;
   /** Set when the database is the in-process one. */
   readonly embedded: EmbeddedDatabase | undefined;
   /** Channels of this schema: new pending work, new delayed work, cancellations. */
@@ -135,11 +145,7 @@ export class Db {
    * (first of a run at once, then with backoff) and the recovery, for owners
    * that retry in the background rather than reject to a caller.
    */
-  constructor(
-    opts: ConnectionOptions,
-    applicationName = 'pgasynq',
-    session: { asyncCommit?: boolean; logger?: Logger; health?: boolean } = {},
-  ) {
+  constructor(opts: ConnectionOptions, applicationName = 'pgasynq', session: { asyncCommit?: boolean; logger?: Logger; health?: boolean } = {}) {
     this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
     if (opts.preparedStatements !== undefined && typeof opts.preparedStatements !== 'boolean') {
       throw new ConfigError('preparedStatements', `must be a boolean (got ${typeof opts.preparedStatements})`);
@@ -171,7 +177,7 @@ export class Db {
     this.#health = session.health
       ? new FailureRun(this.logger.child({ component: 'database' }), 'database unreachable; retrying in the background', 'database reachable again')
       : undefined;
-    this.kysely = new Kysely<any>({ dialect: new PostgresDialect({ pool: this.pool }) });
+    this.kysely = new Kysely({ dialect: new PostgresDialect({ pool: this.pool }) });
     this.channels = {
       tasks: `${this.schema}_tasks`,
       delayed: `${this.schema}_delayed`,
@@ -267,8 +273,8 @@ function guardPool(pool: pg.Pool & { [GUARDED]?: true }, clients: boolean): void
   if (clients) pool.on('connect', (client: pg.PoolClient) => void client.on('error', () => {}));
 }
 
-function isKyselyExecutor(tx: Transactional): tx is Transaction<any> {
-  return typeof (tx as Transaction<any>).getExecutor === 'function';
+function isKyselyExecutor(tx: Transactional): tx is AnyTransaction {
+  return typeof (tx as AnyTransaction).getExecutor === 'function';
 }
 
 /** A readable name of the server a pool connects to: "host:port/database", without user or password. */
@@ -303,11 +309,7 @@ function describeTarget(pool: pg.Pool): string {
  * are passed on as they are: ours were mapped by run() already, and a user's
  * (ctx.transaction) are none of the broker's business.
  */
-async function inTransaction<T>(
-  db: Db,
-  fn: (trx: Transaction<any>) => Promise<T>,
-  prelude?: (trx: Transaction<any>) => Promise<void>,
-): Promise<T> {
+async function inTransaction<T>(db: Db, fn: (trx: AnyTransaction) => Promise<T>, prelude?: (trx: AnyTransaction) => Promise<void>): Promise<T> {
   // A pooled connection may have died while idle (a restart, a terminated backend): when
   // getting it, its BEGIN or our own prelude fails that way, nothing of `fn` has run, so
   // another try is safe, and spares the caller an error it did not cause. Each failure drops
@@ -336,7 +338,7 @@ async function inTransaction<T>(
 }
 
 /** Kysely's transaction helper on our pool, for statements that must commit together. */
-export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+export function transaction<T>(db: Db, fn: (trx: AnyTransaction) => Promise<T>): Promise<T> {
   return inTransaction(db, fn);
 }
 
@@ -346,23 +348,22 @@ export function transaction<T>(db: Db, fn: (trx: Transaction<any>) => Promise<T>
  */
 export function durableTransaction<T>(
   db: Db,
-  fn: (trx: Transaction<any>) => Promise<T>,
+  fn: (trx: AnyTransaction) => Promise<T>,
   idleLimitMs?: number,
-  prelude?: (trx: Transaction<any>) => Promise<void>,
+  prelude?: (trx: AnyTransaction) => Promise<void>,
 ): Promise<T> {
-  return inTransaction(
-    db,
-    fn,
-    async (trx) => {
-      if (!db.embedded) {
-        // One round trip for both settings, local to this transaction. A holder that stalls
-        // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
-        // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
-        const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
-        await db.run(sql`SELECT set_config('synchronous_commit', 'on', true),
-                         set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`, trx);
-      }
-      await prelude?.(trx);
-    },
-  );
+  return inTransaction(db, fn, async (trx) => {
+    if (!db.embedded) {
+      // One round trip for both settings, local to this transaction. A holder that stalls
+      // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
+      // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
+      const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
+      await db.run(
+        sql`SELECT set_config('synchronous_commit', 'on', true),
+                         set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`,
+        trx,
+      );
+    }
+    await prelude?.(trx);
+  });
 }

@@ -60,7 +60,7 @@ class Session {
       // Without parameters a text may hold several statements (migration files): the simple protocol.
       const results = await this.#db.exec(text);
       const last = results.at(-1);
-      return { rows: (toBuffers(last?.rows ?? []) as unknown[]), rowCount: last?.affectedRows ?? last?.rows.length ?? 0, command };
+      return { rows: toBuffers(last?.rows ?? []) as unknown[], rowCount: last?.affectedRows ?? last?.rows.length ?? 0, command };
     }
     const result = await this.#db.query(text, [...values]);
     return { rows: toBuffers(result.rows) as unknown[], rowCount: result.affectedRows ?? result.rows.length, command };

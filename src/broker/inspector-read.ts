@@ -137,7 +137,12 @@ export async function listTaskPreviews(db: Db, queue: string, state: TaskState, 
  * headers, id, type: the fields TaskInfo carries), and the number of active
  * tasks whose lease expired (orphans no recoverer has taken yet).
  */
-export async function queueFootprint(db: Db, queue: string, states: readonly TaskState[], sample: number): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
+export async function queueFootprint(
+  db: Db,
+  queue: string,
+  states: readonly TaskState[],
+  sample: number,
+): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
   const rows = await db.run(sql<{ state: TaskState | null; mean: number }>`
     SELECT s.state, avg(
              coalesce(octet_length(t.payload::text), octet_length(t.payload_bytes), 4)
@@ -259,7 +264,9 @@ export type ServerPreview = ServerWith<string | null>;
 
 /** listServers with payload previews: what a server runs costs a few hundred bytes per task, however large its payload. */
 export async function listServerPreviews(db: Db, hide: boolean): Promise<ServerPreview[]> {
-  const rows = await db.run(serverRows<{ payload_preview: string | null }>(db, sql`${previewOf(sql`t.payload`, sql`t.payload_bytes`, hide)} AS payload_preview`));
+  const rows = await db.run(
+    serverRows<{ payload_preview: string | null }>(db, sql`${previewOf(sql`t.payload`, sql`t.payload_bytes`, hide)} AS payload_preview`),
+  );
   return groupServers(rows, (r) => r.payload_preview);
 }
 

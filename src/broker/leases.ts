@@ -9,8 +9,8 @@
  * task's inputs (payload, headers, options) are read at the claim and deleted
  * with the task, never rewritten.
  */
-import { sql, type Transaction } from 'kysely';
-import type { Db } from './db.js';
+import { sql } from 'kysely';
+import type { AnyTransaction, Db } from './db.js';
 import type { TaskCore } from './rows.js';
 
 /** A claimed task, as the processor needs it. */
@@ -83,7 +83,8 @@ export async function claimFrom(
   owner: string,
   leaseMs: number,
 ): Promise<{ mark: ClaimMark; rows: ClaimedRow[] }> {
-  const result = await db.run(sql<ClaimedRow & { drawn: string; xid: string; xmin: string; drawers_gone: boolean | null; paused: string[] }>`
+  const result = await db.run(
+    sql<ClaimedRow & { drawn: string; xid: string; xmin: string; drawers_gone: boolean | null; paused: string[] }>`
     WITH mark AS MATERIALIZED (
       -- A sequence that has handed out nothing yet has drawn nothing.
       SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS drawn FROM ${db.table('task_seq')}
@@ -171,7 +172,10 @@ export async function claimFrom(
     SELECT me.drawn::text AS drawn, me.xid::text AS xid, me.xmin::text AS xmin, (SELECT gone FROM drawers) AS drawers_gone,
       ARRAY(SELECT p.name FROM ${db.table('queues')} p WHERE p.paused AND p.name = ANY(${queues}::text[])) AS paused, t.*
     FROM me LEFT JOIN tasks t ON true
-    ORDER BY t.ord, t.position`, undefined, 'claim');
+    ORDER BY t.ord, t.position`,
+    undefined,
+    'claim',
+  );
   const first = result[0]!;
   const mark = { drawn: BigInt(first.drawn), xid: BigInt(first.xid), xmin: BigInt(first.xmin), drawersGone: first.drawers_gone, paused: first.paused };
   return { mark, rows: result.filter((r) => r.seq !== null) };
@@ -182,7 +186,17 @@ export const HEAD = String(-(2n ** 62n));
 
 /** claimFrom() from the head of every queue, taking the queues strictly in order. */
 export async function claim(db: Db, queues: readonly string[], limit: number, owner: string, leaseMs: number): Promise<ClaimedRow[]> {
-  return (await claimFrom(db, queues, { floors: queues.map(() => HEAD), olderThan: null }, queues.map((_, i) => (i === 0 ? limit : 0)), limit, owner, leaseMs)).rows;
+  return (
+    await claimFrom(
+      db,
+      queues,
+      { floors: queues.map(() => HEAD), olderThan: null },
+      queues.map((_, i) => (i === 0 ? limit : 0)),
+      limit,
+      owner,
+      leaseMs,
+    )
+  ).rows;
 }
 
 /**
@@ -219,10 +233,14 @@ const field = (b: { json: string }, n: number) => sql`((${b.json}::jsonb -> s.se
 export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly T[], leaseMs: number): Promise<{ lease: T; cancelRequested: boolean }[]> {
   if (leases.length === 0) return [];
   const b = batch(leases);
-  const rows = await db.run(sql<{ seq: string; cancel_requested: boolean }>`
+  const rows = await db.run(
+    sql<{ seq: string; cancel_requested: boolean }>`
     UPDATE ${db.table('task_states')} s SET lease_expires_at = now() + ${ms(leaseMs)}
     WHERE ${fenced(b)} AND s.lease_expires_at > now()
-    RETURNING s.seq, s.cancel_requested`, undefined, 'extend');
+    RETURNING s.seq, s.cancel_requested`,
+    undefined,
+    'extend',
+  );
   const cancel = new Map(rows.map((r) => [String(r.seq), r.cancel_requested]));
   return leases.filter((l) => cancel.has(String(l.seq))).map((lease) => ({ lease, cancelRequested: cancel.get(String(lease.seq))! }));
 }
@@ -248,7 +266,7 @@ const deleteInputs = (db: Db, from: string) => sql`
  * its retention ends, and releases its unique lock if it still holds it.
  * Returns the leases that were still held (the others are fenced off).
  */
-export async function complete<T extends Completion>(db: Db, items: readonly T[], trx?: Transaction<any>): Promise<T[]> {
+export async function complete<T extends Completion>(db: Db, items: readonly T[], trx?: AnyTransaction): Promise<T[]> {
   if (items.length === 0) return [];
   if (!items.some((i) => i.keep)) return deleteCompleted(db, items, trx);
   const b = batch(items, (i) => [i.keep]);
@@ -289,7 +307,7 @@ export async function complete<T extends Completion>(db: Db, items: readonly T[]
  * fenced DELETE, each row written once, locked in seq order as the index scan
  * meets it.
  */
-async function deleteCompleted<T extends Completion>(db: Db, items: readonly T[], trx?: Transaction<any>): Promise<T[]> {
+async function deleteCompleted<T extends Completion>(db: Db, items: readonly T[], trx?: AnyTransaction): Promise<T[]> {
   const b = batch(items);
   const rows = await db.run(
     sql<{ seq: string }>`
@@ -319,7 +337,8 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
   if (items.length === 0) return [];
   const b = batch(items, (i) => [i.archive, i.counts, i.delayMs, i.error]);
   const archive = sql`${field(b, 1)}::bool`;
-  const rows = await db.run(sql<{ seq: string }>`
+  const rows = await db.run(
+    sql<{ seq: string }>`
     UPDATE ${db.table('task_states')} s
     SET state = CASE WHEN ${archive} THEN 'archived' ELSE 'retry' END,
         retried = s.retried + CASE WHEN ${field(b, 2)}::bool AND NOT ${archive} THEN 1 ELSE 0 END,
@@ -327,7 +346,10 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
         error_msg = ${field(b, 4)}, last_failed_at = now(),
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
     WHERE ${fenced(b, true)}
-    RETURNING s.seq`, undefined, 'fail');
+    RETURNING s.seq`,
+    undefined,
+    'fail',
+  );
   return held(items, rows);
 }
 
@@ -376,7 +398,7 @@ export async function writeResult(db: Db, lease: LeaseKey, json: string | null, 
  * still holds it. While the lock is held no recoverer can take the task (they
  * skip locked rows), so the completion at the end of the transaction cannot miss.
  */
-export async function lockLease(db: Db, trx: Transaction<any>, lease: LeaseKey): Promise<boolean> {
+export async function lockLease(db: Db, trx: AnyTransaction, lease: LeaseKey): Promise<boolean> {
   const rows = await db.run(
     sql<{ seq: string }>`
     SELECT seq FROM ${db.table('task_states')}

@@ -13,7 +13,8 @@ import type { TaskCore } from './rows.js';
  * for a grouped task) and notifies their queues. Returns how many moved.
  */
 export async function forwardDue(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`
+  const rows = await db.run(
+    sql<{ n: number }>`
     WITH moved AS (
       UPDATE ${db.table('task_states')} s
       SET state = CASE WHEN s.group_key IS NULL THEN 'pending' ELSE 'aggregating' END,
@@ -33,15 +34,22 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
     notified AS (
       SELECT pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
     )
-    SELECT count(*)::int AS n FROM moved WHERE (SELECT count(*) FROM notified) >= 0`, undefined, 'forward');
+    SELECT count(*)::int AS n FROM moved WHERE (SELECT count(*) FROM notified) >= 0`,
+    undefined,
+    'forward',
+  );
   return rows[0]?.n ?? 0;
 }
 
 /** Milliseconds until the next scheduled or retry task is due (≤ 0: due now); null when none waits. */
 export async function nextDueIn(db: Db): Promise<number | null> {
-  const rows = await db.run(sql<{ ms: number | null }>`
+  const rows = await db.run(
+    sql<{ ms: number | null }>`
     SELECT (extract(epoch FROM min(run_at) - now()) * 1000)::float8 AS ms
-    FROM ${db.table('task_states')} WHERE state IN ('scheduled', 'retry')`, undefined, 'next_due');
+    FROM ${db.table('task_states')} WHERE state IN ('scheduled', 'retry')`,
+    undefined,
+    'next_due',
+  );
   return rows[0]?.ms ?? null;
 }
 

@@ -17,8 +17,7 @@ type Listener = (payload: string) => void;
 // pg-listen is CommonJS with `exports.default`; under NodeNext its default import is the module object.
 type CreateSubscriber = (config: pg.ClientConfig, options: ListenOptions) => Subscriber;
 const listenModule = pgListen as unknown as { default: CreateSubscriber | { default: CreateSubscriber } };
-const createSubscriber: CreateSubscriber =
-  typeof listenModule.default === 'function' ? listenModule.default : listenModule.default.default;
+const createSubscriber: CreateSubscriber = typeof listenModule.default === 'function' ? listenModule.default : listenModule.default.default;
 
 /** Wake-ups for the server: one implementation per backend. */
 export interface Notifier {
@@ -79,10 +78,7 @@ export async function probeListen(config: pg.ClientConfig, pool: pg.Pool, timeou
     let listening: boolean;
     try {
       await other.query('BEGIN');
-      const { rows } = await client.query<{ listening: boolean }>(
-        'SELECT $1::text = ANY (ARRAY(SELECT pg_listening_channels())) AS listening',
-        [channel],
-      );
+      const { rows } = await client.query<{ listening: boolean }>('SELECT $1::text = ANY (ARRAY(SELECT pg_listening_channels())) AS listening', [channel]);
       listening = rows[0]?.listening === true;
     } finally {
       await other.query('COMMIT').catch(() => {});

@@ -110,7 +110,21 @@ const WORKER_STATE_COLUMNS = `${WORKER_TASK_COLUMNS}, pending_seq`;
 const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expires_at, payload, payload_bytes, cancel_requested, updated_at';
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
-const REQUIRED = ['migrations', 'task_inputs', 'task_states', 'task_seq', 'tasks', 'queues', 'unique_locks', 'servers', 'daily_stats', 'scheduler_entries', 'scheduler_events', 'queue_stats', 'active_tasks'];
+const REQUIRED = [
+  'migrations',
+  'task_inputs',
+  'task_states',
+  'task_seq',
+  'tasks',
+  'queues',
+  'unique_locks',
+  'servers',
+  'daily_stats',
+  'scheduler_entries',
+  'scheduler_events',
+  'queue_stats',
+  'active_tasks',
+];
 
 const lit = (s: string) => `'${s}'`;
 

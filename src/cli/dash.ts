@@ -59,22 +59,27 @@ export function registerDash(program: CliProgram, ctx: CliContext): void {
         await dash.inspector.queues();
         const { url, allowedHosts } = await dash.listen(opts.port, opts.host);
         const metricsUrl = `${url}metrics`;
-        ctx.emit({ url, metricsUrl, readOnly: opts.readOnly === true, tokenRequired: token !== undefined, hidePayloads: opts.hidePayloads === true, allowedHosts }, () => [
-          `pgasynq dashboard: ${url}`,
-          `metrics:           ${metricsUrl}`,
-          ...(opts.readOnly ? ['read-only:         actions are hidden and refused'] : []),
-          ...(token !== undefined ? ['token:             required (open /?token=... once, or send Authorization: Bearer ...)'] : []),
-          ...(opts.hidePayloads ? ['payloads:          hidden'] : []),
-          `answers to Host:   ${allowedHosts === '*' ? 'any' : allowedHosts.join(', ')}`,
-          'Ctrl-C to stop.',
-        ]);
+        ctx.emit(
+          { url, metricsUrl, readOnly: opts.readOnly === true, tokenRequired: token !== undefined, hidePayloads: opts.hidePayloads === true, allowedHosts },
+          () => [
+            `pgasynq dashboard: ${url}`,
+            `metrics:           ${metricsUrl}`,
+            ...(opts.readOnly ? ['read-only:         actions are hidden and refused'] : []),
+            ...(token !== undefined ? ['token:             required (open /?token=... once, or send Authorization: Bearer ...)'] : []),
+            ...(opts.hidePayloads ? ['payloads:          hidden'] : []),
+            `answers to Host:   ${allowedHosts === '*' ? 'any' : allowedHosts.join(', ')}`,
+            'Ctrl-C to stop.',
+          ],
+        );
         if (!isLoopback(opts.host) && token === undefined) {
           ctx.io.err.write(
             `warning: listening on ${opts.host} without --token: anyone who can reach this port can read your queues${opts.readOnly ? '' : ' and act on them'}\n`,
           );
         }
         if (allowedHosts === '*' && token === undefined) {
-          ctx.io.err.write('warning: --allowed-hosts * answers to any Host name: a web page you open can read (and act on) this dashboard through DNS rebinding; list the names instead, or set --token\n');
+          ctx.io.err.write(
+            'warning: --allowed-hosts * answers to any Host name: a web page you open can read (and act on) this dashboard through DNS rebinding; list the names instead, or set --token\n',
+          );
         } else if (allowedHosts !== '*' && opts.allowedHosts === undefined && isWildcard(opts.host)) {
           ctx.io.err.write(
             `note: listening on every address, but answering only to Host ${allowedHosts.join(', ')} (a defence against DNS rebinding); to open it under another name or address, add --allowed-hosts NAME[,NAME...]\n`,
@@ -90,7 +95,10 @@ export function registerDash(program: CliProgram, ctx: CliContext): void {
 /** --allowed-hosts: "*", or host names separated by commas, checked as the library checks allowedHosts. */
 function parseAllowedHosts(value: string): string[] | '*' {
   if (value.trim() === '*') return '*';
-  const names = value.split(',').map((h) => h.trim()).filter((h) => h !== '');
+  const names = value
+    .split(',')
+    .map((h) => h.trim())
+    .filter((h) => h !== '');
   try {
     return [...(allowedHostsOption(names, '--allowed-hosts') as readonly string[])];
   } catch (err) {

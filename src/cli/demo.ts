@@ -108,13 +108,12 @@ async function snapshot(inspector: Inspector): Promise<Counts[]> {
 
 function render(rows: Counts[], elapsed: number): string[] {
   const head = `pgasynq demo — ${(elapsed / 1000).toFixed(1)} s`;
-  const lines = rows.map(
-    (r) => `  ${r.queue.padEnd(9)} ${STATES.map((s) => `${s} ${String(r.counts[s]).padStart(4)}`).join('  ')}`,
-  );
+  const lines = rows.map((r) => `  ${r.queue.padEnd(9)} ${STATES.map((s) => `${s} ${String(r.counts[s]).padStart(4)}`).join('  ')}`);
   return [head, ...lines];
 }
 
-const unfinished = (rows: Counts[]) => rows.reduce((n, r) => n + r.counts.pending + r.counts.active + r.counts.scheduled + r.counts.retry + r.counts.aggregating, 0);
+const unfinished = (rows: Counts[]) =>
+  rows.reduce((n, r) => n + r.counts.pending + r.counts.active + r.counts.scheduled + r.counts.retry + r.counts.aggregating, 0);
 
 export function registerDemo(program: CliProgram, ctx: CliContext): void {
   program
@@ -150,7 +149,9 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
       const where = useEmbedded ? 'embedded database' : `schema "${conn.schema}"`;
       if (!useEmbedded) {
         const flag = conn.schema === 'pgasynq' ? '' : ` --schema ${conn.schema}`;
-        out.write(`using schema "${conn.schema}" of the configured database${conn.schema === 'pgasynq_demo' ? ' (--schema to choose another)' : ''}: \`pgasynq${flag} stats\` shows it afterwards\n`);
+        out.write(
+          `using schema "${conn.schema}" of the configured database${conn.schema === 'pgasynq_demo' ? ' (--schema to choose another)' : ''}: \`pgasynq${flag} stats\` shows it afterwards\n`,
+        );
       }
       await migrate(conn);
       const client = new Client(conn);
@@ -178,7 +179,10 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
         await client.enqueue(new Task('email:send', { to: 'ceo@example.com', template: 'daily-digest' }, { queue: 'critical', unique: 60_000 }));
         const duplicate = await client
           .enqueue(new Task('email:send', { to: 'ceo@example.com', template: 'daily-digest' }, { queue: 'critical', unique: 60_000 }))
-          .then(() => 'accepted (unexpected)', (err: unknown) => (err instanceof DuplicateTaskError ? 'refused: DuplicateTaskError' : String(err)));
+          .then(
+            () => 'accepted (unexpected)',
+            (err: unknown) => (err instanceof DuplicateTaskError ? 'refused: DuplicateTaskError' : String(err)),
+          );
         out.write(`enqueued ${opts.tasks + 1} tasks on the ${where} (a second copy of a unique task was ${duplicate})\n`);
 
         let shown = 0;
@@ -206,7 +210,18 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
             shown = lines.length;
           } else if (elapsed - lastPlain >= 1000) {
             lastPlain = elapsed;
-            out.write(`${(elapsed / 1000).toFixed(1)}s ${rows.map((r) => `${r.queue}: ${STATES.filter((s) => r.counts[s] > 0).map((s) => `${s}=${r.counts[s]}`).join(' ') || 'idle'}`).join(' | ')}\n`);
+            out.write(
+              `${(elapsed / 1000).toFixed(1)}s ${rows
+                .map(
+                  (r) =>
+                    `${r.queue}: ${
+                      STATES.filter((s) => r.counts[s] > 0)
+                        .map((s) => `${s}=${r.counts[s]}`)
+                        .join(' ') || 'idle'
+                    }`,
+                )
+                .join(' | ')}\n`,
+            );
           }
           if (unfinished(rows) === 0 || stopping || elapsed > opts.duration * 1000) break;
           await new Promise((r) => setTimeout(r, interactive ? 200 : 250));

@@ -21,7 +21,11 @@ export function registerGroup(program: CliProgram, ctx: CliContext): void {
       ctx.emit(groups, () =>
         groups.length === 0
           ? `no groups in queue "${opts.queue}"`
-          : table(['group', 'size'], groups.map((g) => [g.group, String(g.size)]), { right: [1] }),
+          : table(
+              ['group', 'size'],
+              groups.map((g) => [g.group, String(g.size)]),
+              { right: [1] },
+            ),
       );
     });
 }

@@ -35,7 +35,18 @@ export const EXIT_FAILURE = 1;
 export const EXIT_USAGE = 2;
 
 /** Every command, in the order `--help` lists them. */
-const COMMANDS: RegisterCommand[] = [registerMigrate, registerStats, registerQueue, registerTask, registerGroup, registerServer, registerCron, registerRoles, registerDash, registerDemo];
+const COMMANDS: RegisterCommand[] = [
+  registerMigrate,
+  registerStats,
+  registerQueue,
+  registerTask,
+  registerGroup,
+  registerServer,
+  registerCron,
+  registerRoles,
+  registerDash,
+  registerDemo,
+];
 
 function version(): string {
   try {

@@ -35,7 +35,16 @@ function render(servers: ServerInfo[], s: Style): string[] {
     s.bold('Active workers'),
     ...table(
       ['server', 'queue', 'task id', 'type', 'payload', 'started', 'lease expires', 'deadline'],
-      workers.map((w) => [w.server, w.queue, w.taskId, w.type, jsonText(w.payload, 40), relative(w.startedAt, now), relative(w.leaseExpiresAt, now), relative(w.deadline, now)]),
+      workers.map((w) => [
+        w.server,
+        w.queue,
+        w.taskId,
+        w.type,
+        jsonText(w.payload, 40),
+        relative(w.startedAt, now),
+        relative(w.leaseExpiresAt, now),
+        relative(w.deadline, now),
+      ]),
     ),
   ];
 }

@@ -15,10 +15,10 @@ import type { CliProgram } from './root.js';
 export function stateBars(counts: Record<(typeof STATES)[number], number>, s: Style): string[] {
   const max = Math.max(0, ...STATES.map((st) => counts[st]));
   const colour: Partial<Record<(typeof STATES)[number], (x: string) => string>> = {
-    active: s.green,
-    pending: s.cyan,
-    retry: s.yellow,
-    archived: s.red,
+    active: (x) => s.green(x),
+    pending: (x) => s.cyan(x),
+    retry: (x) => s.yellow(x),
+    archived: (x) => s.red(x),
   };
   return table(
     ['state', 'tasks', ''],

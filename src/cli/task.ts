@@ -39,19 +39,40 @@ function taskTable(state: TaskState, tasks: TaskInfo[], now: number): string[] {
   const err = (t: TaskInfo) => (t.lastError === null ? '-' : truncate(t.lastError, 50));
   switch (state) {
     case 'pending':
-      return table([...head, 'retried'], tasks.map((t) => [...base(t), retried(t)]));
+      return table(
+        [...head, 'retried'],
+        tasks.map((t) => [...base(t), retried(t)]),
+      );
     case 'active':
-      return table([...head, 'retried', 'deadline', 'orphaned'], tasks.map((t) => [...base(t), retried(t), relative(t.deadline, now), t.isOrphaned ? 'yes' : 'no']));
+      return table(
+        [...head, 'retried', 'deadline', 'orphaned'],
+        tasks.map((t) => [...base(t), retried(t), relative(t.deadline, now), t.isOrphaned ? 'yes' : 'no']),
+      );
     case 'scheduled':
-      return table([...head, 'process in', 'retried'], tasks.map((t) => [...base(t), relative(t.nextProcessAt, now), retried(t)]));
+      return table(
+        [...head, 'process in', 'retried'],
+        tasks.map((t) => [...base(t), relative(t.nextProcessAt, now), retried(t)]),
+      );
     case 'retry':
-      return table([...head, 'next retry', 'retried', 'last failed', 'last error'], tasks.map((t) => [...base(t), relative(t.nextProcessAt, now), retried(t), relative(t.lastFailedAt, now), err(t)]));
+      return table(
+        [...head, 'next retry', 'retried', 'last failed', 'last error'],
+        tasks.map((t) => [...base(t), relative(t.nextProcessAt, now), retried(t), relative(t.lastFailedAt, now), err(t)]),
+      );
     case 'archived':
-      return table([...head, 'retried', 'last failed', 'last error'], tasks.map((t) => [...base(t), retried(t), relative(t.lastFailedAt, now), err(t)]));
+      return table(
+        [...head, 'retried', 'last failed', 'last error'],
+        tasks.map((t) => [...base(t), retried(t), relative(t.lastFailedAt, now), err(t)]),
+      );
     case 'completed':
-      return table([...head, 'completed', 'result'], tasks.map((t) => [...base(t), relative(t.completedAt, now), jsonText(t.result, 40)]));
+      return table(
+        [...head, 'completed', 'result'],
+        tasks.map((t) => [...base(t), relative(t.completedAt, now), jsonText(t.result, 40)]),
+      );
     case 'aggregating':
-      return table([...head, 'group'], tasks.map((t) => [...base(t), t.group ?? '-']));
+      return table(
+        [...head, 'group'],
+        tasks.map((t) => [...base(t), t.group ?? '-']),
+      );
   }
 }
 
@@ -100,7 +121,9 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
     .option('-g, --group <group>', GROUP_HELP)
     .addHelpText(
       'after',
-      jsonNote('what Inspector.list<State>Tasks(queue, { page, pageSize }) returns (listAggregatingTasks(queue, group, ...) for aggregating): an array of TaskInfo'),
+      jsonNote(
+        'what Inspector.list<State>Tasks(queue, { page, pageSize }) returns (listAggregatingTasks(queue, group, ...) for aggregating): an array of TaskInfo',
+      ),
     )
     .action(async (opts) => {
       const state = opts.state;
@@ -138,8 +161,20 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
 
   const single = [
     ['delete', ['remove', 'rm'], 'delete a task in any state but active', (i: Inspector, q: string, id: string) => i.deleteTask(q, id), 'deleted'],
-    ['archive', [], 'archive a pending, scheduled, retry, completed or aggregating task', (i: Inspector, q: string, id: string) => i.archiveTask(q, id), 'archived'],
-    ['run', [], 'make a scheduled, retry, archived, completed or aggregating task pending now', (i: Inspector, q: string, id: string) => i.runTask(q, id), 'now pending'],
+    [
+      'archive',
+      [],
+      'archive a pending, scheduled, retry, completed or aggregating task',
+      (i: Inspector, q: string, id: string) => i.archiveTask(q, id),
+      'archived',
+    ],
+    [
+      'run',
+      [],
+      'make a scheduled, retry, archived, completed or aggregating task pending now',
+      (i: Inspector, q: string, id: string) => i.runTask(q, id),
+      'now pending',
+    ],
   ] as const;
   for (const [name, aliases, description, call, done] of single) {
     task

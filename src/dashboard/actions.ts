@@ -79,7 +79,11 @@ export function confirmationFor(a: Action): string | undefined {
   if (a.op === 'run' && a.scope !== 'all') return undefined;
   const verb = { run: 'Run', archive: 'Archive', delete: 'Delete for good', cancel: 'Cancel' }[a.op];
   const what =
-    a.scope === 'one' ? `task ${a.ids[0] ?? ''}` : a.scope === 'selected' ? `${a.ids.length} selected task(s)` : `all ${a.state} tasks of ${a.state === 'aggregating' ? `group ${a.group ?? ''} in ` : ''}queue ${a.queue}`;
+    a.scope === 'one'
+      ? `task ${a.ids[0] ?? ''}`
+      : a.scope === 'selected'
+        ? `${a.ids.length} selected task(s)`
+        : `all ${a.state} tasks of ${a.state === 'aggregating' ? `group ${a.group ?? ''} in ` : ''}queue ${a.queue}`;
   return `${verb} ${what}?`;
 }
 
@@ -134,11 +138,17 @@ export async function runAction(inspector: Inspector, a: Action): Promise<Action
       if (a.op === 'pause') await inspector.pauseQueue(a.queue);
       else if (a.op === 'resume') await inspector.unpauseQueue(a.queue);
       else await inspector.deleteQueue(a.queue, false);
-      return { ok: true, message: a.op === 'pause' ? `Paused queue ${a.queue}.` : a.op === 'resume' ? `Resumed queue ${a.queue}.` : `Deleted queue ${a.queue}.` };
+      return {
+        ok: true,
+        message: a.op === 'pause' ? `Paused queue ${a.queue}.` : a.op === 'resume' ? `Resumed queue ${a.queue}.` : `Deleted queue ${a.queue}.`,
+      };
     }
     if (a.scope === 'all') {
       const n = await all(inspector, a.op, a.queue, a.state, a.group);
-      return { ok: true, message: `${PAST[a.op]} ${num(n)} ${a.state} task(s) of ${a.state === 'aggregating' ? `group ${a.group ?? ''} in ` : ''}queue ${a.queue}.` };
+      return {
+        ok: true,
+        message: `${PAST[a.op]} ${num(n)} ${a.state} task(s) of ${a.state === 'aggregating' ? `group ${a.group ?? ''} in ` : ''}queue ${a.queue}.`,
+      };
     }
     if (a.ids.length === 0) return { ok: false, message: 'No task selected.' };
     let done = 0;

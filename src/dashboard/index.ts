@@ -2,7 +2,14 @@
  * The web dashboard and the Prometheus endpoint: `createDashboard()` (what
  * `pgasynq dash` runs) and `metricsHandler()` for your own HTTP server.
  */
-export { createDashboard, DASHBOARD_HOST_DEFAULT, DASHBOARD_PORT_DEFAULT, DASHBOARD_REFRESH_DEFAULT_MS, type Dashboard, type DashboardOptions } from './server.js';
+export {
+  createDashboard,
+  DASHBOARD_HOST_DEFAULT,
+  DASHBOARD_PORT_DEFAULT,
+  DASHBOARD_REFRESH_DEFAULT_MS,
+  type Dashboard,
+  type DashboardOptions,
+} from './server.js';
 export {
   metricsHandler,
   serverMetrics,

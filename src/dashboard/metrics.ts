@@ -118,7 +118,12 @@ export async function snapshot(inspector: Inspector): Promise<Snapshot> {
     names.map(async (q) => {
       try {
         const info = await inspector.getQueueInfo(q);
-        const { meanBytes, orphaned } = await queueFootprint(inspector, q, ENQUEUED_STATES.filter((state) => info[state] > 0), MEMORY_SAMPLE);
+        const { meanBytes, orphaned } = await queueFootprint(
+          inspector,
+          q,
+          ENQUEUED_STATES.filter((state) => info[state] > 0),
+          MEMORY_SAMPLE,
+        );
         return { ...info, approxBytes: approxBytes(info, meanBytes), orphaned };
       } catch (err) {
         if (isQueueNotFound(err)) return null;
@@ -162,10 +167,20 @@ export function families(s: Snapshot): MetricFamily[] {
       type: 'gauge',
       samples: per((i) => i.approxBytes),
     },
-    { name: 'asynq_tasks_processed_total', help: 'Number of tasks processed (both succeeded and failed); broken down by queue', type: 'counter', samples: per((i) => i.processedTotal) },
+    {
+      name: 'asynq_tasks_processed_total',
+      help: 'Number of tasks processed (both succeeded and failed); broken down by queue',
+      type: 'counter',
+      samples: per((i) => i.processedTotal),
+    },
     { name: 'asynq_tasks_failed_total', help: 'Number of tasks failed; broken down by queue', type: 'counter', samples: per((i) => i.failedTotal) },
     { name: 'asynq_queue_paused_total', help: 'Number of queues paused', type: 'gauge', samples: per((i) => (i.paused ? 1 : 0)) },
-    { name: 'pgasynq_tasks_aggregating', help: 'Tasks waiting in a group to be aggregated; broken down by queue.', type: 'gauge', samples: per((i) => i.aggregating) },
+    {
+      name: 'pgasynq_tasks_aggregating',
+      help: 'Tasks waiting in a group to be aggregated; broken down by queue.',
+      type: 'gauge',
+      samples: per((i) => i.aggregating),
+    },
     { name: 'pgasynq_queue_groups', help: 'Groups with aggregating tasks; broken down by queue.', type: 'gauge', samples: per((i) => i.groups) },
     {
       name: 'pgasynq_tasks_processed_today',
@@ -198,7 +213,7 @@ export function families(s: Snapshot): MetricFamily[] {
     },
     {
       name: 'pgasynq_workers_capacity',
-      help: 'Sum of the live servers\' concurrency.',
+      help: "Sum of the live servers' concurrency.",
       type: 'gauge',
       samples: [{ value: s.servers.reduce((n, srv) => n + srv.concurrency, 0) }],
     },
@@ -223,8 +238,8 @@ export function serverMetrics(...servers: Server[]): MetricFamily[] {
     fam('pgasynq_tasks_claimed_total', 'Tasks this server claimed.', (c) => c.claimed),
     fam('pgasynq_fenced_writes_total', 'Writes about a task refused because the server no longer held its lease.', (c) => c.fencedWrites),
     fam('pgasynq_leases_lost_total', 'Leases this server lost while running the task (the handler was aborted).', (c) => c.leasesLost),
-    fam('pgasynq_recovered_total', 'Orphaned tasks this server\'s recoverer sent back to retry.', (c) => c.recovered),
-    fam('pgasynq_recovered_archived_total', 'Orphaned tasks this server\'s recoverer archived (retries spent).', (c) => c.archivedByRecoverer),
+    fam('pgasynq_recovered_total', "Orphaned tasks this server's recoverer sent back to retry.", (c) => c.recovered),
+    fam('pgasynq_recovered_archived_total', "Orphaned tasks this server's recoverer archived (retries spent).", (c) => c.archivedByRecoverer),
   ];
 }
 

@@ -200,7 +200,12 @@ ${body}
 
 export function errorPage(ctx: Pick<PageContext, 'base' | 'readOnly' | 'refreshMs'>, status: number, message: string): Html {
   const title = status === 404 ? 'Not found' : status === 400 ? 'Bad request' : status === 401 ? 'Token required' : status === 403 ? 'Forbidden' : 'Error';
-  return layout({ ...ctx, flash: undefined }, title, '', html`<section class="card error-page"><h1>${status} · ${title}</h1><p>${message}</p><p><a href="${ctx.base}/">Back to the queues</a></p></section>`);
+  return layout(
+    { ...ctx, flash: undefined },
+    title,
+    '',
+    html`<section class="card error-page"><h1>${status} · ${title}</h1><p>${message}</p><p><a href="${ctx.base}/">Back to the queues</a></p></section>`,
+  );
 }
 
 /** A page for the token: what to do, nothing else (no data, no forms). */
@@ -211,7 +216,9 @@ export function tokenPage(): Html {
 
 /** Asks again before a destructive action when the browser ran no script (app.js asks with confirm()). */
 export function confirmPage(ctx: PageContext, fields: Record<string, string[]>, question: string): Html {
-  const inputs = Object.entries(fields).flatMap(([k, vs]) => (k === 'csrf' || k === 'confirmed' ? [] : vs.map((v) => html`<input type="hidden" name="${k}" value="${v}">`)));
+  const inputs = Object.entries(fields).flatMap(([k, vs]) =>
+    k === 'csrf' || k === 'confirmed' ? [] : vs.map((v) => html`<input type="hidden" name="${k}" value="${v}">`),
+  );
   const back = localPath(fields.back?.[0]);
   return layout(
     ctx,
@@ -264,7 +271,11 @@ export function opQueueButton(op: string, label: string, confirm: string | undef
 export async function overviewPage(ctx: PageContext): Promise<PageResult> {
   const days = HISTORY_DAYS.includes(Number(ctx.url.searchParams.get('days'))) ? Number(ctx.url.searchParams.get('days')) : 7;
   const infos = await ctx.sampler.infos();
-  const history = await historyTotals(ctx.inspector, infos.map((q) => q.queue), days);
+  const history = await historyTotals(
+    ctx.inspector,
+    infos.map((q) => q.queue),
+    days,
+  );
   const sum = (k: keyof QueueInfo) => infos.reduce((n, q) => n + (q[k] as number), 0);
   const processed = sum('processed');
   const failed = sum('failed');

@@ -8,7 +8,33 @@ import type { TaskState } from '../model/task.js';
 import { historyChart } from './charts.js';
 import { duration, errorRate, instant, num, pretty, relative } from './format.js';
 import { html, type Html } from './html.js';
-import { ALLOWED, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, OP_LABEL, PAGE_SIZES, type PageContext, type PageResult, TAB_STATES, TYPE_SEARCH_SCAN, actionForm, badge, confirmText, hiddenText, href, intParam, layout, opButton, opQueueButton, pager, pauseForm, previewCell, queuePath, taskPath, tile, when } from './pages.js';
+import {
+  ALLOWED,
+  DEFAULT_PAGE_SIZE,
+  MAX_PAGE_SIZE,
+  OP_LABEL,
+  PAGE_SIZES,
+  type PageContext,
+  type PageResult,
+  TAB_STATES,
+  TYPE_SEARCH_SCAN,
+  actionForm,
+  badge,
+  confirmText,
+  hiddenText,
+  href,
+  intParam,
+  layout,
+  opButton,
+  opQueueButton,
+  pager,
+  pauseForm,
+  previewCell,
+  queuePath,
+  taskPath,
+  tile,
+  when,
+} from './pages.js';
 
 /** A page of the tab's tasks as previews: the rows the list shows, never whole payloads, results or errors. */
 function listOf(ctx: PageContext, state: TaskState, queue: string, group: string | undefined, page: number, pageSize: number): Promise<TaskPreview[]> {
@@ -21,7 +47,8 @@ type Worker = { server: ServerPreview; worker: ServerPreview['activeWorkers'][nu
 /** Which server holds each active task, from the live servers' workers (their payloads are not read). */
 async function workersByTask(inspector: Inspector): Promise<Map<string, Worker>> {
   const out = new Map<string, Worker>();
-  for (const server of await listServerPreviews(inspector, true)) for (const worker of server.activeWorkers) out.set(`${worker.queue}\u0000${worker.taskId}`, { server, worker });
+  for (const server of await listServerPreviews(inspector, true))
+    for (const worker of server.activeWorkers) out.set(`${worker.queue}\u0000${worker.taskId}`, { server, worker });
   return out;
 }
 
@@ -79,7 +106,14 @@ function stateCells(ctx: PageContext, t: TaskPreview, now: number, workers: Map<
  * contains `needle` (case-insensitive), up to 500. Previews, a page at a time:
  * what it holds is bounded by the matches kept and one page.
  */
-async function searchByType(ctx: PageContext, queue: string, state: TaskState, group: string | undefined, needle: string, count: number): Promise<{ tasks: TaskPreview[]; scanned: number }> {
+async function searchByType(
+  ctx: PageContext,
+  queue: string,
+  state: TaskState,
+  group: string | undefined,
+  needle: string,
+  count: number,
+): Promise<{ tasks: TaskPreview[]; scanned: number }> {
   const pageSize = MAX_PAGE_SIZE;
   const n = needle.toLowerCase();
   const out: TaskPreview[] = [];
@@ -122,13 +156,14 @@ export async function queuePage(ctx: PageContext, queue: string): Promise<PageRe
     const chosen = groups.find((g) => g.group === wanted) ?? groups[0];
     group = chosen?.group;
     groupSize = chosen?.size ?? 0;
-    groupsNav = groups.length === 0
-      ? html``
-      : html`<nav class="groups" aria-label="groups"><span class="muted">Groups:</span> ${groups.map((g) =>
-          g.group === group
-            ? html`<span class="seg current" data-group="${g.group}">${g.group} <span class="count">${num(g.size)}</span></span>`
-            : html`<a class="seg" data-group="${g.group}" href="${href(ctx, queuePath(queue), { state, group: g.group })}">${g.group} <span class="count">${num(g.size)}</span></a>`,
-        )}</nav>`;
+    groupsNav =
+      groups.length === 0
+        ? html``
+        : html`<nav class="groups" aria-label="groups"><span class="muted">Groups:</span> ${groups.map((g) =>
+            g.group === group
+              ? html`<span class="seg current" data-group="${g.group}">${g.group} <span class="count">${num(g.size)}</span></span>`
+              : html`<a class="seg" data-group="${g.group}" href="${href(ctx, queuePath(queue), { state, group: g.group })}">${g.group} <span class="count">${num(g.size)}</span></a>`,
+          )}</nav>`;
   }
   const stateCount = state === 'aggregating' ? groupSize : info[state];
   const pages = Math.max(1, Math.ceil(stateCount / pageSize));
@@ -179,9 +214,14 @@ ${canAct ? html`<td class="actions">${ops.map((op) => opButton(op, 'one', `${op}
       ? html`<p class="empty">No ${state} tasks${state === 'aggregating' && group !== undefined ? html` in group ${group}` : ''}.</p>`
       : html`<div class="table-wrap"><table class="tasks" data-state="${state}"><thead>${head}</thead><tbody>${rows}</tbody></table></div>`;
   const list = canAct && stateCount > 0 ? actionForm(ctx, { queue, state, group }, [bulk, tableBody], 'task-form') : tableBody;
-  const pageLinks = search === '' ? pager(page, pages, (p) => href(ctx, queuePath(queue), { state, group, page: p, size: pageSize === DEFAULT_PAGE_SIZE ? undefined : pageSize })) : html``;
+  const pageLinks =
+    search === ''
+      ? pager(page, pages, (p) => href(ctx, queuePath(queue), { state, group, page: p, size: pageSize === DEFAULT_PAGE_SIZE ? undefined : pageSize }))
+      : html``;
   const sizes = html`<span class="page-sizes muted">Per page: ${PAGE_SIZES.map((s) =>
-    s === pageSize ? html`<span class="seg current">${s}</span>` : html`<a class="seg" href="${href(ctx, queuePath(queue), { state, group, size: s === DEFAULT_PAGE_SIZE ? undefined : s })}">${s}</a>`,
+    s === pageSize
+      ? html`<span class="seg current">${s}</span>`
+      : html`<a class="seg" href="${href(ctx, queuePath(queue), { state, group, size: s === DEFAULT_PAGE_SIZE ? undefined : s })}">${s}</a>`,
   )}</span>`;
 
   const [history] = await Promise.all([ctx.inspector.history(queue, 14)]);
@@ -225,7 +265,8 @@ ${list}
 function block(ctx: PageContext, title: string, value: unknown, what: 'payload' | 'result'): Html {
   if (ctx.hidePayloads) return html`<section class="card"><h2>${title}</h2><p class="muted">Hidden: the dashboard runs with --hide-payloads.</p></section>`;
   const p = pretty(value);
-  if (p.kind === 'none') return html`<section class="card"><h2>${title}</h2><p class="muted">${what === 'result' ? 'No result written.' : 'No payload.'}</p></section>`;
+  if (p.kind === 'none')
+    return html`<section class="card"><h2>${title}</h2><p class="muted">${what === 'result' ? 'No result written.' : 'No payload.'}</p></section>`;
   return html`<section class="card"><h2>${title} <span class="muted small">${p.kind === 'bytes' ? `bytes (${num((value as Buffer).length)})` : 'JSON'}</span></h2><pre class="code" data-block="${what}">${p.text}</pre></section>`;
 }
 
@@ -234,7 +275,14 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
   const now = Date.now();
   const w = t.state === 'active' ? (await workersByTask(ctx.inspector)).get(`${t.queue}\u0000${t.id}`) : undefined;
   const ops = ctx.readOnly ? [] : ALLOWED[t.state];
-  const actions = ops.length === 0 ? html`` : actionForm(ctx, { queue, state: t.state }, ops.map((op) => opButton(op, 'one', `${op}:one:${t.id}`, confirmText(op, 'one', `task ${t.id}`), OP_LABEL[op])));
+  const actions =
+    ops.length === 0
+      ? html``
+      : actionForm(
+          ctx,
+          { queue, state: t.state },
+          ops.map((op) => opButton(op, 'one', `${op}:one:${t.id}`, confirmText(op, 'one', `task ${t.id}`), OP_LABEL[op])),
+        );
 
   const dl = (rows: [string, Html | string][]) => html`<dl class="facts">${rows.map(([k, v]) => html`<dt>${k}</dt><dd>${v}</dd>`)}</dl>`;
   const facts = dl([
@@ -269,7 +317,12 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
     t.state !== 'active'
       ? html``
       : html`<section class="card" data-region id="r-lease"><h2>Lease</h2>${dl([
-          ['Owner', w ? html`<a href="${href(ctx, '/servers')}#server-${w.server.id}"><code>${w.server.id}</code></a> (${w.server.host}, pid ${w.server.pid})` : html`<span class="muted">not a live server (its server is gone)</span>`],
+          [
+            'Owner',
+            w
+              ? html`<a href="${href(ctx, '/servers')}#server-${w.server.id}"><code>${w.server.id}</code></a> (${w.server.host}, pid ${w.server.pid})`
+              : html`<span class="muted">not a live server (its server is gone)</span>`,
+          ],
           ['Started', w ? html`${instant(w.worker.startedAt)} (${relative(w.worker.startedAt, now)})` : '–'],
           ['Expires', w ? html`${instant(w.worker.leaseExpiresAt)} (${relative(w.worker.leaseExpiresAt, now)})` : '–'],
           ['Attempt deadline', w?.worker.deadline ? html`${instant(w.worker.deadline)} (${relative(w.worker.deadline, now)})` : '–'],
@@ -314,4 +367,3 @@ ${headersBlock}`,
 }
 
 // ---------------------------------------------------------------- servers
-

@@ -2,7 +2,20 @@
 import { listServerPreviews } from '../inspector-internal.js';
 import { instant, num, preview, relative } from './format.js';
 import { html } from './html.js';
-import { MAX_WORKERS_SHOWN, type PageContext, type PageResult, badge, href, intParam, layout, payloadCell, previewCell, queuePath, taskPath, when } from './pages.js';
+import {
+  MAX_WORKERS_SHOWN,
+  type PageContext,
+  type PageResult,
+  badge,
+  href,
+  intParam,
+  layout,
+  payloadCell,
+  previewCell,
+  queuePath,
+  taskPath,
+  when,
+} from './pages.js';
 
 /** An entry's options as one line; with hidePayloads its headers are hidden (they often repeat payload data). */
 function optionsText(ctx: PageContext, options: Record<string, unknown>): string {
@@ -23,7 +36,8 @@ export async function serversPage(ctx: PageContext): Promise<PageResult> {
       s.activeWorkers.length === 0
         ? html`<p class="muted">Idle.</p>`
         : html`<div class="table-wrap"><table class="workers"><thead><tr><th>Task</th><th>Queue</th><th>Type</th><th>Payload</th><th>Started</th><th>Lease expires</th><th>Deadline</th></tr></thead><tbody>${shown.map(
-            (w) => html`<tr data-task-id="${w.taskId}"><td class="id"><a href="${href(ctx, taskPath(w.queue, w.taskId))}"><code>${w.taskId}</code></a></td><td>${w.queue}</td><td class="type">${w.type}</td><td class="payload">${previewCell(ctx, w.payload)}</td><td>${when(w.startedAt, now)}</td><td>${when(w.leaseExpiresAt, now)}</td><td>${when(w.deadline, now)}</td></tr>`,
+            (w) =>
+              html`<tr data-task-id="${w.taskId}"><td class="id"><a href="${href(ctx, taskPath(w.queue, w.taskId))}"><code>${w.taskId}</code></a></td><td>${w.queue}</td><td class="type">${w.type}</td><td class="payload">${previewCell(ctx, w.payload)}</td><td>${when(w.startedAt, now)}</td><td>${when(w.leaseExpiresAt, now)}</td><td>${when(w.deadline, now)}</td></tr>`,
           )}</tbody></table></div>${more > 0 ? html`<p class="note">… and ${num(more)} more, the longest-running first: see each queue's active tab.</p>` : ''}`;
     const busy = s.activeWorkers.length;
     return html`<section class="card server" id="server-${s.id}" data-server-id="${s.id}">
@@ -86,10 +100,12 @@ export async function schedulerEntryPage(ctx: PageContext, entryId: string): Pro
     ? html`<dl class="facts"><dt>Spec</dt><dd><code>${entry.spec}</code></dd><dt>Type</dt><dd>${entry.task.type}</dd><dt>Payload</dt><dd>${payloadCell(ctx, entry.task.payload)}</dd><dt>Options</dt><dd><code class="preview">${optionsText(ctx, entry.options)}</code></dd><dt>Next</dt><dd>${entry.next ? html`${instant(entry.next)} (${relative(entry.next, now)})` : '–'}</dd><dt>Previous</dt><dd>${entry.prev ? html`${instant(entry.prev)} (${relative(entry.prev, now)})` : '–'}</dd></dl>`
     : html`<p class="muted">No live scheduler has this entry now; its history is kept.</p>`;
   const rows = events.map(
-    (e) => html`<tr><td class="id"><a href="${href(ctx, taskPath(queue, e.taskId))}"><code>${e.taskId}</code></a></td><td>${instant(e.tickAt)}</td><td>${instant(e.enqueuedAt)} <span class="muted">(${relative(e.enqueuedAt, now)})</span></td></tr>`,
+    (e) =>
+      html`<tr><td class="id"><a href="${href(ctx, taskPath(queue, e.taskId))}"><code>${e.taskId}</code></a></td><td>${instant(e.tickAt)}</td><td>${instant(e.enqueuedAt)} <span class="muted">(${relative(e.enqueuedAt, now)})</span></td></tr>`,
   );
   const prev = page > 1 ? html`<a class="page" href="${href(ctx, `/schedulers/${encodeURIComponent(entryId)}`, { page: page - 1 })}">‹ Newer</a>` : '';
-  const next = events.length === pageSize ? html`<a class="page" href="${href(ctx, `/schedulers/${encodeURIComponent(entryId)}`, { page: page + 1 })}">Older ›</a>` : '';
+  const next =
+    events.length === pageSize ? html`<a class="page" href="${href(ctx, `/schedulers/${encodeURIComponent(entryId)}`, { page: page + 1 })}">Older ›</a>` : '';
   return {
     status: 200,
     body: layout(

@@ -62,7 +62,9 @@ export class QueueSampler {
 
   async #read(): Promise<QueueInfo[]> {
     const names = await this.#inspector.queues();
-    const all = await Promise.all(names.map((q) => this.#inspector.getQueueInfo(q).catch((err: unknown) => (isQueueNotFound(err) ? null : Promise.reject(err)))));
+    const all = await Promise.all(
+      names.map((q) => this.#inspector.getQueueInfo(q).catch((err: unknown) => (isQueueNotFound(err) ? null : Promise.reject(err)))),
+    );
     return all.filter((q): q is QueueInfo => q !== null);
   }
 

@@ -141,7 +141,10 @@ export function allowedHostsOption(value: unknown, field = 'allowedHosts'): read
   return value.map((h: unknown, i) => {
     const name = typeof h === 'string' ? normalHost(h) : '';
     if (!validHost(name)) {
-      throw new ConfigError(`${field}[${i}]`, `must be a host name or IP address without port or scheme, like dash.example.com or 10.0.0.5 (got ${typeof h === 'string' ? JSON.stringify(h.slice(0, 100)) : typeof h})`);
+      throw new ConfigError(
+        `${field}[${i}]`,
+        `must be a host name or IP address without port or scheme, like dash.example.com or 10.0.0.5 (got ${typeof h === 'string' ? JSON.stringify(h.slice(0, 100)) : typeof h})`,
+      );
     }
     return name;
   });
@@ -313,6 +316,8 @@ export class Guard {
  * starts with a single "/". Anything else is "/".
  */
 export function localPath(target: string | undefined): string {
+  // Control characters and backslashes are exactly what a redirect target must not hold.
+  // eslint-disable-next-line no-control-regex
   if (target === undefined || !target.startsWith('/') || /[\u0000-\u001f\u007f\\]/.test(target)) return '/';
   const base = 'http://dashboard.invalid';
   let u: URL;

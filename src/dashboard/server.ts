@@ -31,16 +31,7 @@ import { BadActionError, confirmationFor, parseAction, runAction, type FormField
 import { CSS, etagOf, JS } from './assets.js';
 import type { Html } from './html.js';
 import { serveMetrics, type MetricFamily } from './metrics.js';
-import {
-  confirmPage,
-  errorPage,
-  overviewJson,
-  overviewPage,
-  statusOf,
-  tokenPage,
-  type PageContext,
-  type PageResult,
-} from './pages.js';
+import { confirmPage, errorPage, overviewJson, overviewPage, statusOf, tokenPage, type PageContext, type PageResult } from './pages.js';
 import { queuePage, taskPage } from './queue-pages.js';
 import { schedulerEntryPage, schedulersPage, serversPage } from './registry-pages.js';
 import { QueueSampler } from './sampler.js';
@@ -122,7 +113,14 @@ function resolve(opts: DashboardOptions): Resolved {
     throw new ConfigError('basePath', "must be '' or a path like '/admin/queues' (no trailing slash)");
   }
   const hosts = opts.allowedHosts === undefined ? undefined : allowedHostsOption(opts.allowedHosts);
-  return { readOnly: bool(opts.readOnly, 'readOnly'), token, hidePayloads: bool(opts.hidePayloads, 'hidePayloads'), refreshMs: refresh, allowedHosts: hosts, basePath: base };
+  return {
+    readOnly: bool(opts.readOnly, 'readOnly'),
+    token,
+    hidePayloads: bool(opts.hidePayloads, 'hidePayloads'),
+    refreshMs: refresh,
+    allowedHosts: hosts,
+    basePath: base,
+  };
 }
 
 function readBody(req: IncomingMessage): Promise<string> {
@@ -144,7 +142,7 @@ function readBody(req: IncomingMessage): Promise<string> {
 }
 
 function formFields(body: string): FormFields {
-  const out: FormFields = Object.create(null);
+  const out = Object.create(null) as FormFields;
   for (const [k, v] of new URLSearchParams(body)) (out[k] ??= []).push(v);
   return out;
 }
@@ -191,7 +189,17 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
   function pageContext(req: IncomingMessage, res: ServerResponse, url: URL): PageContext {
     const flashId = url.searchParams.get('flash');
     const flash = flashId === null ? undefined : flashes.get(flashId);
-    return { inspector, sampler, readOnly: cfg.readOnly, hidePayloads: cfg.hidePayloads, refreshMs: cfg.refreshMs, csrf: guard.csrfToken(req, res), base: cfg.basePath, url, flash };
+    return {
+      inspector,
+      sampler,
+      readOnly: cfg.readOnly,
+      hidePayloads: cfg.hidePayloads,
+      refreshMs: cfg.refreshMs,
+      csrf: guard.csrfToken(req, res),
+      base: cfg.basePath,
+      url,
+      flash,
+    };
   }
 
   function addFlash(ok: boolean, message: string): string {
@@ -258,7 +266,10 @@ export function createDashboard(opts: DashboardOptions = {}): Dashboard {
       res.setHeader('Allow', cfg.readOnly ? 'GET, HEAD' : 'GET, HEAD, POST');
       return sendError(req, res, 405, `${method} is not allowed.`);
     }
-    const seg = path.split('/').slice(1).map((s) => decodeURIComponent(s));
+    const seg = path
+      .split('/')
+      .slice(1)
+      .map((s) => decodeURIComponent(s));
     if (path === '/') return page(req, res, url, overviewPage);
     if (path === '/assets/app.css') return asset(req, res, CSS, 'text/css; charset=utf-8', cssTag);
     if (path === '/assets/app.js') return asset(req, res, JS, 'text/javascript; charset=utf-8', jsTag);

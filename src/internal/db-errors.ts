@@ -37,7 +37,8 @@ const TRANSIENT_CODES = new Set([
 ]);
 
 /** pg's messages for connection failures that carry no code. */
-const TRANSIENT_MESSAGES = /Connection terminated|timeout exceeded when trying to connect|Connection ended unexpectedly|Client has encountered a connection error/i;
+const TRANSIENT_MESSAGES =
+  /Connection terminated|timeout exceeded when trying to connect|Connection ended unexpectedly|Client has encountered a connection error/i;
 
 /** The code of an error; for a host with several addresses (an AggregateError of one error per address), the first one's. */
 export function errorCode(err: unknown): string | undefined {
@@ -62,7 +63,9 @@ export function permanentConnectionError(err: unknown, target: string): Database
   const on = target === '' ? '' : ` (server ${target})`;
   switch (code) {
     case '3D000':
-      return new DatabaseUnavailableError('database-not-found', `${message}${on}: create it, or correct the database name in the connection string`, { cause: err });
+      return new DatabaseUnavailableError('database-not-found', `${message}${on}: create it, or correct the database name in the connection string`, {
+        cause: err,
+      });
     case '28000':
     case '28P01':
       return new DatabaseUnavailableError('authentication-failed', `${message}${on}: check the user and password of the connection string`, { cause: err });

@@ -103,7 +103,7 @@ export function validateOptions(input: unknown, what = 'options'): EnqueueOption
 
 function validateHeaders(input: unknown): Record<string, string> {
   const h = v.plainObject(input, 'headers');
-  const out: Record<string, string> = Object.create(null);
+  const out = Object.create(null) as Record<string, string>;
   for (const [key, value] of Object.entries(h)) {
     if (key.length === 0 || key.length > 256) throw new InvalidOptionError('headers', `keys must be 1–256 characters (got ${key.length})`);
     if (typeof value !== 'string') throw new InvalidOptionError(`headers.${key}`, `must be a string (got ${v.describeValue(value)})`);
@@ -143,7 +143,8 @@ export class Task<P = unknown> {
   /** @internal A task read back from a row: it was validated when it was enqueued. */
   static restore(type: string, payload: unknown, headers: Record<string, string>, options: EnqueueOptions = {}): Task {
     const task = Object.create(Task.prototype) as Task;
-    const encoded: EncodedPayload = payload instanceof Uint8Array ? { json: null, bytes: Buffer.from(payload) } : { json: payload == null ? null : JSON.stringify(payload), bytes: null };
+    const encoded: EncodedPayload =
+      payload instanceof Uint8Array ? { json: null, bytes: Buffer.from(payload) } : { json: payload == null ? null : JSON.stringify(payload), bytes: null };
     Object.assign(task, { type, payload, options: Object.freeze(options), headers: Object.freeze({ ...headers }), encoded });
     return task;
   }
@@ -239,10 +240,25 @@ export function timeOrderedUuid(): string {
   const high = Math.floor(ms / 0x10000); // the upper 32 of the 48 bits
   const low = ms % 0x10000;
   return (
-    HEX[high >>> 24]! + HEX[(high >>> 16) & 0xff]! + HEX[(high >>> 8) & 0xff]! + HEX[high & 0xff]! + '-' +
-    HEX[low >>> 8]! + HEX[low & 0xff]! + '-' +
-    HEX[0x70 | (p[r]! & 0x0f)]! + HEX[p[r + 1]!]! + '-' +
-    HEX[0x80 | (p[r + 2]! & 0x3f)]! + HEX[p[r + 3]!]! + '-' +
-    HEX[p[r + 4]!]! + HEX[p[r + 5]!]! + HEX[p[r + 6]!]! + HEX[p[r + 7]!]! + HEX[p[r + 8]!]! + HEX[p[r + 9]!]!
+    HEX[high >>> 24]! +
+    HEX[(high >>> 16) & 0xff]! +
+    HEX[(high >>> 8) & 0xff]! +
+    HEX[high & 0xff]! +
+    '-' +
+    HEX[low >>> 8]! +
+    HEX[low & 0xff]! +
+    '-' +
+    HEX[0x70 | (p[r]! & 0x0f)]! +
+    HEX[p[r + 1]!]! +
+    '-' +
+    HEX[0x80 | (p[r + 2]! & 0x3f)]! +
+    HEX[p[r + 3]!]! +
+    '-' +
+    HEX[p[r + 4]!]! +
+    HEX[p[r + 5]!]! +
+    HEX[p[r + 6]!]! +
+    HEX[p[r + 7]!]! +
+    HEX[p[r + 8]!]! +
+    HEX[p[r + 9]!]!
   );
 }

@@ -3,14 +3,7 @@
  * names, task types and ids are always bind parameters in SQL; the charsets
  * here keep them safe to print in a terminal, a log line or a web page.
  */
-import {
-  InvalidOptionError,
-  InvalidQueueNameError,
-  InvalidSchemaNameError,
-  InvalidTaskIdError,
-  InvalidTaskTypeError,
-  type ValidationError,
-} from './errors.js';
+import { InvalidOptionError, InvalidQueueNameError, InvalidSchemaNameError, InvalidTaskIdError, InvalidTaskTypeError, type ValidationError } from './errors.js';
 
 type ErrorClass = new (field: string, rule: string) => ValidationError;
 
@@ -39,7 +32,8 @@ function checkName(value: unknown, field: string, Err: ErrorClass, max: number, 
   if (value.length < 1 || value.length > max) throw new Err(field, `must be 1–${max} characters (got ${value.length})`);
   // The earliest problem is reported: "../x" is refused for its first character, not its slash.
   const head = value[0] as string;
-  if (/[A-Za-z0-9_.:-]/.test(head) && !first.test(head)) throw new Err(field, `must start with a letter, a digit or _ (found ${JSON.stringify(head)} at index 0)`);
+  if (/[A-Za-z0-9_.:-]/.test(head) && !first.test(head))
+    throw new Err(field, `must start with a letter, a digit or _ (found ${JSON.stringify(head)} at index 0)`);
   if (!allowed.test(value)) throw new Err(field, `may contain only ${charsText} (${firstBadChar(value, /[A-Za-z0-9_.:-]/)})`);
   return value;
 }
@@ -67,7 +61,8 @@ export function taskType(value: unknown, field = 'type'): string {
   }
   for (let i = 0; i < value.length; i++) {
     const c = value.charCodeAt(i);
-    if (c < 0x20 || (c >= 0x7f && c <= 0x9f)) throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
+    if (c < 0x20 || (c >= 0x7f && c <= 0x9f))
+      throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
   }
   if (!value.isWellFormed()) throw new InvalidTaskTypeError(field, `is not valid Unicode (lone surrogate at index ${loneSurrogateIndex(value)})`);
   return value;
@@ -94,7 +89,10 @@ export function schemaName(value: unknown, field = 'schema'): string {
   if (typeof value !== 'string') throw new InvalidSchemaNameError(field, `must be a string (got ${describe(value)})`);
   if (value.length < 1 || value.length > 63) throw new InvalidSchemaNameError(field, `must be 1–63 characters (got ${value.length})`);
   if (!SCHEMA.test(value)) {
-    throw new InvalidSchemaNameError(field, `must match ^[a-z_][a-z0-9_]{0,62}$ (${firstBadChar(value, value[0] && /[a-z_]/.test(value[0]) ? /[a-z0-9_]/ : /[a-z_]/)})`);
+    throw new InvalidSchemaNameError(
+      field,
+      `must match ^[a-z_][a-z0-9_]{0,62}$ (${firstBadChar(value, value[0] && /[a-z_]/.test(value[0]) ? /[a-z0-9_]/ : /[a-z_]/)})`,
+    );
   }
   if (value.startsWith('pg_')) throw new InvalidSchemaNameError(field, 'may not start with "pg_" (reserved by PostgreSQL)');
   return value;

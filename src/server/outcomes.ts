@@ -70,7 +70,8 @@ export class Outcomes {
     const { queue } = row;
     if (lease.state === 'committed') {
       this.#stats.processed(queue);
-      if (error) this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
+      if (error)
+        this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
       return;
     }
     const shutdown = error instanceof ServerClosedError && lease.abortReason === error;
@@ -99,9 +100,7 @@ export class Outcomes {
     }
     const archive = isSkipRetry(error) || row.retried >= row.max_retry;
     const counts = archive || this.#countsAsFailure(error);
-    const delayMs = archive
-      ? 0
-      : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
+    const delayMs = archive ? 0 : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
     const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
     if (!(await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure)))) return;
     if (counts) {

@@ -17,8 +17,7 @@
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
-import type { Transaction } from 'kysely';
-import { durableTransaction, type Db } from '../broker/db.js';
+import { durableTransaction, type AnyTransaction, type Db } from '../broker/db.js';
 import { claimFrom, complete, lockLease, requeue, writeResult, type ClaimedRow } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
@@ -56,7 +55,6 @@ export interface ProcessorCounters {
   fencedWrites: number;
   leasesLost: number;
 }
-
 
 export class Processor {
   /** Leases of the tasks this server runs (held or running), by seq. */
@@ -158,7 +156,10 @@ export class Processor {
   async drain(timeoutMs: number, graceMs = 1000): Promise<void> {
     await this.stopClaiming();
     if (await this.#idleWithin(timeoutMs)) return;
-    this.#logger.warn({ tasks: this.leases.size, shutdownTimeoutMs: timeoutMs }, 'shutdown timeout reached; aborting the running tasks, which go back to pending');
+    this.#logger.warn(
+      { tasks: this.leases.size, shutdownTimeoutMs: timeoutMs },
+      'shutdown timeout reached; aborting the running tasks, which go back to pending',
+    );
     for (const lease of this.leases.values()) lease.abort(new ServerClosedError());
     await this.#idleWithin(graceMs);
   }
@@ -324,7 +325,7 @@ export class Processor {
     }
   }
 
-  async #transaction<T>(row: ClaimedRow, lease: Lease, fn: (trx: Transaction<any>) => Promise<T>): Promise<T> {
+  async #transaction<T>(row: ClaimedRow, lease: Lease, fn: (trx: AnyTransaction) => Promise<T>): Promise<T> {
     lease.beginTransaction();
     let committed = false;
     try {
@@ -375,4 +376,3 @@ function topPositions(rows: readonly ClaimedRow[]): Map<string, bigint> {
   }
   return top;
 }
-

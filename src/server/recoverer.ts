@@ -78,7 +78,13 @@ export class Recoverer {
         if (archived) {
           if (total.archived < ARCHIVED_LINES) {
             this.#logger.error(
-              { task: { id: t.id, type: t.type, queue: t.queue }, retried: t.retried, maxRetry: t.max_retry, reason: 'retries-exhausted', err: { type: err.name, message: err.message } },
+              {
+                task: { id: t.id, type: t.type, queue: t.queue },
+                retried: t.retried,
+                maxRetry: t.max_retry,
+                reason: 'retries-exhausted',
+                err: { type: err.name, message: err.message },
+              },
               'task archived',
             );
           }

@@ -55,7 +55,10 @@ function warnInvalidRetryDelay(logger: Logger, type: string, value: unknown): vo
   if (seen.has(type)) return;
   seen.add(type);
   const what = value instanceof Error ? `threw ${value.name}` : `returned ${typeof value === 'number' ? String(value) : typeof value}`;
-  logger.warn({ type, value: value instanceof Error ? value.message : String(value) }, `retryDelay ${what}; using the default backoff (warned once per task type)`);
+  logger.warn(
+    { type, value: value instanceof Error ? value.message : String(value) },
+    `retryDelay ${what}; using the default backoff (warned once per task type)`,
+  );
 }
 
 /** The most a stored last error takes, in UTF-8 bytes: asynq keeps the whole text; we keep 4 KiB. */

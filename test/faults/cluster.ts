@@ -86,14 +86,18 @@ export async function startCluster(opts: ClusterOptions = {}): Promise<Cluster> 
     tcp_keepalives_count: 3,
     ...opts.settings,
   };
-  const conf = Object.entries(settings).map(([k, v]) => `${k} = ${v}`).join('\n');
+  const conf = Object.entries(settings)
+    .map(([k, v]) => `${k} = ${v}`)
+    .join('\n');
   writeFileSync(join(data, 'postgresql.auto.conf'), `${conf}\n`);
   const start = (): void => asPostgres('pg_ctl', ['-D', data, '-l', logFile, '-w', '-t', '60', 'start']);
   const stop = (mode: string): void => asPostgres('pg_ctl', ['-D', data, '-m', mode, '-w', 'stop']);
   const postmasterPid = (): number => Number(readFileSync(join(data, 'postmaster.pid'), 'utf8').split('\n')[0]);
   const signalAll = (signal: string): void => {
     const pid = postmasterPid();
-    const children = spawnSync('pgrep', ['-P', String(pid)], { encoding: 'utf8' }).stdout.split('\n').filter(Boolean);
+    const children = spawnSync('pgrep', ['-P', String(pid)], { encoding: 'utf8' })
+      .stdout.split('\n')
+      .filter(Boolean);
     // Children first on STOP (nothing runs half-paused for long), the postmaster first on CONT.
     const order = signal === 'STOP' ? [...children, String(pid)] : [String(pid), ...children];
     spawnSync('kill', [`-${signal}`, ...order]);

@@ -49,7 +49,10 @@ test('F05 heartbeat-connection-terminated: idle server sessions killed every 2 s
     }),
   );
   assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
-  assert.ok(killed.some((n) => n > 0), 'server backends were terminated');
+  assert.ok(
+    killed.some((n) => n > 0),
+    'server backends were terminated',
+  );
   assert.equal(leasesLost, 0, 'no lease lost');
   assert.equal(aborted, 0, 'no handler aborted');
   assert.equal(c.dupExternal, 0, 'each task ran once');

@@ -18,7 +18,10 @@ after(() => h?.teardown());
 test('F06 all-sessions-terminated: every pgasynq session killed 3 times under load; no loss, workers recover on their own', { timeout: 150_000 }, async () => {
   h = await createHarness('f06');
   const harness = h;
-  const workers = await Promise.all([h.spawnWorker('w1', { concurrency: 4, sleepMin: 100, sleepMax: 500 }), h.spawnWorker('w2', { concurrency: 4, sleepMin: 100, sleepMax: 500 })]);
+  const workers = await Promise.all([
+    h.spawnWorker('w1', { concurrency: 4, sleepMin: 100, sleepMax: 500 }),
+    h.spawnWorker('w2', { concurrency: 4, sleepMin: 100, sleepMax: 500 }),
+  ]);
   h.startSampler();
   const producer = await h.spawnProducer({ count: 240, rate: 16, maxRetry: MAX_RETRY });
   await waitFor(async () => Object.keys(await harness.openStarts()).length === 2, 30_000, 'both workers running tasks', 50);
@@ -61,7 +64,10 @@ test('F06 all-sessions-terminated: every pgasynq session killed 3 times under lo
     }),
   );
   assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
-  assert.ok(killed.every((n) => n > 0), 'each round terminated backends');
+  assert.ok(
+    killed.every((n) => n > 0),
+    'each round terminated backends',
+  );
   assert.equal(after.length, workers.length, 'every worker claimed again without a restart');
   for (const e of errors) assert.ok(typeof e.message === 'string' && e.message.length > 0, 'each producer error is an explicit rejection');
   assert.equal(producer.events.find((e) => e.event === 'done')?.acked, c.acked, 'the producer acknowledged exactly what the log holds');

@@ -24,7 +24,9 @@ test('F07 listener-terminated: LISTEN sessions killed; polling covers the gap, t
   const harness = h;
   const workers = await Promise.all(['w1', 'w2'].map((n) => harness.spawnWorker(n, { concurrency: 4, profile: { taskCheckInterval: P_MS } })));
   const listeners = async () =>
-    (await harness.query<{ n: number }>("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgasynq:listener' AND query LIKE 'LISTEN%'"))[0]!.n;
+    (
+      await harness.query<{ n: number }>("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgasynq:listener' AND query LIKE 'LISTEN%'")
+    )[0]!.n;
   await waitFor(async () => (await listeners()) === workers.length, 20_000, 'both LISTEN sessions');
   h.startSampler();
   const producer = await h.spawnProducer({ count: 100, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
@@ -101,6 +103,6 @@ test('F07 listener-terminated: LISTEN sessions killed; polling covers the gap, t
   assert.ok(by.held && by.held.n >= 10, 'tasks enqueued while the listeners were held down');
   assert.ok(by.after && by.after.n >= 10, 'tasks enqueued after the reconnect');
   // Notify level: far below the polling latency (the claim loop polls every P/2 + rand·P).
-  assert.ok(by.after!.p99 <= P_MS / 2, `pickup p99 after the reconnect ${by.after!.p99} ms is notify-level (< P/2)`);
+  assert.ok(by.after.p99 <= P_MS / 2, `pickup p99 after the reconnect ${by.after.p99} ms is notify-level (< P/2)`);
   for (const p of phases) assert.ok(p.max <= 1.5 * P_MS + 2000, `${p.phase}: no task waited past the polling bound (${p.max} ms)`);
 });

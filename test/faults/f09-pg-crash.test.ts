@@ -53,7 +53,9 @@ test('F09 postgres-crash-immediate: 3 crashes under load; no acknowledged task l
   const lastRestart = restarts[restarts.length - 1]!;
   const claimingAfter = await h.query<{ worker: string }>("SELECT DISTINCT worker FROM {{schema}}.h_exec WHERE phase = 'start' AND at > $1", [lastRestart]);
   const errors = producer.events.filter((e) => e.event === 'error');
-  const { committed } = await h.one<{ committed: number }>('SELECT count(*)::int AS committed FROM {{schema}}.tasks WHERE id = ANY($1)', [errors.map((e) => e.id)]);
+  const { committed } = await h.one<{ committed: number }>('SELECT count(*)::int AS committed FROM {{schema}}.tasks WHERE id = ANY($1)', [
+    errors.map((e) => e.id),
+  ]);
   const c = await h.check({ maxRetry: MAX_RETRY });
   // A lease held at the crash cannot be rescued before the server is back: the bound counts the outage too.
   const stuckBound = ORACLE_BOUND_S + DOWN_MS / 1000 + Math.max(...restartMs) / 1000 + 1;

@@ -51,7 +51,14 @@ const CATEGORIES: Category[] = [
   { name: 'keep_cutoff_archive', n: 500, retried: 3, maxRetry: 3, expires: `now() - ${cutoff} + interval '${KEEP_WINDOW_S} seconds'`, expect: 'keep' },
   // R8: a lease beyond now() + L + 1 min is corrupt or clock abuse, and treated as expired.
   { name: 'far_retry', n: 1000, retried: 2, maxRetry: 3, expires: `now() + interval '10 years'`, expect: 'retry' },
-  { name: 'far_archive', n: 500, retried: 3, maxRetry: 3, expires: `now() + ${lease} + interval '1 minute' + interval '${KEEP_WINDOW_S} seconds'`, expect: 'archived' },
+  {
+    name: 'far_archive',
+    n: 500,
+    retried: 3,
+    maxRetry: 3,
+    expires: `now() + ${lease} + interval '1 minute' + interval '${KEEP_WINDOW_S} seconds'`,
+    expect: 'archived',
+  },
   { name: 'keep_r8_edge', n: 500, retried: 1, maxRetry: 3, expires: `now() + ${lease} + interval '1 minute' - interval '5 seconds'`, expect: 'keep' },
   { name: 'keep_live', n: 500, retried: 0, maxRetry: 3, expires: `now() + ${lease}`, expect: 'keep' },
 ];
@@ -173,7 +180,7 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
   }
   await Promise.all(servers.map((s) => s.start(() => void handled++)));
 
-  let rescuedSoFar = 0;
+  let rescuedSoFar: number;
   for (;;) {
     rescuedSoFar = (await q<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.f16_log'))[0]!.n;
     if (rescuedSoFar >= RESCUED) break;

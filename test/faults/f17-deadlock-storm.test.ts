@@ -84,7 +84,10 @@ function cli(...args: string[]): Promise<{ code: number | null; stdout: string; 
   const env = { ...process.env };
   delete env.DATABASE_URL;
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', CLI, '--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args], { cwd: REPO, env });
+    const child = spawn(process.execPath, ['--import', 'tsx', CLI, '--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args], {
+      cwd: REPO,
+      env,
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (x: string) => (stdout += x));
@@ -267,7 +270,13 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   // The CLI itself, as an operator runs it, one command after another.
   const cliRuns: { args: string[]; code: number | null; stderr: string }[] = [];
   const operator = async () => {
-    const commands = [['runall', 'retry'], ['archiveall', 'scheduled'], ['runall', 'archived'], ['archiveall', 'pending'], ['runall', 'scheduled']];
+    const commands = [
+      ['runall', 'retry'],
+      ['archiveall', 'scheduled'],
+      ['runall', 'archived'],
+      ['archiveall', 'pending'],
+      ['runall', 'scheduled'],
+    ];
     for (let i = 0; storming; i++) {
       const [verb, state] = commands[i % commands.length]!;
       const args = ['task', verb!, pick(QUEUES), state!];
@@ -282,8 +291,8 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   const stormS = (performance.now() - started) / 1000;
 
   // Drain: every task reaches a final state.
-  let open = -1;
-  for (const deadline = performance.now() + 40_000; ; ) {
+  let open: number;
+  for (const deadline = performance.now() + 40_000; ;) {
     open = (await q<{ n: number }>(`SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state NOT IN ('completed', 'archived')`))[0]!.n;
     if (open === 0 || performance.now() > deadline) break;
     await sleep(200);
@@ -294,7 +303,15 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   const deadlockDelta = (await deadlocks()) - deadlocksBefore;
 
   // Oracles.
-  const [fate] = await q<{ lost: number; not_final: number; completed: number; archived: number; deleted_done: number; deleted_admin: number; over_retried: number }>(
+  const [fate] = await q<{
+    lost: number;
+    not_final: number;
+    completed: number;
+    archived: number;
+    deleted_done: number;
+    deleted_admin: number;
+    over_retried: number;
+  }>(
     `WITH acked AS (SELECT unnest($1::text[]) AS id)
      SELECT count(*) FILTER (WHERE t.id IS NULL AND d.id IS NULL)::int AS lost,
             count(*) FILTER (WHERE t.state NOT IN ('completed', 'archived'))::int AS not_final,
@@ -408,7 +425,10 @@ test('F17: stats flushes of many servers over the same queues, in any order, nev
   try {
     // What StatsCollector.flush() sends: each server's counts in the order its queues first finished a task.
     const r = await hammer(dbs.length, 2500, (w) =>
-      addStats(dbs[w]!, [...queues].sort(() => Math.random() - 0.5).map((queue) => ({ queue, processed: 1, failed: 0 }))),
+      addStats(
+        dbs[w]!,
+        [...queues].sort(() => Math.random() - 0.5).map((queue) => ({ queue, processed: 1, failed: 0 })),
+      ),
     );
     const delta = (await deadlocks()) - before;
     const [totals] = await q<{ n: number; d: number }>(
@@ -425,46 +445,43 @@ test('F17: stats flushes of many servers over the same queues, in any order, nev
   }
 });
 
-test(
-  'F17: producers resending one batch (taskIds, or unique tasks) in different orders get TaskIdConflictError / DuplicateTaskError, never a deadlock',
-  async () => {
-    const clients = Array.from({ length: 4 }, () => new Client({ connectionString: cluster.connectionString, schema: SCHEMA }));
-    // Slow inserts (2 ms a row, this queue only), so that concurrent batches overlap however idle the machine is.
-    await q(`
+test('F17: producers resending one batch (taskIds, or unique tasks) in different orders get TaskIdConflictError / DuplicateTaskError, never a deadlock', async () => {
+  const clients = Array.from({ length: 4 }, () => new Client({ connectionString: cluster.connectionString, schema: SCHEMA }));
+  // Slow inserts (2 ms a row, this queue only), so that concurrent batches overlap however idle the machine is.
+  await q(`
       CREATE FUNCTION {{schema}}.f17_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.002); RETURN NEW; END $$;
       CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.task_inputs FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();
       CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.unique_locks FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();`);
-    const before = await deadlocks();
-    const errors = new Map<string, number>();
-    let rounds = 0;
-    try {
-      // An idempotent producer resends its batch after a timeout while another instance sends the same one.
-      for (const until = performance.now() + 3000; performance.now() < until; rounds++) {
-        // Even rounds: the same taskIds; odd rounds: the same unique tasks (same type and payload).
-        const ids = Array.from({ length: 50 }, (_, i) => `b${rounds}-${i}`);
-        const task = (id: string) =>
-          rounds % 2 === 0 ? new Task('resend', null, { taskId: id, queue: 'resend' }) : new Task('resend', { id }, { unique: 60_000, queue: 'resend' });
-        const results = await Promise.allSettled(clients.map((c) => c.enqueueMany([...ids].sort(() => Math.random() - 0.5).map(task))));
-        for (const r of results) {
-          if (r.status === 'fulfilled' || r.reason instanceof TaskIdConflictError || r.reason instanceof DuplicateTaskError) continue;
-          const k = sqlState(r.reason) ?? (r.reason as Error).name;
-          errors.set(k, (errors.get(k) ?? 0) + 1);
-        }
+  const before = await deadlocks();
+  const errors = new Map<string, number>();
+  let rounds = 0;
+  try {
+    // An idempotent producer resends its batch after a timeout while another instance sends the same one.
+    for (const until = performance.now() + 3000; performance.now() < until; rounds++) {
+      // Even rounds: the same taskIds; odd rounds: the same unique tasks (same type and payload).
+      const ids = Array.from({ length: 50 }, (_, i) => `b${rounds}-${i}`);
+      const task = (id: string) =>
+        rounds % 2 === 0 ? new Task('resend', null, { taskId: id, queue: 'resend' }) : new Task('resend', { id }, { unique: 60_000, queue: 'resend' });
+      const results = await Promise.allSettled(clients.map((c) => c.enqueueMany([...ids].sort(() => Math.random() - 0.5).map(task))));
+      for (const r of results) {
+        if (r.status === 'fulfilled' || r.reason instanceof TaskIdConflictError || r.reason instanceof DuplicateTaskError) continue;
+        const k = sqlState(r.reason) ?? (r.reason as Error).name;
+        errors.set(k, (errors.get(k) ?? 0) + 1);
       }
-      const delta = (await deadlocks()) - before;
-      recordFigures({
-        test: 'F17 enqueueMany lock order',
-        profile: 'fast',
-        tasks: rounds * 50 * clients.length,
-        deadlocks: delta,
-        deadlock_errors_in_user_code: errors.get('40P01') ?? 0,
-        notes: `${clients.length} clients send the same 50-task batch (taskIds, or unique tasks) in shuffled orders, ${rounds} rounds, inserts slowed 2 ms/row by a trigger; keyed batches insert in key order (src/broker/enqueue.ts), so none deadlocks`,
-      });
-      assert.deepEqual(Object.fromEntries(errors), {}, `enqueueMany rejected with something other than TaskIdConflictError (${rounds} rounds)`);
-      assert.equal(delta, 0, 'PostgreSQL detected deadlocks between enqueueMany calls');
-    } finally {
-      await q('DROP TRIGGER f17_slow ON {{schema}}.task_inputs; DROP TRIGGER f17_slow ON {{schema}}.unique_locks');
-      await Promise.all(clients.map((c) => c.close()));
     }
-  },
-);
+    const delta = (await deadlocks()) - before;
+    recordFigures({
+      test: 'F17 enqueueMany lock order',
+      profile: 'fast',
+      tasks: rounds * 50 * clients.length,
+      deadlocks: delta,
+      deadlock_errors_in_user_code: errors.get('40P01') ?? 0,
+      notes: `${clients.length} clients send the same 50-task batch (taskIds, or unique tasks) in shuffled orders, ${rounds} rounds, inserts slowed 2 ms/row by a trigger; keyed batches insert in key order (src/broker/enqueue.ts), so none deadlocks`,
+    });
+    assert.deepEqual(Object.fromEntries(errors), {}, `enqueueMany rejected with something other than TaskIdConflictError (${rounds} rounds)`);
+    assert.equal(delta, 0, 'PostgreSQL detected deadlocks between enqueueMany calls');
+  } finally {
+    await q('DROP TRIGGER f17_slow ON {{schema}}.task_inputs; DROP TRIGGER f17_slow ON {{schema}}.unique_locks');
+    await Promise.all(clients.map((c) => c.close()));
+  }
+});

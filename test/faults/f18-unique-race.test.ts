@@ -196,7 +196,11 @@ test('F18: concurrent unique enqueues, committed and rolled back: one task per k
   // Every committing producer got an answer it can act on.
   const committing = attempts.filter((a) => a.role !== 'rollback');
   const others = attempts.filter((a) => a.outcome === 'other');
-  assert.deepEqual(others.slice(0, 3).map((a) => a.error), [], `${others.length} producers got an unexpected error`);
+  assert.deepEqual(
+    others.slice(0, 3).map((a) => a.error),
+    [],
+    `${others.length} producers got an unexpected error`,
+  );
 
   const rows = await q<{ queue: string; id: string; unique_key: string; key: number; state: string }>(
     `SELECT queue, id, unique_key, (payload->>'key')::int AS key, state FROM {{schema}}.tasks`,
@@ -245,7 +249,7 @@ test('F18: concurrent unique enqueues, committed and rolled back: one task per k
   await server.start((task) => {
     if ((task.payload as { group: number }).group === 1) throw new SkipRetry('archive me');
   });
-  for (const deadline = performance.now() + 20_000; ; ) {
+  for (const deadline = performance.now() + 20_000; ;) {
     const [r] = await q<{ n: number }>(`SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE queue = 'f18' AND state <> 'archived'`);
     if (r!.n === 0) break;
     assert.ok(performance.now() < deadline, `${r!.n} tasks not processed in 20 s`);
@@ -295,7 +299,8 @@ test('F18: concurrent unique enqueues, committed and rolled back: one task per k
     rolled_back_successes: rolledBackOk.length,
     committed_duplicates: committing.filter((a) => a.outcome === 'dup').length,
     committed_id_conflicts: committing.filter((a) => a.outcome === 'idconflict').length,
-    notes: `${KEYS} keys x ${ROLES.length} producers (5 tx rolling back after 0-200 ms go first; once one holds the lock: 6 auto, 2 auto+taskId, 3 tx commit) in ${phase1S.toFixed(1)} s; processing ${processedS.toFixed(1)} s; ` +
+    notes:
+      `${KEYS} keys x ${ROLES.length} producers (5 tx rolling back after 0-200 ms go first; once one holds the lock: 6 auto, 2 auto+taskId, 3 tx commit) in ${phase1S.toFixed(1)} s; processing ${processedS.toFixed(1)} s; ` +
       `release: completed and deleted tasks release the lock, archived keep it until the TTL (asynq); total ${wallS.toFixed(1)} s`,
   });
 });

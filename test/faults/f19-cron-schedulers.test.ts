@@ -61,8 +61,8 @@ function spawnScheduler(name: string, skew: string): Sched {
   let markReady!: (e: Record<string, any>) => void;
   const ready = new Promise<Record<string, any>>((resolve) => (markReady = resolve));
   const stderr: string[] = [];
-  proc.stderr!.setEncoding('utf8').on('data', (s: string) => stderr.push(s));
-  createInterface({ input: proc.stdout! }).on('line', (line) => {
+  proc.stderr.setEncoding('utf8').on('data', (s: string) => stderr.push(s));
+  createInterface({ input: proc.stdout }).on('line', (line) => {
     try {
       const e = JSON.parse(line) as Record<string, any>;
       events.push(e);
@@ -130,7 +130,7 @@ test('F19: three schedulers (+0, +45 s, -30 s host clocks), SIGKILLed in turn an
 
   const respawn = async (i: number) => {
     current[i] = spawnScheduler(names[i]!, skews[i]!);
-    await current[i]!.ready;
+    await current[i].ready;
   };
   // A: all three. B: one killed and respawned.
   await sleep(3000);
@@ -155,7 +155,11 @@ test('F19: three schedulers (+0, +45 s, -30 s host clocks), SIGKILLed in turn an
   await sleep(3000);
   for (const s of current) s.proc.kill('SIGTERM');
   const exits = await Promise.all(current.map((s) => s.exited));
-  assert.deepEqual(exits.map((x) => x.code), [0, 0, 0], 'schedulers exit 0 on SIGTERM');
+  assert.deepEqual(
+    exits.map((x) => x.code),
+    [0, 0, 0],
+    'schedulers exit 0 on SIGTERM',
+  );
   const wallS = (performance.now() - started) / 1000;
   mark('stopped');
 
@@ -210,11 +214,16 @@ test('F19: three schedulers (+0, +45 s, -30 s host clocks), SIGKILLed in turn an
       gapsInWindow++;
       skippedByPolicy += missing;
       // Catch-up: the tick enqueued after the gap is the most recent one at the time (fired within one period of it)…
-      if (!(e.delay_ms >= 0 && e.delay_ms < p)) problems.push(`${label}: after the all-down window the tick ${new Date(e.tick).toISOString()} was enqueued ${e.delay_ms} ms late: not the most recent missed tick`);
+      if (!(e.delay_ms >= 0 && e.delay_ms < p))
+        problems.push(
+          `${label}: after the all-down window the tick ${new Date(e.tick).toISOString()} was enqueued ${e.delay_ms} ms late: not the most recent missed tick`,
+        );
     }
     if (gapsInWindow !== 1) problems.push(`${label}: ${gapsInWindow} gaps in the all-down window (want exactly 1: ${DOWN_MS} ms down > one period)`);
   }
-  const childErrors = all.flatMap((s) => s.events.filter((e) => e.event === 'log' && (e.level === 'error' || e.level === 'fatal')).map((e) => `${s.name}: ${e.msg} ${e.err?.message ?? ''}`));
+  const childErrors = all.flatMap((s) =>
+    s.events.filter((e) => e.event === 'log' && (e.level === 'error' || e.level === 'fatal')).map((e) => `${s.name}: ${e.msg} ${e.err?.message ?? ''}`),
+  );
   const childWarnings = all.flatMap((s) => s.events.filter((e) => e.event === 'log' && e.level === 'warn')).length;
 
   recordFigures({

@@ -200,10 +200,17 @@ describe('F21 pgbouncer in transaction mode', () => {
       await client.close();
       await inspector.close();
     }
-    assert.deepEqual([...runs.entries()].filter(([, n]) => n !== 1), [], 'every task ran exactly once');
+    assert.deepEqual(
+      [...runs.entries()].filter(([, n]) => n !== 1),
+      [],
+      'every task ran exactly once',
+    );
     assert.equal(runs.size, N + 1 + 6, 'the load, the aggregate and the pickup tasks');
     assert.equal(lines.filter((l) => /LISTEN does not work/.test(l.msg ?? '')).length, 1, 'one warning in all');
-    assert.deepEqual(lines.filter((l) => l.level === 'error'), []);
+    assert.deepEqual(
+      lines.filter((l) => l.level === 'error'),
+      [],
+    );
     figures.tasks = N;
   });
 
@@ -234,7 +241,11 @@ describe('F21 pgbouncer in transaction mode', () => {
     }
     figures.pickup_listen_ms = times.map(Math.round);
     figures.pickup_listen_p50_ms = Math.round(median(times));
-    assert.deepEqual(lines.filter((l) => /LISTEN/.test(l.msg ?? '')), [], 'no warning: the direct connection listens');
+    assert.deepEqual(
+      lines.filter((l) => /LISTEN/.test(l.msg ?? '')),
+      [],
+      'no warning: the direct connection listens',
+    );
     assert.ok(Math.max(...times) < POLL / 5, `pickup ${times.map(Math.round).join(', ')} ms, poll interval ${POLL} ms`);
   });
 

@@ -36,7 +36,12 @@ test('F24 poison-task: a task that kills its worker is archived after exactly ma
   const t0 = performance.now();
   const poison = await h.enqueue('poison', {}, { maxRetry: MAX_RETRY });
   const archived = await waitFor(
-    async () => (await harness.query<{ state: string; retried: number; error_msg: string }>('SELECT state, retried, error_msg FROM {{schema}}.tasks WHERE id = $1', [poison]))[0]?.state === 'archived',
+    async () =>
+      (
+        await harness.query<{ state: string; retried: number; error_msg: string }>('SELECT state, retried, error_msg FROM {{schema}}.tasks WHERE id = $1', [
+          poison,
+        ])
+      )[0]?.state === 'archived',
     120_000,
     'the poison task to be archived',
     200,
@@ -49,8 +54,12 @@ test('F24 poison-task: a task that kills its worker is archived after exactly ma
   await sleep(700);
   await h.stopSampler();
 
-  const [row] = await h.query<{ state: string; retried: number; error_msg: string }>('SELECT state, retried, error_msg FROM {{schema}}.tasks WHERE id = $1', [poison]);
-  const { runs } = await h.one<{ runs: number }>("SELECT count(DISTINCT attempt)::int AS runs FROM {{schema}}.h_exec WHERE task_id = $1 AND phase = 'start'", [poison]);
+  const [row] = await h.query<{ state: string; retried: number; error_msg: string }>('SELECT state, retried, error_msg FROM {{schema}}.tasks WHERE id = $1', [
+    poison,
+  ]);
+  const { runs } = await h.one<{ runs: number }>("SELECT count(DISTINCT attempt)::int AS runs FROM {{schema}}.h_exec WHERE task_id = $1 AND phase = 'start'", [
+    poison,
+  ]);
   // Collateral: pickup latency of the other tasks (and how many of them a death made run twice).
   const [other] = await h.query<{ p50: number; p99: number; rerun: number }>(
     `SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::float8 AS p50, round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::float8 AS p99,

@@ -35,7 +35,9 @@ test('F30 event-loop-blocking-handler: a 2·L synchronous handler; the case is r
   await h.spawnWorker('w2', { concurrency: 4, sleepMin: 100, sleepMax: 300 });
   const producer = await h.spawnProducer({ count: 40, rate: 5, maxRetry: MAX_RETRY });
   await waitFor(
-    async () => (await harness.query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = ANY($1) AND state = 'completed'", [blockers]))[0]!.n === BLOCKERS,
+    async () =>
+      (await harness.query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = ANY($1) AND state = 'completed'", [blockers]))[0]!.n ===
+      BLOCKERS,
     60_000,
     'the blocking tasks to complete',
     200,

@@ -53,7 +53,10 @@ function cli(schema: string, ...args: string[]): Promise<{ code: number | null; 
   const env = { ...process.env };
   delete env.DATABASE_URL;
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', cluster.connectionString, '--schema', schema, '--json', ...args], { cwd: REPO, env });
+    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', cluster.connectionString, '--schema', schema, '--json', ...args], {
+      cwd: REPO,
+      env,
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
@@ -117,7 +120,10 @@ after(async () => {
 
 test('F31: two `pgasynq migrate` at once: each migration applied exactly once, exit 0, the schema whole', async () => {
   const reference = await shape('f31_ref');
-  assert.ok(reference.some((x) => x.startsWith('rel tasks ')), 'the reference schema has the tasks table');
+  assert.ok(
+    reference.some((x) => x.startsWith('rel tasks ')),
+    'the reference schema has the tasks table',
+  );
   const times: number[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     const schema = `f31_race${round}`;
@@ -131,7 +137,11 @@ test('F31: two `pgasynq migrate` at once: each migration applied exactly once, e
     // Each migration exactly once across the two processes, each process in order.
     assert.deepEqual([...applied.flat()].sort(), MIGRATIONS, `round ${round}: applied ${JSON.stringify(applied)}`);
     for (const a of applied) assert.deepEqual(a, [...a].sort(), 'applied in order');
-    assert.deepEqual((await shape(schema)).map((x) => x.replaceAll(schema, 'f31_ref')), reference, `round ${round}: the schema differs from one migrated alone`);
+    assert.deepEqual(
+      (await shape(schema)).map((x) => x.replaceAll(schema, 'f31_ref')),
+      reference,
+      `round ${round}: the schema differs from one migrated alone`,
+    );
     figures[`round${round}_applied_by`] = applied.map((a) => a.length);
   }
   figures.migrate_process_ms_max = Math.round(Math.max(...times));
@@ -178,7 +188,7 @@ test('F31: a server through migrate down/up: nothing lost or doubled while the t
       try {
         acked.push({ id: (await client.enqueue(new Task('live', { i }))).id, phase: p });
       } catch (err) {
-        ((down || newestDown) ? errorsWhileNewestDown : enqueueErrors).push((err as { code?: string }).code ?? String(err));
+        (down || newestDown ? errorsWhileNewestDown : enqueueErrors).push((err as { code?: string }).code ?? String(err));
       }
       await sleep(30);
     }
@@ -199,10 +209,12 @@ test('F31: a server through migrate down/up: nothing lost or doubled while the t
     }
   };
   const effectsOf = async (ids: string[]) =>
-    (await pool.query<{ n: number; d: number }>(
-      `SELECT count(*)::int AS n, count(*)::int - count(DISTINCT task_id)::int AS d FROM public.f31_effects WHERE task_id = ANY($1)`,
-      [ids],
-    )).rows[0]!;
+    (
+      await pool.query<{ n: number; d: number }>(
+        `SELECT count(*)::int AS n, count(*)::int - count(DISTINCT task_id)::int AS d FROM public.f31_effects WHERE task_id = ANY($1)`,
+        [ids],
+      )
+    ).rows[0]!;
   const drained = async (p: number, ms: number) => {
     const deadline = performance.now() + ms;
     for (;;) {
@@ -232,16 +244,28 @@ test('F31: a server through migrate down/up: nothing lost or doubled while the t
     assert.equal(e1.n - e1.d, n1, `phase 1: ${e1.n - e1.d} of ${n1} tasks done`);
     assert.equal(e1.d, 0, 'phase 1: no effect twice');
     assert.deepEqual(enqueueErrors, [], 'no enqueue failed while the newest migration stood');
-    assert.deepEqual([...new Set(errorsWhileNewestDown)].filter((c) => c !== 'ERR_FAILED_PRECONDITION'), [], 'enqueues failed only as not migrated while it was down');
+    assert.deepEqual(
+      [...new Set(errorsWhileNewestDown)].filter((c) => c !== 'ERR_FAILED_PRECONDITION'),
+      [],
+      'enqueues failed only as not migrated while it was down',
+    );
     const errorLogs = logs.filter((l) => l.level === 'error');
-    assert.deepEqual(errorLogs.filter((l) => !logsWhileDown.includes(l)), [], 'no error logged while the newest migration stood');
+    assert.deepEqual(
+      errorLogs.filter((l) => !logsWhileDown.includes(l)),
+      [],
+      'no error logged while the newest migration stood',
+    );
     figures.phase1_enqueues_refused_while_newest_down = errorsWhileNewestDown.length;
     figures.phase1_server_logs_while_newest_down = logsWhileDown.map((l) => `${l.level} ${l.code ?? ''} ${l.msg ?? ''}`.trim());
 
     // Phase 2: every migration rolled back (the tables and their tasks are gone), then re-applied.
     await drained(2, 10_000);
     const downStarted = performance.now();
-    for (let name = await retried(() => migrateDown({ ...conn, force: true })); name !== null; name = await retried(() => migrateDown({ ...conn, force: true }))) {
+    for (
+      let name = await retried(() => migrateDown({ ...conn, force: true }));
+      name !== null;
+      name = await retried(() => migrateDown({ ...conn, force: true }))
+    ) {
       // each rollback in its own transaction, newest first
     }
     await sleep(1500);
@@ -261,7 +285,8 @@ test('F31: a server through migrate down/up: nothing lost or doubled while the t
     assert.equal(e3.n - e3.d, n3, `after the full rollback and re-migration: ${e3.n - e3.d} of ${n3} new tasks done`);
     assert.equal(e3.d, 0, 'no effect twice');
     assert.equal(server.status, 'active', 'the server kept running');
-    const [dups] = (await pool.query<{ n: number }>('SELECT count(*)::int AS n FROM (SELECT task_id FROM public.f31_effects GROUP BY 1 HAVING count(*) > 1) d')).rows;
+    const [dups] = (await pool.query<{ n: number }>('SELECT count(*)::int AS n FROM (SELECT task_id FROM public.f31_effects GROUP BY 1 HAVING count(*) > 1) d'))
+      .rows;
     assert.equal(dups!.n, 0, 'no effect twice, in any phase');
     Object.assign(figures, {
       tasks: acked.length,

@@ -91,7 +91,24 @@ export interface Figures {
   [extra: string]: unknown;
 }
 
-const FIELDS = ['test', 'profile', 'tasks', 'lost', 'dup_effects', 'orphan_effects', 'dup_external', 'max_attempts_seen', 'stuck_max_s', 'recovery_s', 'leases_lost', 'fenced_rejections', 'deadlocks', 'p50_ms', 'p99_ms', 'notes'] as const;
+const FIELDS = [
+  'test',
+  'profile',
+  'tasks',
+  'lost',
+  'dup_effects',
+  'orphan_effects',
+  'dup_external',
+  'max_attempts_seen',
+  'stuck_max_s',
+  'recovery_s',
+  'leases_lost',
+  'fenced_rejections',
+  'deadlocks',
+  'p50_ms',
+  'p99_ms',
+  'notes',
+] as const;
 
 /** Appends one JSON line per test to results/reliability-results.jsonl, plan fields first. */
 export function recordFigures(obj: Partial<Figures> & { test: string }): void {
@@ -330,7 +347,7 @@ export async function waitFor<T>(check: () => Promise<T> | T, timeoutMs: number,
   const deadline = performance.now() + timeoutMs;
   for (;;) {
     const value = await check();
-    if (value) return value as NonNullable<T>;
+    if (value) return value;
     if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await sleep(everyMs);
   }
@@ -497,7 +514,9 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         if (busy) return;
         busy = true;
         // The database may be down (F09): a missed sample is not an error.
-        sampling = query(stmt, [secs, L]).catch(() => {}).finally(() => (busy = false));
+        sampling = query(stmt, [secs, L])
+          .catch(() => {})
+          .finally(() => (busy = false));
       }, 500);
     },
 
@@ -511,7 +530,9 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
       await waitFor(
         async () => {
           if (children.some((c) => c.role === 'producer' && c.alive)) return false;
-          const [row] = await query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state NOT IN ('completed', 'archived')").catch(() => [{ n: -1 }]);
+          const [row] = await query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state NOT IN ('completed', 'archived')").catch(() => [
+            { n: -1 },
+          ]);
           return row?.n === 0;
         },
         timeoutMs,
@@ -531,7 +552,7 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
 
     async trackRecovery(serverId, timeoutMs = 30_000) {
       const t0 = performance.now();
-      const held = (await query<{ queue: string; id: string }>("SELECT queue, id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [serverId]));
+      const held = await query<{ queue: string; id: string }>("SELECT queue, id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [serverId]);
       const queues = held.map((r) => r.queue);
       const ids = held.map((r) => r.id);
       await waitFor(

@@ -118,7 +118,10 @@ describe('SEC1 roles', () => {
       [S],
     );
     assert.ok(rows.length > 20);
-    assert.deepEqual(rows.filter((r) => r.owner !== 'pgasynq_owner'), []);
+    assert.deepEqual(
+      rows.filter((r) => r.owner !== 'pgasynq_owner'),
+      [],
+    );
     // DDL is the owner's: what the next migration will do.
     await as('owner', 'CREATE TABLE {{S}}.scratch (a int); DROP TABLE {{S}}.scratch');
 
@@ -139,7 +142,10 @@ describe('SEC1 roles', () => {
       const one = await client.enqueue(new Task('email:send', { to: 'a@example.com' }), { queue: 'sec1' });
       assert.equal(one.state, 'pending');
       const many = await client.enqueueMany([new Task('a', { n: 1 }), new Task('b', { n: 2 })], { queue: 'sec1' });
-      assert.deepEqual(many.map((t) => t.type), ['a', 'b']);
+      assert.deepEqual(
+        many.map((t) => t.type),
+        ['a', 'b'],
+      );
       await client.enqueue(new Task('u', { k: 1 }), { queue: 'sec1', unique: 60_000 });
       await assert.rejects(client.enqueue(new Task('u', { k: 1 }), { queue: 'sec1', unique: 60_000 }), DuplicateTaskError);
       const later = await client.enqueue(new Task('later', { x: 1 }), { queue: 'adm', processIn: 3_600_000, taskId: 'sched-1' });
@@ -249,7 +255,11 @@ describe('SEC1 roles', () => {
     const stats = await su.query(`SELECT processed FROM "${S}".daily_stats WHERE queue = 'work'`);
     assert.ok(Number(stats.rows[0]?.processed) >= 8);
     assert.equal((await su.query(`SELECT 1 FROM "${S}".servers`)).rowCount, 0);
-    assert.deepEqual(logs.filter((l) => l.code === '42501' || /permission denied/.test(l.err)), [], 'no component was refused');
+    assert.deepEqual(
+      logs.filter((l) => l.code === '42501' || /permission denied/.test(l.err)),
+      [],
+      'no component was refused',
+    );
 
     await refusesDdl('worker');
     await refused(as('worker', "UPDATE {{S}}.tasks SET payload = '{}' WHERE false"), 'worker: UPDATE payload');
@@ -395,16 +405,10 @@ describe('SEC1 roles', () => {
       await i.close();
     }
     await refusesDdl('admin');
-    await refused(
-      as('admin', "INSERT INTO {{S}}.tasks (queue, id, type, state, run_at) VALUES ('q', 'x', 't', 'pending', now())"),
-      'admin: enqueue by INSERT',
-    );
+    await refused(as('admin', "INSERT INTO {{S}}.tasks (queue, id, type, state, run_at) VALUES ('q', 'x', 't', 'pending', now())"), 'admin: enqueue by INSERT');
     await refused(as('admin', 'UPDATE {{S}}.tasks SET retried = 0 WHERE false'), 'admin: UPDATE retried');
     // Its actions go through the view: nothing on the tables themselves.
-    await refused(
-      as('admin', "INSERT INTO {{S}}.task_inputs (seq, queue, id, type) VALUES (-1, 'q', 'x', 't')"),
-      'admin: INSERT task_inputs',
-    );
+    await refused(as('admin', "INSERT INTO {{S}}.task_inputs (seq, queue, id, type) VALUES (-1, 'q', 'x', 't')"), 'admin: INSERT task_inputs');
     await refused(
       as('admin', "INSERT INTO {{S}}.task_states (seq, queue, state, pending_seq, run_at) VALUES (-1, 'q', 'pending', -1, now())"),
       'admin: INSERT task_states',

@@ -97,10 +97,14 @@ function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(resolve, ms);
     if (ignoreAbort) return;
-    signal.addEventListener('abort', () => {
-      clearTimeout(timer);
-      reject(signal.reason);
-    }, { once: true });
+    signal.addEventListener(
+      'abort',
+      () => {
+        clearTimeout(timer);
+        reject(signal.reason);
+      },
+      { once: true },
+    );
   });
 }
 
@@ -111,7 +115,9 @@ async function commitEffect(ctx: TaskContext, attempt: string): Promise<void> {
     await ctx.transaction(async (trx: Transaction<any>) => {
       // The library has locked the row with this lease's token: the token read here
       // is the one the completion is fenced by (I5 compares it with h_exec's start).
-      const { rows } = await sql<{ lease_token: string }>`SELECT lease_token FROM ${sql.id(schema, 'tasks')} WHERE queue = ${ctx.queue} AND id = ${ctx.taskId}`.execute(trx);
+      const { rows } = await sql<{
+        lease_token: string;
+      }>`SELECT lease_token FROM ${sql.id(schema, 'tasks')} WHERE queue = ${ctx.queue} AND id = ${ctx.taskId}`.execute(trx);
       await sql`INSERT INTO ${sql.id(schema, 'h_effects')} (task_id, lease_token, attempt, worker)
                 VALUES (${ctx.taskId}, ${rows[0]?.lease_token ?? null}, ${attempt}, ${worker})`.execute(trx);
     });
@@ -154,10 +160,13 @@ setInterval(() => say(metrics()), 500).unref();
 
 process.on('SIGTERM', () => {
   // A shutdown that hangs is a bug: say so and exit with a code the harness flags.
-  setTimeout(() => {
-    say({ event: 'shutdownHang' });
-    process.exit(3);
-  }, (profile.shutdownTimeout ?? 8000) + 10_000).unref();
+  setTimeout(
+    () => {
+      say({ event: 'shutdownHang' });
+      process.exit(3);
+    },
+    (profile.shutdownTimeout ?? 8000) + 10_000,
+  ).unref();
   say({ event: 'sigterm' });
   void server.shutdown().then(async () => {
     say(metrics());

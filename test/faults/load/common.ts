@@ -193,7 +193,8 @@ export function slope(points: [number, number][]): number | null {
   return den === 0 ? null : num / den;
 }
 
-export const round = (v: number | null | undefined, d = 1): number | null => (v === null || v === undefined || !Number.isFinite(v) ? null : Math.round(v * 10 ** d) / 10 ** d);
+export const round = (v: number | null | undefined, d = 1): number | null =>
+  v === null || v === undefined || !Number.isFinite(v) ? null : Math.round(v * 10 ** d) / 10 ** d;
 
 /** ISO time without the date, for logs. */
 export const clock = (d = new Date()): string => d.toISOString().slice(11, 23);
@@ -221,7 +222,10 @@ export async function loadAcked(h: Harness, lines: string[]): Promise<number> {
   const CHUNK = 50_000;
   for (let i = 0; i < lines.length; i += CHUNK) {
     const part = lines.slice(i, i + CHUNK).map((l) => l.split(' '));
-    await h.query('INSERT INTO {{schema}}.h_acked (id, kind) SELECT * FROM unnest($1::text[], $2::text[])', [part.map((p) => p[0]), part.map((p) => p[1] ?? null)]);
+    await h.query('INSERT INTO {{schema}}.h_acked (id, kind) SELECT * FROM unnest($1::text[], $2::text[])', [
+      part.map((p) => p[0]),
+      part.map((p) => p[1] ?? null),
+    ]);
   }
   await h.query('CREATE INDEX IF NOT EXISTS h_acked_id ON {{schema}}.h_acked (id)');
   await h.query('ANALYZE {{schema}}.h_acked');

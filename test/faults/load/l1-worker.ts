@@ -97,10 +97,13 @@ say({ event: 'ready', worker, serverId: server.id });
 setInterval(() => say(metrics()), 1000).unref();
 
 process.on('SIGTERM', () => {
-  setTimeout(() => {
-    say({ event: 'shutdownHang' });
-    process.exit(3);
-  }, (profile.shutdownTimeout ?? 8000) + 10_000).unref();
+  setTimeout(
+    () => {
+      say({ event: 'shutdownHang' });
+      process.exit(3);
+    },
+    (profile.shutdownTimeout ?? 8000) + 10_000,
+  ).unref();
   say({ event: 'sigterm' });
   void server.shutdown().then(async () => {
     say(metrics());

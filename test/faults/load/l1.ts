@@ -66,7 +66,7 @@ const { values: args } = parseArgs({
   },
 });
 const N = Number(args.tasks ?? (args.small ? 100_000 : 1_000_000));
-const CHAOS = args.chaos!;
+const CHAOS = args.chaos;
 const PHASE_C_S = CHAOS ? 0 : Number(args['phase-c']);
 const WORKERS = Number(args.workers);
 const CONCURRENCY = Number(args.concurrency);
@@ -78,8 +78,22 @@ const MAX_RETRY = CHAOS ? 25 : 5;
 /** Phase B stops here if it has not drained: the workers are shut down and the figures say how far it got. */
 const DRAIN_TIMEOUT_S = Number(args['drain-timeout'] ?? Math.max(1200, N / 400));
 
-const PRODUCTION = { leaseDuration: 30_000, heartbeatInterval: 5_000, recoverCutoff: 30_000, recoverInterval: 60_000, taskCheckInterval: 1_000, shutdownTimeout: 8_000 };
-const CHAOS_PROFILE = { leaseDuration: 10_000, heartbeatInterval: 2_000, recoverCutoff: 5_000, recoverInterval: 5_000, taskCheckInterval: 1_000, shutdownTimeout: 8_000 };
+const PRODUCTION = {
+  leaseDuration: 30_000,
+  heartbeatInterval: 5_000,
+  recoverCutoff: 30_000,
+  recoverInterval: 60_000,
+  taskCheckInterval: 1_000,
+  shutdownTimeout: 8_000,
+};
+const CHAOS_PROFILE = {
+  leaseDuration: 10_000,
+  heartbeatInterval: 2_000,
+  recoverCutoff: 5_000,
+  recoverInterval: 5_000,
+  taskCheckInterval: 1_000,
+  shutdownTimeout: 8_000,
+};
 const PROFILE = CHAOS ? CHAOS_PROFILE : PRODUCTION;
 /** I4's bound B = L + C + R + 1 s, plus 1 s of jitter for the oracle. */
 const BOUND_S = (PROFILE.leaseDuration + PROFILE.recoverCutoff + PROFILE.recoverInterval) / 1000 + 2;
@@ -131,7 +145,8 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
 }
 
 const workers: Child[] = [];
-const sumMetric = (key: string): number => h!.children.filter((c) => c.role === 'worker').reduce((s, c) => s + Number((c.metrics as Record<string, unknown> | undefined)?.[key] ?? 0), 0);
+const sumMetric = (key: string): number =>
+  h!.children.filter((c) => c.role === 'worker').reduce((s, c) => s + Number((c.metrics as Record<string, unknown> | undefined)?.[key] ?? 0), 0);
 
 async function phaseA(h: Harness) {
   log(`Phase A: enqueue ${N.toLocaleString()} tasks in batches of ${BATCH}`);
@@ -156,16 +171,18 @@ async function phaseA(h: Harness) {
         log(`  enqueued ${p.acked.toLocaleString()} (${Math.round(p.acked / (p.ms / 1000))}/s)`);
       }
     }, 1000);
-    producer.waitEvent((e) => e.event === 'done' || e.event === 'error', 3_600_000, 'done').then(
-      (e) => {
-        clearInterval(poll);
-        resolve(e);
-      },
-      (err) => {
-        clearInterval(poll);
-        reject(err);
-      },
-    );
+    producer
+      .waitEvent((e) => e.event === 'done' || e.event === 'error', 3_600_000, 'done')
+      .then(
+        (e) => {
+          clearInterval(poll);
+          resolve(e);
+        },
+        (err) => {
+          clearInterval(poll);
+          reject(err);
+        },
+      );
   });
   nodeCpu.sample([producer.pid]);
   clearInterval(tick);
@@ -187,7 +204,12 @@ async function phaseA(h: Harness) {
     wal_bytes_per_task: round(after.wal / done.acked, 1),
     xids: after.xids,
     xids_per_task: round(after.xids / done.acked, 4),
-    cpu_s: { postgres: round(postgresCpu(h) - cpu0.pg), node: round(nodeCpu.total()), machine_busy: round(m.busy - cpu0.m.busy), machine_total: round(m.total - cpu0.m.total) },
+    cpu_s: {
+      postgres: round(postgresCpu(h) - cpu0.pg),
+      node: round(nodeCpu.total()),
+      machine_busy: round(m.busy - cpu0.m.busy),
+      machine_total: round(m.total - cpu0.m.total),
+    },
   };
   log(`Phase A done: ${res.tasks_per_s} tasks/s, ${res.wal_bytes_per_task} WAL bytes/task, ${res.xids} XIDs`);
   return res;
@@ -308,7 +330,13 @@ async function phaseB(h: Harness) {
       ).then(
         ([r]) => {
           if (!r) return;
-          faults.push({ at: clock(), t_s: round((performance.now() - t0) / 1000)!, kind: 'terminate', target: r.app, detail: `${r.state}: ${r.q.replace(/\s+/g, ' ')}` });
+          faults.push({
+            at: clock(),
+            t_s: round((performance.now() - t0) / 1000)!,
+            kind: 'terminate',
+            target: r.app,
+            detail: `${r.state}: ${r.q.replace(/\s+/g, ' ')}`,
+          });
           log(`  chaos: terminated ${r.app} (${r.state})`);
         },
         () => {},
@@ -332,7 +360,9 @@ async function phaseB(h: Harness) {
     if (performance.now() - lastLog > 30_000) {
       lastLog = performance.now();
       const el = (performance.now() - t0) / 1000;
-      log(`  ${el.toFixed(0)} s: ${sumMetric('done').toLocaleString()} done (${Math.round(sumMetric('done') / el)}/s), dead tuples ${timeline.at(-1)?.dead ?? '?'}`);
+      log(
+        `  ${el.toFixed(0)} s: ${sumMetric('done').toLocaleString()} done (${Math.round(sumMetric('done') / el)}/s), dead tuples ${timeline.at(-1)?.dead ?? '?'}`,
+      );
     }
     if (r && r.a === 0 && r.d === 0 && !r.p) {
       drained = true;
@@ -355,7 +385,12 @@ async function phaseB(h: Harness) {
   for (const t of timers) clearInterval(t);
   nodeCpu.sample(h.children.filter((c) => c.role === 'worker' && c.alive).map((c) => c.pid));
   const m = machineCpu();
-  const cpu = { postgres: round(postgresCpu(h) - cpu0.pg), node: round(nodeCpu.total()), machine_busy: round(m.busy - cpu0.m.busy), machine_total: round(m.total - cpu0.m.total) };
+  const cpu = {
+    postgres: round(postgresCpu(h) - cpu0.pg),
+    node: round(nodeCpu.total()),
+    machine_busy: round(m.busy - cpu0.m.busy),
+    machine_total: round(m.total - cpu0.m.total),
+  };
   const wal1 = await h.one<{ wal: number; xids: number }>(
     'SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 AS wal, (txid_current() - $2::bigint - 1)::float8 AS xids',
     [wal0.lsn, wal0.xid],
@@ -416,9 +451,14 @@ async function invariants(h: Harness) {
   log('Checking invariants');
   const acked = await loadAcked(h, h.ackedIds());
   const one = async (text: string, values?: unknown[]): Promise<any> => (await h.query(text, values))[0];
-  const { lost } = await one('SELECT count(*)::int AS lost FROM {{schema}}.h_acked a WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.tasks t WHERE t.queue = \'default\' AND t.id = a.id)');
+  const { lost } = await one(
+    "SELECT count(*)::int AS lost FROM {{schema}}.h_acked a WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.tasks t WHERE t.queue = 'default' AND t.id = a.id)",
+  );
   const states = Object.fromEntries(
-    (await h.query<{ state: string; n: number }>("SELECT state, count(*)::int AS n FROM {{schema}}.tasks WHERE type = 'l1' GROUP BY 1 ORDER BY 1")).map((r) => [r.state, r.n]),
+    (await h.query<{ state: string; n: number }>("SELECT state, count(*)::int AS n FROM {{schema}}.tasks WHERE type = 'l1' GROUP BY 1 ORDER BY 1")).map((r) => [
+      r.state,
+      r.n,
+    ]),
   );
   const { dup } = await one('SELECT count(*)::int AS dup FROM (SELECT task_id FROM {{schema}}.h_effects GROUP BY 1 HAVING count(*) > 1) d');
   const { orphan } = await one(
@@ -428,12 +468,16 @@ async function invariants(h: Harness) {
     "SELECT count(*)::int AS missing FROM {{schema}}.tasks t WHERE t.state = 'completed' AND NOT EXISTS (SELECT 1 FROM {{schema}}.h_effects e WHERE e.task_id = t.id)",
   );
   const { over } = await one('SELECT count(*)::int AS over FROM {{schema}}.tasks WHERE retried > max_retry');
-  const { retried_tasks, max_retried } = await one('SELECT count(*) FILTER (WHERE retried > 0)::int AS retried_tasks, coalesce(max(retried), 0)::int AS max_retried FROM {{schema}}.tasks');
+  const { retried_tasks, max_retried } = await one(
+    'SELECT count(*) FILTER (WHERE retried > 0)::int AS retried_tasks, coalesce(max(retried), 0)::int AS max_retried FROM {{schema}}.tasks',
+  );
   const { null_tokens, dup_tokens } = await one(
     'SELECT count(*) FILTER (WHERE lease_token IS NULL)::int AS null_tokens, (count(lease_token) - count(DISTINCT lease_token))::int AS dup_tokens FROM {{schema}}.h_effects',
   );
   const { deadlocks } = await one('SELECT deadlocks::int FROM pg_stat_database WHERE datname = current_database()');
-  const s = await one('SELECT max(stuck_max_s)::float8 AS stuck_max_s, coalesce(max(stuck), 0)::int AS stuck, count(*)::int AS samples FROM {{schema}}.h_samples');
+  const s = await one(
+    'SELECT max(stuck_max_s)::float8 AS stuck_max_s, coalesce(max(stuck), 0)::int AS stuck, count(*)::int AS samples FROM {{schema}}.h_samples',
+  );
   let exec: Record<string, number> | undefined;
   if (CHAOS) {
     const e: Record<string, number> = await one(`
@@ -525,7 +569,11 @@ try {
   );
   const settings = Object.fromEntries(shown.map((r) => [r.name, r.unit ? `${r.setting} ${r.unit}` : r.setting]));
   const reloptions = Object.fromEntries(
-    (await h.query<{ t: string; o: string[] }>("SELECT relname AS t, reloptions AS o FROM pg_class WHERE oid IN ('{{schema}}.task_states'::regclass, '{{schema}}.task_inputs'::regclass) ORDER BY 1")).map((r) => [r.t, r.o]),
+    (
+      await h.query<{ t: string; o: string[] }>(
+        "SELECT relname AS t, reloptions AS o FROM pg_class WHERE oid IN ('{{schema}}.task_states'::regclass, '{{schema}}.task_inputs'::regclass) ORDER BY 1",
+      )
+    ).map((r) => [r.t, r.o]),
   );
   log(`settings: ${JSON.stringify(settings)}`);
   const { version } = await h.one<{ version: string }>('SELECT version()');
@@ -535,7 +583,11 @@ try {
   const inv = await invariants(h);
   const c = PHASE_C_S > 0 && b.drained ? await phaseC(h, b.drain_tasks_per_s) : undefined;
   const unexpected = h.unexpectedExits().filter((u) => !u.includes('SIGKILL'));
-  const problems = [...(b.drained ? [] : [`Phase B cut at ${DRAIN_TIMEOUT_S} s with ${b.completed_in_phase} of ${N} done`]), ...inv.problems, ...unexpected.map((u) => `process: ${u}`)];
+  const problems = [
+    ...(b.drained ? [] : [`Phase B cut at ${DRAIN_TIMEOUT_S} s with ${b.completed_in_phase} of ${N} done`]),
+    ...inv.problems,
+    ...unexpected.map((u) => `process: ${u}`),
+  ];
   const pass = problems.length === 0;
   exitCode = pass ? 0 : 1;
   const finished = new Date();
@@ -543,7 +595,9 @@ try {
   const notes = [
     `${N} tasks; Phase A ${a.tasks_per_s}/s (batches of ${BATCH}, one in flight), ${a.wal_bytes_per_task} WAL B/task, ${a.xids_per_task} XID/task`,
     `Phase B ${WORKERS}x${CONCURRENCY} prefetch ${PREFETCH}: ${b.drain_tasks_per_s}/s, dead peak ${b.n_dead_tup_peak}, autovacuum ${b.autovacuum_runs}, HOT ${b.hot_ratio}`,
-    CHAOS ? `chaos: ${b.faults.filter((f) => f.kind === 'sigkill').length} SIGKILLs, ${b.faults.filter((f) => f.kind === 'terminate').length} backend terminations` : '',
+    CHAOS
+      ? `chaos: ${b.faults.filter((f) => f.kind === 'sigkill').length} SIGKILLs, ${b.faults.filter((f) => f.kind === 'terminate').length} backend terminations`
+      : '',
     c ? `Phase C ${c.target_rate}/s for ${c.seconds} s: e2e p50 ${c.e2e_ms.p50} ms, p99 ${c.e2e_ms.p99} ms, p99.9 ${c.e2e_ms.p999} ms` : '',
     `profile lease ${PROFILE.leaseDuration / 1000} s / heartbeat ${PROFILE.heartbeatInterval / 1000} s / cutoff ${PROFILE.recoverCutoff / 1000} s / recover ${PROFILE.recoverInterval / 1000} s`,
     pass ? 'PASS' : `FAIL: ${problems.join('; ')}`,
@@ -558,8 +612,8 @@ try {
     lost: inv.res.lost,
     dup_effects: inv.res.dup_effects,
     orphan_effects: inv.res.orphan_effects,
-    dup_external: ((inv.res as Record<string, unknown>).dup_external as number | undefined),
-    max_attempts_seen: ((inv.res as Record<string, unknown>).max_attempts as number | undefined),
+    dup_external: (inv.res as Record<string, unknown>).dup_external as number | undefined,
+    max_attempts_seen: (inv.res as Record<string, unknown>).max_attempts as number | undefined,
     stuck_max_s: inv.res.stuck_max_s,
     recovery_s: CHAOS ? (killRecoveries as number[]) : null,
     leases_lost: sumMetric('leasesLost'),
@@ -598,7 +652,10 @@ try {
       ['Phase B drain tasks/s', `${b.drain_tasks_per_s} (${b.drain_tasks_per_s_after_ready} after workers ready)`],
       ['Phase B per minute tasks/s', b.per_minute_tasks_per_s.join(', ')],
       ['Phase B n_dead_tup peak', b.n_dead_tup_peak],
-      ['Phase B autovacuum runs', `${b.autovacuum_runs} (whole run, server log: ${b.autovacuum_log_whole_run.vacuums} vacuums of tasks, elapsed ${b.autovacuum_log_whole_run.elapsed_s.join('/')} s; ${b.autovacuum_log_whole_run.analyzes} analyzes)`],
+      [
+        'Phase B autovacuum runs',
+        `${b.autovacuum_runs} (whole run, server log: ${b.autovacuum_log_whole_run.vacuums} vacuums of tasks, elapsed ${b.autovacuum_log_whole_run.elapsed_s.join('/')} s; ${b.autovacuum_log_whole_run.analyzes} analyzes)`,
+      ],
       ['Phase B HOT ratio', `${b.hot_ratio} (${b.hot_updates}/${b.updates}, ${b.updates_per_task} updates/task)`],
       ['Phase B WAL B/task, XIDs/task', `${b.wal_bytes_per_task}, ${b.xids_per_task}`],
       ['sizes before (MB)', b.sizes_before],
@@ -606,13 +663,22 @@ try {
       ['Phase B CPU s', b.cpu_s],
       ['Phase B CPU share', b.cpu_share],
       ...(c ? ([['Phase C', c]] as [string, unknown][]) : []),
-      ...(CHAOS ? ([['faults', b.faults.length], ['SIGKILL recovery_s', killRecoveries.join(', ')]] as [string, unknown][]) : []),
+      ...(CHAOS
+        ? ([
+            ['faults', b.faults.length],
+            ['SIGKILL recovery_s', killRecoveries.join(', ')],
+          ] as [string, unknown][])
+        : []),
       ['leases lost / fenced writes / recovered', `${sumMetric('leasesLost')} / ${sumMetric('fencedWrites')} / ${sumMetric('recovered')}`],
       ['invariants', inv.res],
       ['result', pass ? 'PASS' : `FAIL: ${problems.join('; ')}`],
     ]),
   );
-  if (CHAOS) for (const f of b.faults) console.log(`  fault ${f.at} +${f.t_s}s ${f.kind} ${f.target}${f.detail ? ` (${f.detail})` : ''}${f.recovery_s !== undefined ? ` recovery ${f.recovery_s} s` : ''}`);
+  if (CHAOS)
+    for (const f of b.faults)
+      console.log(
+        `  fault ${f.at} +${f.t_s}s ${f.kind} ${f.target}${f.detail ? ` (${f.detail})` : ''}${f.recovery_s !== undefined ? ` recovery ${f.recovery_s} s` : ''}`,
+      );
   console.log(`figures: ${file}`);
 } catch (err) {
   log(`FAILED: ${(err as Error)?.stack ?? err}`);

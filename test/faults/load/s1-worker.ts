@@ -75,10 +75,14 @@ function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal.aborted) return reject(signal.reason);
     const timer = setTimeout(resolve, ms);
-    signal.addEventListener('abort', () => {
-      clearTimeout(timer);
-      reject(signal.reason);
-    }, { once: true });
+    signal.addEventListener(
+      'abort',
+      () => {
+        clearTimeout(timer);
+        reject(signal.reason);
+      },
+      { once: true },
+    );
   });
 }
 
@@ -86,7 +90,9 @@ async function effect(ctx: TaskContext, attempt: string): Promise<void> {
   const lostBefore = ctx.signal.aborted && ctx.signal.reason instanceof LeaseExpiredError;
   try {
     await ctx.transaction(async (trx: Transaction<any>) => {
-      const { rows } = await sql<{ lease_token: string }>`SELECT lease_token FROM ${sql.id(schema, 'tasks')} WHERE queue = ${ctx.queue} AND id = ${ctx.taskId}`.execute(trx);
+      const { rows } = await sql<{
+        lease_token: string;
+      }>`SELECT lease_token FROM ${sql.id(schema, 'tasks')} WHERE queue = ${ctx.queue} AND id = ${ctx.taskId}`.execute(trx);
       await sql`INSERT INTO ${sql.id(schema, 'h_effects')} (task_id, lease_token, attempt, worker)
                 VALUES (${ctx.taskId}, ${rows[0]?.lease_token ?? null}, ${attempt}, ${worker})`.execute(trx);
     });
@@ -134,7 +140,18 @@ const fds = (): number => {
 };
 const metrics = () => {
   const m = process.memoryUsage();
-  const out = { event: 'metrics', worker, done, failed, aborted, ...server.metrics(), rss: m.rss, heapUsed: m.heapUsed, fds: fds(), loopLagMaxMs: Math.round(lag.max / 1e6) };
+  const out = {
+    event: 'metrics',
+    worker,
+    done,
+    failed,
+    aborted,
+    ...server.metrics(),
+    rss: m.rss,
+    heapUsed: m.heapUsed,
+    fds: fds(),
+    loopLagMaxMs: Math.round(lag.max / 1e6),
+  };
   lag.reset();
   return out;
 };
@@ -144,10 +161,13 @@ say({ event: 'ready', worker, serverId: server.id });
 setInterval(() => say(metrics()), 1000).unref();
 
 process.on('SIGTERM', () => {
-  setTimeout(() => {
-    say({ event: 'shutdownHang' });
-    process.exit(3);
-  }, (profile.shutdownTimeout ?? 8000) + 10_000).unref();
+  setTimeout(
+    () => {
+      say({ event: 'shutdownHang' });
+      process.exit(3);
+    },
+    (profile.shutdownTimeout ?? 8000) + 10_000,
+  ).unref();
   say({ event: 'sigterm' });
   void server.shutdown().then(async () => {
     say(metrics());

@@ -56,9 +56,15 @@ const FAULT_GAP = args['fault-gap'] === undefined ? undefined : Number(args['fau
 const FIRST_FAULT_S = Number(args['first-fault']);
 const KINDS = ['kill9', 'sigstop', 'term-sessions', 'term-listener', 'pg-crash', 'pg-pause'] as const;
 type Kind = (typeof KINDS)[number];
-const shuffle = <T>(xs: T[]): T[] => xs.map((x) => [Math.random(), x] as const).sort((a, b) => a[0] - b[0]).map(([, x]) => x);
+const shuffle = <T>(xs: T[]): T[] =>
+  xs
+    .map((x) => [Math.random(), x] as const)
+    .sort((a, b) => a[0] - b[0])
+    .map(([, x]) => x);
 // Random order, but the three that exercise recovery hardest come first: 20 min at 3–5 min gaps fit about 5 faults.
-const ORDER: Kind[] = args.faults ? (args.faults.split(',') as Kind[]) : [...shuffle<Kind>(['kill9', 'sigstop', 'pg-crash']), ...shuffle<Kind>(['term-sessions', 'term-listener', 'pg-pause'])];
+const ORDER: Kind[] = args.faults
+  ? (args.faults.split(',') as Kind[])
+  : [...shuffle<Kind>(['kill9', 'sigstop', 'pg-crash']), ...shuffle<Kind>(['term-sessions', 'term-listener', 'pg-pause'])];
 for (const k of ORDER) if (!KINDS.includes(k)) throw new Error(`unknown fault ${k}; one of ${KINDS.join(', ')}`);
 const PROFILE = { ...FAST };
 const L = PROFILE.leaseDuration;
@@ -114,13 +120,17 @@ CREATE TRIGGER h_cron_copy AFTER INSERT ON {{schema}}.scheduler_events FOR EACH 
 const started = new Date();
 let exitCode = 1;
 try {
-  log(`S1-short: ${MINUTES} min at ${RATE} tasks/s, ${WORKERS} workers × ${CONCURRENCY}, profile ${JSON.stringify(PROFILE)}, faults ${FAULT_GAP ? `every ${FAULT_GAP} s` : 'every 180–300 s'} from ${FIRST_FAULT_S} s: ${ORDER.join(', ')}`);
+  log(
+    `S1-short: ${MINUTES} min at ${RATE} tasks/s, ${WORKERS} workers × ${CONCURRENCY}, profile ${JSON.stringify(PROFILE)}, faults ${FAULT_GAP ? `every ${FAULT_GAP} s` : 'every 180–300 s'} from ${FIRST_FAULT_S} s: ${ORDER.join(', ')}`,
+  );
   h = await createHarness('s1', { settings: { autovacuum: 'on' } });
   const H = h;
   await H.query(ORACLE_EXTRA);
   inspector = new Inspector({ connectionString: H.connectionString, schema: H.schema });
   const { version } = await H.one<{ version: string }>('SELECT version()');
-  const { freeze_max } = await H.one<{ freeze_max: number }>("SELECT setting::bigint::float8 AS freeze_max FROM pg_settings WHERE name = 'autovacuum_freeze_max_age'");
+  const { freeze_max } = await H.one<{ freeze_max: number }>(
+    "SELECT setting::bigint::float8 AS freeze_max FROM pg_settings WHERE name = 'autovacuum_freeze_max_age'",
+  );
 
   // Workers (slots w1..wN; a respawn takes its slot), schedulers, sampler.
   const workerSpec = (i: number) => ({
@@ -146,7 +156,8 @@ try {
   log(`load started: ${WORKERS} workers, 2 schedulers, producer`);
 
   // Completions per second: the workers' `done` counters, dead workers' last values included.
-  const doneSum = () => H.children.filter((c) => c.role === 'worker').reduce((s, c) => s + Number((c.metrics as Record<string, unknown> | undefined)?.done ?? 0), 0);
+  const doneSum = () =>
+    H.children.filter((c) => c.role === 'worker').reduce((s, c) => s + Number((c.metrics as Record<string, unknown> | undefined)?.done ?? 0), 0);
   const rate: { t: number; done: number }[] = [];
   timers.push(setInterval(() => rate.push({ t: el(), done: doneSum() }), 1000));
   const rateBetween = (a: number, b: number): number | null => {
@@ -188,7 +199,11 @@ try {
             "SELECT (pg_total_relation_size('{{schema}}.task_states') + pg_total_relation_size('{{schema}}.task_inputs'))::float8 AS bytes, age(datfrozenxid)::float8 AS xid_age FROM pg_database WHERE datname = current_database()",
           ).catch(() => undefined);
           const conns = Object.fromEntries(
-            (await H.query<{ app: string; n: number }>('SELECT application_name AS app, count(*)::int AS n FROM pg_stat_activity WHERE backend_type = \'client backend\' GROUP BY 1').catch(() => [])).map((r) => [r.app, r.n]),
+            (
+              await H.query<{ app: string; n: number }>(
+                "SELECT application_name AS app, count(*)::int AS n FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1",
+              ).catch(() => [])
+            ).map((r) => [r.app, r.n]),
           );
           const row: Record<string, unknown> = {
             t_s: t,
@@ -255,7 +270,12 @@ try {
     faults.push(f);
     const track = (w: Child) => {
       const sid = w.serverId!;
-      pending.push(H.trackRecovery(sid, 120_000).then((s) => (f.recovery_s = s), () => (f.recovery_s = null)));
+      pending.push(
+        H.trackRecovery(sid, 120_000).then(
+          (s) => (f.recovery_s = s),
+          () => (f.recovery_s = null),
+        ),
+      );
     };
     switch (kind) {
       case 'kill9': {
@@ -278,7 +298,9 @@ try {
         // At B = L + C + R + 1 s into the stop: which of its tasks are still active, and is a
         // session of the frozen process holding a transaction open (ctx.transaction's row lock)?
         await sleep(BOUND_MS);
-        const still = (await H.query<{ id: string }>("SELECT id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w.serverId]).catch(() => [])).map((r) => r.id);
+        const still = (
+          await H.query<{ id: string }>("SELECT id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w.serverId]).catch(() => [])
+        ).map((r) => r.id);
         const tx = await H.one<{ n: number; total: number }>(
           "SELECT count(*) FILTER (WHERE state LIKE 'idle in transaction%')::int AS n, count(*)::int AS total FROM pg_stat_activity WHERE application_name = $1",
           [`pgasynq:server:${w.pid}`],
@@ -289,7 +311,11 @@ try {
         if (still.length > 0) {
           pending.push(
             sleep(3000)
-              .then(() => H.query<{ worker: string; n: number }>('SELECT worker, count(*)::int AS n FROM {{schema}}.h_effects WHERE task_id = ANY($1) GROUP BY 1', [still]))
+              .then(() =>
+                H.query<{ worker: string; n: number }>('SELECT worker, count(*)::int AS n FROM {{schema}}.h_effects WHERE task_id = ANY($1) GROUP BY 1', [
+                  still,
+                ]),
+              )
               .then((r) => void (f.detail += `; their effects were then written by ${r.map((x) => `${x.worker} (${x.n})`).join(', ') || 'nobody yet'}`))
               .catch(() => {}),
           );
@@ -344,7 +370,9 @@ try {
   timers.push(
     setInterval(() => {
       const p = producer.events.findLast((e) => e.event === 'progress');
-      log(`${Math.round(el())} s: acked ${p?.acked ?? '?'}, dups ${p?.dups ?? '?'}, errors ${p?.errors ?? '?'}, done/s ${round(rateBetween(el() - 60, el()) ?? NaN)}, pending ${lastInfo.pending}, active ${lastInfo.active}, retry ${lastInfo.retry}, scheduled ${lastInfo.scheduled}`);
+      log(
+        `${Math.round(el())} s: acked ${p?.acked ?? '?'}, dups ${p?.dups ?? '?'}, errors ${p?.errors ?? '?'}, done/s ${round(rateBetween(el() - 60, el()) ?? NaN)}, pending ${lastInfo.pending}, active ${lastInfo.active}, retry ${lastInfo.retry}, scheduled ${lastInfo.scheduled}`,
+      );
     }, 60_000),
   );
   const produced = await producer.waitEvent((e) => e.event === 'done', (DURATION_S + 600) * 1000, 'producer done');
@@ -377,8 +405,12 @@ try {
   const T = '{{schema}}.tasks';
   const c: Record<string, unknown> = {};
   c.acked = acked;
-  c.acked_by_kind = Object.fromEntries((await H.query<{ kind: string; n: number }>('SELECT kind, count(*)::int AS n FROM {{schema}}.h_acked GROUP BY 1 ORDER BY 1')).map((r) => [r.kind, r.n]));
-  c.states = Object.fromEntries((await H.query<{ state: string; n: number }>(`SELECT state, count(*)::int AS n FROM ${T} GROUP BY 1 ORDER BY 1`)).map((r) => [r.state, r.n]));
+  c.acked_by_kind = Object.fromEntries(
+    (await H.query<{ kind: string; n: number }>('SELECT kind, count(*)::int AS n FROM {{schema}}.h_acked GROUP BY 1 ORDER BY 1')).map((r) => [r.kind, r.n]),
+  );
+  c.states = Object.fromEntries(
+    (await H.query<{ state: string; n: number }>(`SELECT state, count(*)::int AS n FROM ${T} GROUP BY 1 ORDER BY 1`)).map((r) => [r.state, r.n]),
+  );
   // An anti-join per check (a NOT EXISTS inside an aggregate's FILTER is a per-row subplan: minutes at 100k rows).
   const i1 = await one(`
     SELECT (SELECT count(*) FROM {{schema}}.h_acked a
@@ -435,7 +467,11 @@ try {
     await one(`SELECT count(*)::int AS n FROM {{schema}}.h_exec x JOIN {{schema}}.h_enq q ON q.task_id = x.task_id
                WHERE x.phase = 'start' AND q.process_at IS NOT NULL AND x.at < q.process_at`)
   ).n;
-  c.scheduled_started = (await one(`SELECT count(DISTINCT x.task_id)::int AS n FROM {{schema}}.h_exec x JOIN {{schema}}.h_enq q ON q.task_id = x.task_id WHERE x.phase = 'start' AND q.process_at IS NOT NULL`)).n;
+  c.scheduled_started = (
+    await one(
+      `SELECT count(DISTINCT x.task_id)::int AS n FROM {{schema}}.h_exec x JOIN {{schema}}.h_enq q ON q.task_id = x.task_id WHERE x.phase = 'start' AND q.process_at IS NOT NULL`,
+    )
+  ).n;
   const cron = await one(`
     SELECT (SELECT count(*) FROM (SELECT entry_id, tick_at FROM {{schema}}.h_cron GROUP BY 1, 2 HAVING count(*) > 1) d)::int AS dup_ticks,
            (SELECT count(*) FROM {{schema}}.h_cron)::int AS ticks,
@@ -443,9 +479,19 @@ try {
               AND NOT EXISTS (SELECT 1 FROM {{schema}}.h_cron k WHERE k.task_id = x.task_id))::int AS cron_tasks_without_tick,
            (SELECT count(*) FROM ${T} t WHERE t.type LIKE 'cron:%' AND NOT EXISTS (SELECT 1 FROM {{schema}}.h_cron k WHERE k.task_id = t.id))::int AS cron_rows_without_tick,
            (SELECT count(*) FROM {{schema}}.h_cron k WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.h_effects e WHERE e.task_id = k.task_id))::int AS ticks_without_effect`);
-  Object.assign(c, { cron_dup_ticks: cron.dup_ticks, cron_ticks: cron.ticks, cron_tasks_without_tick: cron.cron_tasks_without_tick, cron_rows_without_tick: cron.cron_rows_without_tick, cron_ticks_without_effect: cron.ticks_without_effect });
+  Object.assign(c, {
+    cron_dup_ticks: cron.dup_ticks,
+    cron_ticks: cron.ticks,
+    cron_tasks_without_tick: cron.cron_tasks_without_tick,
+    cron_rows_without_tick: cron.cron_rows_without_tick,
+    cron_ticks_without_effect: cron.ticks_without_effect,
+  });
   c.cron_ticks_by_type = Object.fromEntries(
-    (await H.query<{ type: string; n: number }>(`SELECT x.detail AS type, count(DISTINCT x.task_id)::int AS n FROM {{schema}}.h_exec x WHERE x.phase = 'start' AND x.detail LIKE 'cron:%' GROUP BY 1 ORDER BY 1`)).map((r) => [r.type, r.n]),
+    (
+      await H.query<{ type: string; n: number }>(
+        `SELECT x.detail AS type, count(DISTINCT x.task_id)::int AS n FROM {{schema}}.h_exec x WHERE x.phase = 'start' AND x.detail LIKE 'cron:%' GROUP BY 1 ORDER BY 1`,
+      )
+    ).map((r) => [r.type, r.n]),
   );
   c.deadlocks = (await one('SELECT deadlocks::int AS n FROM pg_stat_database WHERE datname = current_database()')).n;
 
@@ -460,14 +506,17 @@ try {
   const latency = Object.fromEntries(lat.map((r) => [r.part, { n: r.n, p50_ms: round(r.p50), p99_ms: round(r.p99), max_ms: round(r.max) }]));
   // The same, leaving out tasks enqueued from 5 s before a fault until 30 s after its heal: latency creep rather than fault hits.
   const win = [faults.map((f) => new Date(new Date(f.at).getTime() - 5000)), faults.map((f) => new Date(new Date(f.heal_at ?? f.at).getTime() + 30_000))];
-  const latCalm = await H.query<{ part: string; n: number; p50: number; p99: number; max: number }>(`
+  const latCalm = await H.query<{ part: string; n: number; p50: number; p99: number; max: number }>(
+    `
     WITH b AS (SELECT min(at) AS t0, max(at) AS t1 FROM {{schema}}.h_enq),
     l AS (SELECT q.at, extract(epoch FROM e.at - q.at) * 1000 AS ms FROM {{schema}}.h_enq q JOIN {{schema}}.h_effects e ON e.task_id = q.task_id
           WHERE q.kind = 'q' AND NOT EXISTS (SELECT 1 FROM unnest($1::timestamptz[], $2::timestamptz[]) w(a, z) WHERE q.at BETWEEN w.a AND w.z))
     SELECT CASE WHEN l.at < b.t0 + (b.t1 - b.t0) / 4 THEN 'first' WHEN l.at >= b.t1 - (b.t1 - b.t0) / 4 THEN 'last' ELSE 'middle' END AS part,
            count(*)::int AS n, percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::float8 AS p50,
            percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::float8 AS p99, max(ms)::float8 AS max
-    FROM l, b GROUP BY 1`, win);
+    FROM l, b GROUP BY 1`,
+    win,
+  );
   const latencyCalm = Object.fromEntries(latCalm.map((r) => [r.part, { n: r.n, p50_ms: round(r.p50), p99_ms: round(r.p99), max_ms: round(r.max) }]));
   const p99RatioCalm = latencyCalm.first && latencyCalm.last ? round(latencyCalm.last.p99_ms! / latencyCalm.first.p99_ms!, 2) : null;
   const all = await one(`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::float8 AS p50, percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::float8 AS p99
@@ -510,7 +559,10 @@ try {
   const num = (k: string) => rows.map((r) => r[k]).filter((v): v is number => typeof v === 'number');
   const dead = num('n_dead_tup');
   const size = num('tasks_total_mb');
-  const mid = rows.filter((r) => (r.t_s as number) >= DURATION_S / 2 && (r.t_s as number) <= loadEndS).map((r) => r.tasks_total_mb).filter((v): v is number => typeof v === 'number');
+  const mid = rows
+    .filter((r) => (r.t_s as number) >= DURATION_S / 2 && (r.t_s as number) <= loadEndS)
+    .map((r) => r.tasks_total_mb)
+    .filter((v): v is number => typeof v === 'number');
   const soakDb = {
     n_dead_tup_max: dead.length ? Math.max(...dead) : null,
     n_dead_tup_last: dead.at(-1) ?? null,
@@ -524,7 +576,12 @@ try {
     connections_total_max: Math.max(...num('connections_total')),
   };
   const statsMs = [...statsCalls.ms].sort((a, b) => a - b);
-  const inspectorFig = { calls: statsCalls.ok, errors: statsCalls.errors, p50_ms: round(statsMs[Math.floor(statsMs.length / 2)] ?? NaN), max_ms: round(statsMs.at(-1) ?? NaN) };
+  const inspectorFig = {
+    calls: statsCalls.ok,
+    errors: statsCalls.errors,
+    p50_ms: round(statsMs[Math.floor(statsMs.length / 2)] ?? NaN),
+    max_ms: round(statsMs.at(-1) ?? NaN),
+  };
 
   // Graceful shutdown of the workers (and whether it hangs).
   for (const w of workers) if (w.alive) H.signal(w, 'SIGTERM');
@@ -548,7 +605,8 @@ try {
   want0('missing_effects', 'I2');
   if ((c.over_attempts as string[]).length) problems.push(`I3: attempts above max_retry + 1 for ${c.over_attempts}`);
   want0('over_retried', 'I3');
-  if ((c.stuck_max_s as number | null) !== null && (c.stuck_max_s as number) > ORACLE_BOUND_S) problems.push(`I4: stuck_max_s ${c.stuck_max_s} > ${ORACLE_BOUND_S} (at ${(c.stuck_max_at as Date | null)?.toISOString?.() ?? c.stuck_max_at})`);
+  if ((c.stuck_max_s as number | null) !== null && (c.stuck_max_s as number) > ORACLE_BOUND_S)
+    problems.push(`I4: stuck_max_s ${c.stuck_max_s} > ${ORACLE_BOUND_S} (at ${(c.stuck_max_at as Date | null)?.toISOString?.() ?? c.stuck_max_at})`);
   want0('stuck_samples', 'I4');
   want0('token_mismatches', 'I5');
   want0('early_starts', 'I6');
@@ -627,12 +685,18 @@ try {
       ['I1 fa archived as designed', `${c.fa_not_archived} not archived`],
       ['I2 dup / orphan / missing effects', `${c.dup_effects} / ${c.orphan_effects} / ${c.missing_effects}`],
       ['I3 attempts by kind', c.attempts_by_kind],
-      ['I4 stuck_max_s (bound 8) / stuck samples', `${c.stuck_max_s} at ${c.stuck_max_at instanceof Date ? (c.stuck_max_at as Date).toISOString() : c.stuck_max_at} / ${c.stuck_samples} (${c.samples} samples)`],
+      [
+        'I4 stuck_max_s (bound 8) / stuck samples',
+        `${c.stuck_max_s} at ${c.stuck_max_at instanceof Date ? c.stuck_max_at.toISOString() : c.stuck_max_at} / ${c.stuck_samples} (${c.samples} samples)`,
+      ],
       ['I4 samples over the bound', (c.stuck_over_bound as string[]).join(', ') || 'none'],
       ['I5 token mismatches', c.token_mismatches],
       ['I6 early starts (of scheduled started)', `${c.early_starts} (of ${c.scheduled_started})`],
       ['I7 unique violations (max per sample)', c.uniq_violations],
-      ['I8 dup ticks / tasks without tick / ticks without effect', `${c.cron_dup_ticks} / ${c.cron_tasks_without_tick}+${c.cron_rows_without_tick} / ${c.cron_ticks_without_effect} (${c.cron_ticks} ticks: ${JSON.stringify(c.cron_ticks_by_type)})`],
+      [
+        'I8 dup ticks / tasks without tick / ticks without effect',
+        `${c.cron_dup_ticks} / ${c.cron_tasks_without_tick}+${c.cron_rows_without_tick} / ${c.cron_ticks_without_effect} (${c.cron_ticks} ticks: ${JSON.stringify(c.cron_ticks_by_type)})`,
+      ],
       ['deadlocks', c.deadlocks],
       ['dup_external (q, s, long, cron ran > once)', c.dup_external],
       ['leases lost / fenced / rescues', `${leasesLost} / ${fenced} / ${recovered}`],
@@ -649,7 +713,10 @@ try {
     ]),
   );
   console.log('fault log:');
-  for (const f of faults) console.log(`  ${f.at} (+${f.t_s} s) ${f.kind} ${f.target} — ${f.detail ?? ''}; healed ${f.heal_at}; recovery_s ${f.recovery_s ?? '-'}; throughput_recovery_s ${f.throughput_recovery_s ?? '-'}`);
+  for (const f of faults)
+    console.log(
+      `  ${f.at} (+${f.t_s} s) ${f.kind} ${f.target} — ${f.detail ?? ''}; healed ${f.heal_at}; recovery_s ${f.recovery_s ?? '-'}; throughput_recovery_s ${f.throughput_recovery_s ?? '-'}`,
+    );
   console.log(`figures: ${jsonFile}\ntime series: ${csvFile}`);
 } catch (err) {
   log(`FAILED: ${(err as Error)?.stack ?? err}`);

@@ -1,0 +1,55 @@
+// ESLint with typescript-eslint's type-aware rules: most of what goes wrong in
+// this code is asynchronous (a promise nobody awaits, an async callback where a
+// sync one is expected), and only the type checker sees that. Formatting is
+// Prettier's (.prettierrc.json); eslint-config-prettier turns off the rules
+// that would argue with it.
+import js from '@eslint/js';
+import prettier from 'eslint-config-prettier';
+import tseslint from 'typescript-eslint';
+
+export default tseslint.config(
+  { ignores: ['dist/', 'bench/.snapshot/', 'bench/node_modules/', 'bench/results/', 'node_modules/'] },
+  js.configs.recommended,
+  ...tseslint.configs.recommendedTypeChecked,
+  {
+    languageOptions: { parserOptions: { projectService: true, tsconfigRootDir: import.meta.dirname } },
+    rules: {
+      // `_name` marks a binding kept for its position (a destructured field left out on purpose).
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', destructuredArrayIgnorePattern: '^_' }],
+      // An abort signal's reason and a caught error are unknown by type, and passed on as they are.
+      '@typescript-eslint/prefer-promise-reject-errors': ['error', { allowThrowingUnknown: true, allowThrowingAny: true }],
+      // String(value) is where this code shows a value JSON could not: the deliberate last resort.
+      '@typescript-eslint/no-base-to-string': 'off',
+    },
+  },
+  {
+    // Plain JavaScript (this file, CI scripts) is not in a tsconfig: no type-aware rules there.
+    files: ['**/*.js', '**/*.mjs'],
+    ...tseslint.configs.disableTypeChecked,
+    languageOptions: { ...tseslint.configs.disableTypeChecked.languageOptions, globals: { process: 'readonly', console: 'readonly', URL: 'readonly' } },
+  },
+  {
+    // Tests and benchmarks read rows of their own schemas untyped, and node:test's
+    // describe() and test() return promises that the runner, not the file, awaits.
+    files: ['test/**', 'bench/**', 'examples/**'],
+    rules: {
+      '@typescript-eslint/no-floating-promises': 'off',
+      '@typescript-eslint/no-explicit-any': 'off',
+      '@typescript-eslint/no-unsafe-assignment': 'off',
+      '@typescript-eslint/no-unsafe-member-access': 'off',
+      '@typescript-eslint/no-unsafe-return': 'off',
+      '@typescript-eslint/no-unsafe-argument': 'off',
+      '@typescript-eslint/no-unsafe-call': 'off',
+      // Assertion messages print whatever a failing value is.
+      '@typescript-eslint/restrict-template-expressions': 'off',
+      '@typescript-eslint/no-base-to-string': 'off',
+      // Tests throw non-errors, reject with abort reasons, match escape codes, and pass async
+      // handlers that need no await: each on purpose.
+      '@typescript-eslint/only-throw-error': 'off',
+      '@typescript-eslint/prefer-promise-reject-errors': 'off',
+      '@typescript-eslint/require-await': 'off',
+      'no-control-regex': 'off',
+    },
+  },
+  prettier,
+);
