@@ -61,7 +61,18 @@ export interface SchedulerOptions extends ConnectionOptions {
   heartbeatInterval?: number;
 }
 
-const SCHEDULER_KEYS = ['connectionString', 'pool', 'schema', 'logger', 'logLevel', 'embedded', 'preparedStatements', 'location', 'heartbeatInterval'] as const;
+const SCHEDULER_KEYS = [
+  'connectionString',
+  'pool',
+  'schema',
+  'logger',
+  'logLevel',
+  'embedded',
+  'preparedStatements',
+  'clock',
+  'location',
+  'heartbeatInterval',
+] as const;
 export const SCHEDULER_HEARTBEAT_DEFAULT_MS = 10_000;
 /** A sleep is cut this much later than computed, so the wake-up lands after the tick, not 1 ms before. */
 const WAKE_MARGIN_MS = 2;

@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { describe, test } from 'node:test';
 import { FailedPreconditionError, LeaseExpiredError, TaskCanceledError } from '../src/index.js';
+import { DatabaseClock } from '../src/internal/clock.js';
 import { Lease } from '../src/server/lease.js';
 
 const key = { queue: 'default', id: 't1', seq: '1', token: '00000000-0000-0000-0000-000000000000' };
@@ -96,5 +97,18 @@ describe('lease', () => {
     await new Promise((r) => setTimeout(r, 40));
     assert.equal(other.state, 'released');
     assert.equal(other.abortReason, undefined);
+  });
+});
+
+describe('database clock (tests move it instead of sleeping)', () => {
+  test('advance accumulates forward moves and refuses anything else', () => {
+    const clock = new DatabaseClock();
+    assert.equal(clock.offsetMs, 0);
+    clock.advance(700);
+    clock.advance(0);
+    clock.advance(300);
+    assert.equal(clock.offsetMs, 1000);
+    for (const bad of [-1, Number.NaN, Number.POSITIVE_INFINITY]) assert.throws(() => clock.advance(bad), RangeError);
+    assert.equal(clock.offsetMs, 1000);
   });
 });

@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { Client, ConfigError, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
+import { DatabaseClock } from '../src/internal/clock.js';
 import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -17,6 +18,7 @@ before(async () => {
 });
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
+  clock = new DatabaseClock();
   await db.query(
     'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
   );
@@ -26,10 +28,29 @@ after(async () => {
   await db.close();
 });
 
+/** The database's time as this test's servers see it: moved forward instead of slept through (a new one per test). */
+let clock = new DatabaseClock();
+
+/** Waits until `n` active tasks hold a lease with at least `remainingMs` left on the moved clock: a heartbeat landed. */
+async function leasesExtended(n: number, remainingMs: number): Promise<void> {
+  await waitFor(
+    async () =>
+      (
+        await db.query(
+          "SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'active' AND lease_expires_at > now() + ($1::float8 + $2::float8) * interval '1 millisecond'",
+          [clock.offsetMs, remainingMs],
+        )
+      )[0]!.n === n,
+    10_000,
+    `${n} leases extended`,
+  );
+}
+
 async function startServer(handler: Handler, config: ServerConfig): Promise<Server> {
   const server = new Server({
     connectionString: db.connectionString,
     schema: db.schema,
+    clock,
     logger: false,
     taskCheckInterval: 50,
     leaseDuration: 3000,
@@ -116,8 +137,13 @@ describe('prefetch', () => {
     );
     await waitFor(async () => (await countByState(db)).active === 5, 10_000, '5 active');
     assert.equal((await countByState(db)).pending, 15);
-    // Held tasks keep their leases past two lease durations (heartbeats) and are never rescued.
-    await new Promise((r) => setTimeout(r, 6500));
+    // Held tasks keep their leases past two lease durations (heartbeats) and are never rescued:
+    // the database's clock moves on a third of a lease at a time, each step once every lease
+    // was extended past it (the recoverer runs every 100 ms with no cutoff meanwhile).
+    for (let step = 0; step < 6; step++) {
+      clock.advance(1000);
+      await leasesExtended(5, 2500);
+    }
     assert.deepEqual(await countByState(db), { active: 5, pending: 15 });
     assert.equal(most, 2);
     release.resolve();

@@ -43,12 +43,12 @@ export interface MemberRow {
 }
 
 /** True when a group of `n` members, oldest and newest arrivals as given, is closed by `rules`. */
-function closes(n: RawBuilder<unknown>, oldest: RawBuilder<unknown>, newest: RawBuilder<unknown>, r: GroupRules): RawBuilder<boolean> {
+function closes(db: Db, n: RawBuilder<unknown>, oldest: RawBuilder<unknown>, newest: RawBuilder<unknown>, r: GroupRules): RawBuilder<boolean> {
   return sql<boolean>`(
     ${n} > 0 AND (
       (${r.maxSize}::int > 0 AND ${n} >= ${r.maxSize}::int)
-      OR (${r.maxDelayMs}::float8 > 0 AND ${oldest} <= now() - ${r.maxDelayMs}::float8 * interval '1 millisecond')
-      OR ${newest} <= now() - ${r.gracePeriodMs}::float8 * interval '1 millisecond'))`;
+      OR (${r.maxDelayMs}::float8 > 0 AND ${oldest} <= ${db.now()} - ${r.maxDelayMs}::float8 * interval '1 millisecond')
+      OR ${newest} <= ${db.now()} - ${r.gracePeriodMs}::float8 * interval '1 millisecond'))`;
 }
 
 /**
@@ -62,11 +62,11 @@ export async function readyGroups(
 ): Promise<{ ready: { queue: string; group: string }[]; nextInMs: number | null }> {
   const rows = await db.run(sql<{ queue: string; group_key: string; ready: boolean; due_in_ms: number | null }>`
     SELECT queue, group_key,
-           ${closes(sql`count(*)`, sql`min(updated_at)`, sql`max(updated_at)`, rules)} AS ready,
+           ${closes(db, sql`count(*)`, sql`min(updated_at)`, sql`max(updated_at)`, rules)} AS ready,
            (extract(epoch FROM least(
               max(updated_at) + ${rules.gracePeriodMs}::float8 * interval '1 millisecond',
               CASE WHEN ${rules.maxDelayMs}::float8 > 0 THEN min(updated_at) + ${rules.maxDelayMs}::float8 * interval '1 millisecond' END
-            ) - now()) * 1000)::float8 AS due_in_ms
+            ) - ${db.now()}) * 1000)::float8 AS due_in_ms
     FROM ${db.table('tasks')}
     WHERE state = 'aggregating' AND queue = ANY(${queues}::text[])
     GROUP BY queue, group_key
@@ -90,7 +90,7 @@ export async function groupToClose(db: Db, queue: string, group: string, rules: 
     SELECT t.seq::text AS seq, t.id, t.type, t.payload, t.payload_bytes, t.headers
     FROM ${db.table('tasks')} t, g
     WHERE t.state = 'aggregating' AND t.queue = ${queue} AND t.group_key = ${group}
-      AND ${closes(sql`g.n`, sql`g.oldest`, sql`g.newest`, rules)}
+      AND ${closes(db, sql`g.n`, sql`g.oldest`, sql`g.newest`, rules)}
     ORDER BY t.enqueued_at, t.seq
     LIMIT ${rules.maxSize > 0 ? rules.maxSize : null}`);
 }

@@ -10,6 +10,7 @@ import { FailureRun, silentLogger, type Logger, type LogLevel } from '../interna
 import { isTransientConnectionError, mapDbError } from '../internal/db-errors.js';
 import { EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 import { redactConnectionString } from '../internal/redact.js';
+import { DatabaseClock } from '../internal/clock.js';
 
 /** Options every class that talks to the database accepts. */
 export interface ConnectionOptions {
@@ -40,6 +41,8 @@ export interface ConnectionOptions {
    * @defaultValue true
    */
   preparedStatements?: boolean;
+  /** @internal Tests only: a clock shared by the Client, Server and Inspector of a test, moved forward instead of sleeping. */
+  clock?: DatabaseClock;
 }
 
 export const DEFAULT_SCHEMA = 'pgasynq';
@@ -119,9 +122,10 @@ export class Db {
   readonly schema: string;
   readonly pool: pg.Pool;
   readonly kysely: AnyKysely;
+  /** The clock behind now(): PostgreSQL's, or a test's moved forward. */
+  readonly clock: DatabaseClock;
   /** Set when the database is the in-process one. */
   readonly embedded: EmbeddedDatabase | undefined;
-  /** Channels of this schema: new pending work, new delayed work, cancellations. */
   /** Channels: new pending tasks, new scheduled ones, cancellations, and tasks put below the claim cursors' floors. */
   readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string; readonly sweep: string };
   /** The server, for messages: "host:port/database" (never a user or password), or "embedded". */
@@ -178,12 +182,23 @@ export class Db {
       ? new FailureRun(this.logger.child({ component: 'database' }), 'database unreachable; retrying in the background', 'database reachable again')
       : undefined;
     this.kysely = new Kysely({ dialect: new PostgresDialect({ pool: this.pool }) });
+    if (opts.clock !== undefined && !(opts.clock instanceof DatabaseClock)) throw new ConfigError('clock', 'must be a DatabaseClock');
+    this.clock = opts.clock ?? new DatabaseClock();
     this.channels = {
       tasks: `${this.schema}_tasks`,
       delayed: `${this.schema}_delayed`,
       cancel: `${this.schema}_cancel`,
       sweep: `${this.schema}_sweep`,
     };
+  }
+
+  /**
+   * The database's now() as the statements that decide by time use it:
+   * PostgreSQL's own, unless a test moved this Db's clock forward.
+   */
+  now(): RawBuilder<Date> {
+    const offset = this.clock.offsetMs;
+    return offset === 0 ? sql<Date>`now()` : sql<Date>`(now() + ${offset}::float8 * interval '1 millisecond')`;
   }
 
   /** The schema-qualified name of one of our tables as text, for functions that take a name (pg_get_serial_sequence). */

@@ -87,22 +87,22 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     ),
     routed AS (
       -- asynq's routing: due later → scheduled (group or not); else group → aggregating; else pending.
-      SELECT r.*, CASE r.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN r.due END AS run_at
+      SELECT r.*, CASE r.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN r.due END AS run_at
       FROM (
-        SELECT i.*, CASE WHEN i.due > now() THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
-        FROM (SELECT input.*, coalesce(process_at, now() + process_in_ms * interval '1 millisecond', now()) AS due FROM input) i
+        SELECT i.*, CASE WHEN i.due > ${db.now()} THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
+        FROM (SELECT input.*, coalesce(process_at, ${db.now()} + process_in_ms * interval '1 millisecond', ${db.now()}) AS due FROM input) i
       ) r
     ),
     expired_locks AS (
       DELETE FROM ${db.table('unique_locks')} l USING routed r
-      WHERE l.queue = r.queue AND l.key = r.unique_key AND l.expires_at <= now()
+      WHERE l.queue = r.queue AND l.key = r.unique_key AND l.expires_at <= ${db.now()}
       RETURNING 1
     ),
     locks AS (
       -- A live lock makes this insert fail with unique_locks_pkey: the whole statement,
       -- tasks included, is then undone. Reading expired_locks first makes its delete run first.
       INSERT INTO ${db.table('unique_locks')} (queue, key, task_id, expires_at)
-      SELECT queue, unique_key, id, greatest(due, now()) + unique_ttl_ms * interval '1 millisecond'
+      SELECT queue, unique_key, id, greatest(due, ${db.now()}) + unique_ttl_ms * interval '1 millisecond'
       FROM routed WHERE unique_key IS NOT NULL AND (SELECT count(*) FROM expired_locks) >= 0
       ORDER BY queue, unique_key
       RETURNING 1
@@ -118,7 +118,7 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     -- One row, not one per task: a bulk enqueue spent longer parsing 50,000 result rows
     -- than the database took to write them. Each task's state is one letter, in the
     -- caller's order; the due times of the scheduled ones follow, in the same order.
-    SELECT (extract(epoch FROM now()) * 1000)::float8 AS enqueued_at_ms,
+    SELECT (extract(epoch FROM ${db.now()}) * 1000)::float8 AS enqueued_at_ms,
            string_agg(left(state, 1), '' ORDER BY ord) AS states,
            coalesce(string_agg((extract(epoch FROM run_at) * 1000)::float8::text, ',' ORDER BY ord)
                       FILTER (WHERE state = 'scheduled'), '') AS due_ms

@@ -155,8 +155,8 @@ export async function claimFrom(
     claimed AS (
       UPDATE ${db.table('task_states')} s
       SET state = 'active', lease_owner = ${owner}, lease_token = gen_random_uuid(),
-          lease_expires_at = now() + ${ms(leaseMs)}, started_at = now(), run_at = NULL,
-          cancel_requested = false, updated_at = now()
+          lease_expires_at = ${db.now()} + ${ms(leaseMs)}, started_at = ${db.now()}, run_at = NULL,
+          cancel_requested = false, updated_at = ${db.now()}
       WHERE s.ctid = ANY(ARRAY(SELECT ctid FROM c))
       RETURNING s.seq, s.queue, s.pending_seq, s.retried, s.lease_token
     ),
@@ -164,7 +164,7 @@ export async function claimFrom(
       SELECT u.seq::text AS seq, u.pending_seq::text AS pending_seq, i.queue, i.id, i.type, i.payload, i.payload_bytes,
         i.headers, u.retried, i.max_retry,
         (extract(epoch FROM i.timeout) * 1000)::float8 AS timeout_ms,
-        (extract(epoch FROM i.deadline - now()) * 1000)::float8 AS deadline_in_ms,
+        (extract(epoch FROM i.deadline - ${db.now()}) * 1000)::float8 AS deadline_in_ms,
         (extract(epoch FROM i.retention) * 1000)::float8 AS retention_ms,
         u.lease_token, array_position(${queues}::text[], u.queue) AS ord, u.pending_seq AS position
       FROM claimed u CROSS JOIN LATERAL (SELECT * FROM ${db.table('task_inputs')} i WHERE i.seq = u.seq) i
@@ -235,8 +235,8 @@ export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly 
   const b = batch(leases);
   const rows = await db.run(
     sql<{ seq: string; cancel_requested: boolean }>`
-    UPDATE ${db.table('task_states')} s SET lease_expires_at = now() + ${ms(leaseMs)}
-    WHERE ${fenced(b)} AND s.lease_expires_at > now()
+    UPDATE ${db.table('task_states')} s SET lease_expires_at = ${db.now()} + ${ms(leaseMs)}
+    WHERE ${fenced(b)} AND s.lease_expires_at > ${db.now()}
     RETURNING s.seq, s.cancel_requested`,
     undefined,
     'extend',
@@ -283,9 +283,9 @@ export async function complete<T extends Completion>(db: Db, items: readonly T[]
     ${deleteInputs(db, 'deleted')},
     kept AS (
       UPDATE ${db.table('task_states')} s
-      SET state = 'completed', completed_at = now(),
-          run_at = now() + (SELECT i.retention FROM ${db.table('task_inputs')} i WHERE i.seq = s.seq),
-          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+      SET state = 'completed', completed_at = ${db.now()},
+          run_at = ${db.now()} + (SELECT i.retention FROM ${db.table('task_inputs')} i WHERE i.seq = s.seq),
+          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
       WHERE s.seq = ANY(ARRAY(SELECT seq FROM h WHERE keep))
       RETURNING s.seq
     ),
@@ -342,9 +342,9 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
     UPDATE ${db.table('task_states')} s
     SET state = CASE WHEN ${archive} THEN 'archived' ELSE 'retry' END,
         retried = s.retried + CASE WHEN ${field(b, 2)}::bool AND NOT ${archive} THEN 1 ELSE 0 END,
-        run_at = now() + CASE WHEN ${archive} THEN interval '0' ELSE ${field(b, 3)}::float8 * interval '1 millisecond' END,
-        error_msg = ${field(b, 4)}, last_failed_at = now(),
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+        run_at = ${db.now()} + CASE WHEN ${archive} THEN interval '0' ELSE ${field(b, 3)}::float8 * interval '1 millisecond' END,
+        error_msg = ${field(b, 4)}, last_failed_at = ${db.now()},
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
     WHERE ${fenced(b, true)}
     RETURNING s.seq`,
     undefined,
@@ -364,14 +364,14 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
   WITH requeued AS (
     UPDATE ${db.table('task_states')} s
     SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
     FROM (
       -- Ahead of the queue's first pending task, in the order they were claimed.
       SELECT l.seq, row_number() OVER w AS rank, count(*) OVER (PARTITION BY l.queue) AS n,
              coalesce((SELECT min(p.pending_seq) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
                       nextval(${db.qualified('task_seq')})) AS front,
              coalesce((SELECT min(p.run_at) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
-                      now()) AS front_at
+                      ${db.now()}) AS front_at
       FROM (SELECT s.seq, s.queue FROM ${db.table('task_states')} s WHERE ${fenced(b)} ORDER BY s.seq FOR UPDATE) l
       WINDOW w AS (PARTITION BY l.queue ORDER BY l.seq)
     ) h
@@ -387,7 +387,7 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
 /** Stores a handler's result on its task. Returns false when the lease is gone. */
 export async function writeResult(db: Db, lease: LeaseKey, json: string | null, bytes: Buffer | null): Promise<boolean> {
   const rows = await db.run(sql<{ seq: string }>`
-    UPDATE ${db.table('task_states')} SET result = ${json}::jsonb, result_bytes = ${bytes}, updated_at = now()
+    UPDATE ${db.table('task_states')} SET result = ${json}::jsonb, result_bytes = ${bytes}, updated_at = ${db.now()}
     WHERE seq = ${lease.seq}::bigint AND lease_token = ${lease.token}::uuid AND state = 'active'
     RETURNING seq`);
   return rows.length === 1;

@@ -18,13 +18,13 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
     WITH moved AS (
       UPDATE ${db.table('task_states')} s
       SET state = CASE WHEN s.group_key IS NULL THEN 'pending' ELSE 'aggregating' END,
-          run_at = CASE WHEN s.group_key IS NULL THEN now() END,
-          pending_seq = CASE WHEN s.group_key IS NULL THEN d.position END, updated_at = now()
+          run_at = CASE WHEN s.group_key IS NULL THEN ${db.now()} END,
+          pending_seq = CASE WHEN s.group_key IS NULL THEN d.position END, updated_at = ${db.now()}
       FROM (
         -- Positions drawn after the sort: tasks due first go first.
         SELECT x.seq, nextval(${db.qualified('task_seq')}) AS position FROM (
           SELECT seq FROM ${db.table('task_states')}
-          WHERE state IN ('scheduled', 'retry') AND run_at <= now()
+          WHERE state IN ('scheduled', 'retry') AND run_at <= ${db.now()}
           ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
         ) x
       ) d
@@ -45,7 +45,7 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
 export async function nextDueIn(db: Db): Promise<number | null> {
   const rows = await db.run(
     sql<{ ms: number | null }>`
-    SELECT (extract(epoch FROM min(run_at) - now()) * 1000)::float8 AS ms
+    SELECT (extract(epoch FROM min(run_at) - ${db.now()}) * 1000)::float8 AS ms
     FROM ${db.table('task_states')} WHERE state IN ('scheduled', 'retry')`,
     undefined,
     'next_due',
@@ -69,9 +69,9 @@ export interface RecoveryBounds {
 }
 
 /** Matches the leases the recoverer takes: expired more than the cutoff ago, or impossibly far in the future. */
-const recoverable = (b: RecoveryBounds) => sql`
-  (s.lease_expires_at < now() - ${b.cutoffMs}::float8 * interval '1 millisecond'
-   OR s.lease_expires_at > now() + ${b.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')`;
+const recoverable = (db: Db, b: RecoveryBounds) => sql`
+  (s.lease_expires_at < ${db.now()} - ${b.cutoffMs}::float8 * interval '1 millisecond'
+   OR s.lease_expires_at > ${db.now()} + ${b.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')`;
 
 /**
  * Up to `limit` active tasks whose lease expired more than `cutoffMs` ago
@@ -83,10 +83,10 @@ export async function findExpired(db: Db, bounds: RecoveryBounds, limit: number)
   return db.run(sql<ExpiredLease>`
     SELECT s.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, s.retried, i.max_retry,
            s.lease_owner, s.lease_token,
-           s.lease_expires_at > now() + ${bounds.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
+           s.lease_expires_at > ${db.now()} + ${bounds.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
     FROM ${db.table('task_states')} s JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
     WHERE s.state = 'active' AND s.lease_owner IS NOT NULL -- always true; lets task_states_active_idx serve
-      AND ${recoverable(bounds)}
+      AND ${recoverable(db, bounds)}
     ORDER BY s.seq LIMIT ${limit}`);
 }
 
@@ -112,13 +112,13 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
     UPDATE ${db.table('task_states')} s
     SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
         retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
-        run_at = now() + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
-        error_msg = 'task lease expired', last_failed_at = now(),
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+        run_at = ${db.now()} + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
+        error_msg = 'task lease expired', last_failed_at = ${db.now()},
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
     FROM unnest(${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[],
                 ${sorted.map((r) => r.archive)}::bool[], ${sorted.map((r) => r.delayMs)}::float8[])
       AS h(seq, token, archive, delay_ms)
-    WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(bounds)}
+    WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
     RETURNING s.seq::text AS seq, h.archive AS archived`);
 }
 
@@ -127,7 +127,7 @@ export async function deleteExpiredCompleted(db: Db, limit: number): Promise<num
   const rows = await db.run(sql<{ n: number }>`
     WITH d AS (
       DELETE FROM ${db.table('task_states')} s USING (
-        SELECT seq FROM ${db.table('task_states')} WHERE state = 'completed' AND run_at <= now()
+        SELECT seq FROM ${db.table('task_states')} WHERE state = 'completed' AND run_at <= ${db.now()}
         ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) x WHERE s.seq = x.seq RETURNING s.seq
     ),
@@ -141,7 +141,7 @@ export async function deleteExpiredLocks(db: Db, limit: number): Promise<number>
   const rows = await db.run(sql<{ n: number }>`
     WITH d AS (
       DELETE FROM ${db.table('unique_locks')} l USING (
-        SELECT queue, key FROM ${db.table('unique_locks')} WHERE expires_at <= now()
+        SELECT queue, key FROM ${db.table('unique_locks')} WHERE expires_at <= ${db.now()}
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) x WHERE l.queue = x.queue AND l.key = x.key RETURNING 1
     ) SELECT count(*)::int AS n FROM d`);
@@ -162,7 +162,7 @@ export async function trimArchive(db: Db, maxSize: number, maxAgeMs: number, lim
       ) a
       UNION
       SELECT seq FROM ${db.table('task_states')}
-      WHERE state = 'archived' AND run_at < now() - ${maxAgeMs}::float8 * interval '1 millisecond'
+      WHERE state = 'archived' AND run_at < ${db.now()} - ${maxAgeMs}::float8 * interval '1 millisecond'
     ),
     d AS (
       DELETE FROM ${db.table('task_states')} s USING (

@@ -70,7 +70,7 @@ export async function enqueueTick(db: Db, p: { entryId: string; tickAt: Date; ne
       sql<{ inserted: boolean; due: boolean }>`
       WITH ev AS (
         INSERT INTO ${db.table('scheduler_events')} (entry_id, tick_at, task_id)
-        SELECT ${p.entryId}, ${p.tickAt}::timestamptz, ${p.record.id} WHERE ${p.tickAt}::timestamptz <= now()
+        SELECT ${p.entryId}, ${p.tickAt}::timestamptz, ${p.record.id} WHERE ${p.tickAt}::timestamptz <= ${db.now()}
         ON CONFLICT (entry_id, tick_at) DO NOTHING
         RETURNING 1
       ),
@@ -87,7 +87,7 @@ export async function enqueueTick(db: Db, p: { entryId: string; tickAt: Date; ne
           SELECT tick_at FROM ${db.table('scheduler_events')} WHERE entry_id = ${p.entryId}
           ORDER BY tick_at DESC OFFSET ${HISTORY_LIMIT - 2} LIMIT 1)
       )
-      SELECT EXISTS (SELECT 1 FROM ev) AS inserted, ${p.tickAt}::timestamptz <= now() AS due`,
+      SELECT EXISTS (SELECT 1 FROM ev) AS inserted, ${p.tickAt}::timestamptz <= ${db.now()} AS due`,
       trx,
     );
     if (!r?.due) return { kind: 'not-due' };
@@ -141,7 +141,7 @@ export async function upsertEntries(db: Db, schedulerId: string, entries: EntryR
       (id, spec, task_type, payload, payload_bytes, options, location, scheduler_id, next_run_at, prev_run_at, heartbeat_at, expires_at)
     SELECT i.id, i.spec, i.task_type, i.payload, i.payload_bytes, i.options, i.location, ${schedulerId}, i.next_run_at,
            (SELECT max(tick_at) FROM ${db.table('scheduler_events')} e WHERE e.entry_id = i.id),
-           now(), now() + ${ttlMs}::float8 * interval '1 millisecond'
+           ${db.now()}, ${db.now()} + ${ttlMs}::float8 * interval '1 millisecond'
     FROM unnest(${col((e) => e.id)}::text[], ${col((e) => e.spec)}::text[], ${col((e) => e.taskType)}::text[],
                 ${col((e) => e.payload.json)}::jsonb[], ${col((e) => e.payload.bytes)}::bytea[],
                 ${col((e) => e.options)}::jsonb[], ${col((e) => e.location)}::text[], ${col((e) => e.nextRunAt)}::timestamptz[])
@@ -174,7 +174,7 @@ export async function deleteExpiredEntries(db: Db): Promise<number> {
   const rows = await db.run(sql<{ n: number }>`
     WITH d AS (
       DELETE FROM ${db.table('scheduler_entries')} s USING (
-        SELECT id FROM ${db.table('scheduler_entries')} WHERE expires_at < now() FOR UPDATE SKIP LOCKED
+        SELECT id FROM ${db.table('scheduler_entries')} WHERE expires_at < ${db.now()} FOR UPDATE SKIP LOCKED
       ) x WHERE s.id = x.id RETURNING 1
     ) SELECT count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;

@@ -13,13 +13,13 @@ export async function upsertServer(db: Db, s: ServerRecord, ttlMs: number): Prom
   await db.run(sql`
     INSERT INTO ${db.table('servers')} (id, host, pid, concurrency, queues, strict_priority, status, expires_at)
     VALUES (${s.id}, ${s.host}, ${s.pid}, ${s.concurrency}, ${JSON.stringify(s.queues)}::jsonb, ${s.strictPriority}, ${s.status},
-            now() + ${ttlMs}::float8 * interval '1 millisecond')
-    ON CONFLICT (id) DO UPDATE SET status = excluded.status, heartbeat_at = now(), expires_at = excluded.expires_at`);
+            ${db.now()} + ${ttlMs}::float8 * interval '1 millisecond')
+    ON CONFLICT (id) DO UPDATE SET status = excluded.status, heartbeat_at = ${db.now()}, expires_at = excluded.expires_at`);
 }
 
 /** Removes the server's row (at shutdown) and rows of servers that stopped refreshing. */
 export async function deleteServer(db: Db, id: string): Promise<void> {
-  await db.run(sql`DELETE FROM ${db.table('servers')} WHERE id = ${id} OR expires_at < now() - interval '1 minute'`);
+  await db.run(sql`DELETE FROM ${db.table('servers')} WHERE id = ${id} OR expires_at < ${db.now()} - interval '1 minute'`);
 }
 
 export interface UnservedQueue {
@@ -39,7 +39,7 @@ export interface UnservedQueue {
 export async function unservedQueues(db: Db, own: readonly string[], cap: number): Promise<UnservedQueue[]> {
   return db.run(sql<UnservedQueue>`
     WITH served AS (
-      SELECT jsonb_object_keys(s.queues) AS queue FROM ${db.table('servers')} s WHERE s.status = 'active' AND s.expires_at > now()
+      SELECT jsonb_object_keys(s.queues) AS queue FROM ${db.table('servers')} s WHERE s.status = 'active' AND s.expires_at > ${db.now()}
       UNION
       SELECT unnest(${own}::text[])
     )
@@ -83,7 +83,7 @@ export async function addStats(db: Db, deltas: readonly StatsDelta[]): Promise<v
     await db.run(
       sql`
       INSERT INTO ${db.table('daily_stats')} AS s (queue, day, processed, failed)
-      SELECT queue, (now() AT TIME ZONE 'UTC')::date, processed, failed FROM ${d} ORDER BY d.ord
+      SELECT queue, (${db.now()} AT TIME ZONE 'UTC')::date, processed, failed FROM ${d} ORDER BY d.ord
       ON CONFLICT (queue, day) DO UPDATE SET processed = s.processed + excluded.processed, failed = s.failed + excluded.failed`,
       trx,
     );
@@ -92,5 +92,5 @@ export async function addStats(db: Db, deltas: readonly StatsDelta[]): Promise<v
 
 /** Deletes daily stats older than `days` days. */
 export async function trimStats(db: Db, days: number): Promise<void> {
-  await db.run(sql`DELETE FROM ${db.table('daily_stats')} WHERE day < (now() AT TIME ZONE 'UTC')::date - ${days}::int`);
+  await db.run(sql`DELETE FROM ${db.table('daily_stats')} WHERE day < (${db.now()} AT TIME ZONE 'UTC')::date - ${days}::int`);
 }

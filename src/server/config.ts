@@ -87,6 +87,7 @@ const KEYS = [
   'logLevel',
   'embedded',
   'preparedStatements',
+  'clock',
   'listenConnectionString',
   'concurrency',
   'prefetch',
