@@ -46,8 +46,6 @@ after(async () => {
   await db?.close();
 });
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
 interface Row {
   queue: string;
   id: string;
@@ -738,6 +736,18 @@ describe('NOTIFY', () => {
     await listener?.end();
   });
 
+  /**
+   * Resolves once every notification committed before it has arrived: PostgreSQL
+   * delivers a listener's notifications in commit order, so a marker sent now
+   * comes after all of them. What has not arrived by then was never sent.
+   */
+  let barriers = 0;
+  const barrier = async () => {
+    const marker = `barrier:${++barriers}`;
+    await db.query('SELECT pg_notify($1, $2)', [`${SCHEMA}_tasks`, marker]);
+    await waitFor(() => notes.some((n) => n.payload === marker), 5_000, 'the barrier notification');
+  };
+
   const on = (channel: string, prefix: string) =>
     notes
       .filter((n) => n.channel === channel && n.payload?.startsWith(prefix))
@@ -751,7 +761,7 @@ describe('NOTIFY', () => {
       new Task('notify:t', 3, { queue: 'nq_b' }),
     ]);
     await waitFor(() => on(`${SCHEMA}_tasks`, 'nq_').length >= 2, 5_000, 'two notifications');
-    await sleep(300); // any extra (per-task) notification would have arrived by now
+    await barrier(); // any extra (per-task) notification has arrived by now
     assert.deepEqual(on(`${SCHEMA}_tasks`, 'nq_'), ['nq_a', 'nq_b']);
     assert.deepEqual(on(`${SCHEMA}_delayed`, 'nq_'), []);
   });
@@ -759,7 +769,7 @@ describe('NOTIFY', () => {
   test('a scheduled task notifies on the delayed channel', async () => {
     await client.enqueue(new Task('notify:later'), { queue: 'nd_c', processIn: 60_000 });
     await waitFor(() => on(`${SCHEMA}_delayed`, 'nd_').length >= 1, 5_000, 'a delayed notification');
-    await sleep(200);
+    await barrier();
     assert.deepEqual(on(`${SCHEMA}_delayed`, 'nd_'), ['nd_c']);
     assert.deepEqual(on(`${SCHEMA}_tasks`, 'nd_'), []);
   });
@@ -772,14 +782,14 @@ describe('NOTIFY', () => {
       await conn.query('ROLLBACK');
       await conn.query('BEGIN');
       await client.enqueue(new Task('notify:tx'), { tx: conn, queue: 'nt_ok' });
-      await sleep(200);
+      await barrier();
       assert.deepEqual(on(`${SCHEMA}_tasks`, 'nt_'), [], 'nothing before COMMIT');
       await conn.query('COMMIT');
     } finally {
       conn.release();
     }
     await waitFor(() => on(`${SCHEMA}_tasks`, 'nt_').length >= 1, 5_000, 'notification after commit');
-    await sleep(200);
+    await barrier();
     assert.deepEqual(on(`${SCHEMA}_tasks`, 'nt_'), ['nt_ok']);
   });
 });

@@ -440,11 +440,13 @@ describe('queues', () => {
     const ran: string[] = [];
     const server = await startServer((_t, ctx) => void ran.push(ctx.taskId), { queues: { paused_q: 1, open_q: 1 } });
     await waitFor(async () => (await taskRow(open.id)) === undefined);
-    await new Promise((r) => setTimeout(r, 200));
+    // A task enqueued later and run proves a later claim ran too: it still left the paused one.
+    const later = await client.enqueue(new Task('x'), { queue: 'open_q' });
+    await waitFor(async () => (await taskRow(later.id)) === undefined, 5000, 'a later claim');
     assert.equal((await taskRow(paused.id)).state, 'pending');
     await db.query("UPDATE {{schema}}.queues SET paused = false WHERE name = 'paused_q'");
     await waitFor(async () => (await taskRow(paused.id)) === undefined, 5000, 'served once unpaused');
-    assert.deepEqual(ran, [open.id, paused.id]);
+    assert.deepEqual(ran, [open.id, later.id, paused.id]);
     await server.shutdown();
   });
 
