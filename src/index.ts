@@ -11,7 +11,7 @@ export { migrate, migrateDown, migrationStatus, type MigrationResult, type Migra
 export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './server/retry.js';
 export { MAX_PAYLOAD_BYTES } from './model/payload.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
-export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './broker/roles.js';
+export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './roles.js';
 export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './broker/embedded.js';
 export type { Logger, LogLevel } from './internal/logger.js';
 export {

@@ -175,7 +175,7 @@ async function stillWorking(): Promise<void> {
 interface Row {
   /** The row number in the plan's §6 table. */
   n: number;
-  surface: 'enqueue' | 'client' | 'migrate' | 'cron' | 'config' | 'CLI' | 'inspector' | 'runtime';
+  surface: 'enqueue' | 'client' | 'migrate' | 'cron' | 'config' | 'CLI' | 'inspector' | 'runtime' | 'roles';
   input: string;
   /** The error class exported by the package (or, for CLI and runtime rows, what is observed). */
   error: string;
@@ -737,6 +737,31 @@ const ROWS: Row[] = [
       return thrown(() => i.getQueueInfo('default'));
     },
   },
+  // roleSetupSql() only builds text: each refusal comes before any of it.
+  {
+    n: 44,
+    surface: 'roles',
+    input: 'roleSetupSql({ logins: "yes" })',
+    error: 'InvalidOptionError',
+    message: /^logins must be a boolean/,
+    attempt: () => thrown(() => lib.roleSetupSql({ logins: 'yes' as unknown as boolean })),
+  },
+  {
+    n: 44,
+    surface: 'roles',
+    input: 'roleSetupSql({ prefix: "pg_app" })',
+    error: 'InvalidOptionError',
+    message: /^prefix may not start with "pg_"/,
+    attempt: () => thrown(() => lib.roleSetupSql({ prefix: 'pg_app' })),
+  },
+  {
+    n: 44,
+    surface: 'roles',
+    input: 'roleSetupSql({ schemas: "app" }) (a misspelt option)',
+    error: 'InvalidOptionError',
+    message: /^options\.schemas is not a known option \(expected one of schema, prefix, logins\)$/,
+    attempt: () => thrown(() => lib.roleSetupSql({ schemas: 'app' } as never)),
+  },
 ];
 
 before(async () => {
@@ -759,10 +784,10 @@ after(async () => {
 });
 
 describe('§6 bad input: the typed error, a message naming field and rule, no SQL, nothing written', () => {
-  test('the table has every row of the plan, 1 to 43, but 39 (see the header)', () => {
+  test('the table has every row of the plan, 1 to 43, but 39 (see the header); rows after 43 are ours', () => {
     const expected = Array.from({ length: 43 }, (_, i) => i + 1).filter((n) => n !== 39);
     assert.deepEqual(
-      [...new Set(ROWS.map((r) => r.n))].sort((a, b) => a - b),
+      [...new Set(ROWS.map((r) => r.n))].filter((n) => n <= 43).sort((a, b) => a - b),
       expected,
     );
   });

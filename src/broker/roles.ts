@@ -38,47 +38,7 @@
  * covered by default privileges on purpose: column-level grants cannot be
  * defaulted, and a half-covered new table is worse than a clear 42501).
  */
-import { InvalidOptionError } from '../model/errors.js';
-import { schemaName } from '../model/validate.js';
-import { DEFAULT_SCHEMA } from './db.js';
-
-export const DEFAULT_ROLE_PREFIX = 'pgasynq';
-
-/** The six group roles, by what they are for. */
-export const ROLE_KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
-export type RoleKind = (typeof ROLE_KINDS)[number];
-
-export interface RoleSetupOptions {
-  /** The schema the roles are for. @defaultValue 'pgasynq' */
-  schema?: string;
-  /** Role names are `<prefix>_owner`, `<prefix>_worker`, … @defaultValue 'pgasynq' */
-  prefix?: string;
-  /**
-   * Also create one LOGIN role per group role, `<prefix>_<kind>_login`, with
-   * no password (set one with `\password` in psql, or use certificates or
-   * peer authentication). The owner's login switches to the owner role at
-   * connect, so objects that migrations create belong to the owner role.
-   * @defaultValue false
-   */
-  logins?: boolean;
-}
-
-/** `<prefix>_<kind>` for every kind. */
-export function roleNames(prefix: string = DEFAULT_ROLE_PREFIX): Record<RoleKind, string> {
-  const p = rolePrefix(prefix);
-  return Object.fromEntries(ROLE_KINDS.map((k) => [k, `${p}_${k}`])) as Record<RoleKind, string>;
-}
-
-// `<prefix>_inspector_login` must fit in 63 bytes.
-const MAX_PREFIX = 63 - '_inspector_login'.length;
-
-function rolePrefix(value: unknown): string {
-  if (typeof value !== 'string' || !/^[a-z_][a-z0-9_]*$/.test(value) || value.length > MAX_PREFIX) {
-    throw new InvalidOptionError('prefix', `must match ^[a-z_][a-z0-9_]*$ and be at most ${MAX_PREFIX} characters (got ${JSON.stringify(value)})`);
-  }
-  if (value.startsWith('pg_')) throw new InvalidOptionError('prefix', 'may not start with "pg_" (reserved by PostgreSQL)');
-  return value;
-}
+import { ROLE_KINDS, type RoleKind } from '../model/roles.js';
 
 /** Columns a monitor may not read: what a task carries, as opposed to where it is. */
 const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
@@ -139,14 +99,10 @@ function grantRoles(pairs: readonly (readonly [role: string, member: string])[])
 }
 
 /**
- * The SQL that creates the roles and grants them exactly what pgasynq's
- * statements need on `schema`. Run it as a superuser (or as a role with
- * CREATEROLE that may SET ROLE to these roles) before and after each
- * `pgasynq migrate`; it is safe to run any number of times.
+ * The script for a validated schema name and role names (src/roles.ts
+ * roleSetupSql() checks them), with one LOGIN role per group role when `logins`.
  */
-export function roleSetupSql(opts: RoleSetupOptions = {}): string {
-  const schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
-  const r = roleNames(opts.prefix ?? DEFAULT_ROLE_PREFIX);
+export function buildRoleSetupSql(schema: string, r: Readonly<Record<RoleKind, string>>, logins: boolean): string {
   const S = `"${schema}"`;
   const id = (name: string) => `"${name}"`;
   const users = [r.producer, r.worker, r.monitor, r.inspector, r.admin].map(id).join(', ');
@@ -157,7 +113,7 @@ export function roleSetupSql(opts: RoleSetupOptions = {}): string {
     (k) => `  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = ${lit(r[k])}) THEN CREATE ROLE ${id(r[k])} NOLOGIN; END IF;`,
   ).join('\n');
 
-  const logins = opts.logins
+  const loginRoles = logins
     ? `
 -- Login roles, one per group role, without a password: set one (\\password NAME
 -- in psql) or authenticate them otherwise. The owner's login acts as the owner
@@ -190,7 +146,7 @@ ${createRoles}
 END
 $$;
 ${grantRoles([[r.inspector, r.admin]])}
-${logins}
+${loginRoles}
 -- Every role may connect; the owner may create the schema (pgasynq migrate
 -- runs CREATE SCHEMA IF NOT EXISTS, which checks this privilege first).
 DO $$

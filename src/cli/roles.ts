@@ -6,7 +6,7 @@
  * first migrate and again after every migrate that applied something.
  * With --json: the SQL as one JSON string.
  */
-import { DEFAULT_ROLE_PREFIX, roleSetupSql } from '../broker/roles.js';
+import { DEFAULT_ROLE_PREFIX, roleSetupSql } from '../roles.js';
 import { jsonNote } from './common.js';
 import type { CliContext } from './context.js';
 import type { CliProgram } from './root.js';
