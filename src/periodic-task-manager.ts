@@ -4,7 +4,8 @@
  */
 import { ConfigError, ValidationError, coerceError } from './model/errors.js';
 import type { Logger } from './internal/logger.js';
-import { Scheduler, prepareEntry, resolveSchedulerOptions, type SchedulerOptions } from './scheduler.js';
+import { prepareEntry } from './cron-entry.js';
+import { Scheduler, resolveSchedulerOptions, type SchedulerOptions } from './scheduler.js';
 import { Ticker } from './internal/ticker.js';
 import { untilTerminated } from './internal/signals.js';
 import type { EnqueueOptions, Task } from './model/task.js';

@@ -26,26 +26,18 @@
  * Modes: new → active (start) → closed (shutdown). register/unregister work in
  * new and active; start and shutdown are each allowed once.
  */
-import { createHash, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { untilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
-import { Db, type ConnectionOptions } from './broker/db.js';
+import { CONNECTION_OPTION_KEYS, Db, type ConnectionOptions } from './broker/db.js';
 import { isTransientConnectionError } from './internal/db-errors.js';
-import {
-  databaseNow,
-  deleteEntries,
-  deleteExpiredEntries,
-  enqueueTick,
-  lastTicks,
-  upsertEntries,
-  type EntryRow,
-  type TickOutcome,
-} from './broker/scheduler.js';
-import { parseSchedule, validateZone, type Schedule } from './model/cron.js';
-import { ClientClosedError, ConfigError, InvalidTaskTypeError, ValidationError, coerceError } from './model/errors.js';
+import { databaseNow, deleteEntries, deleteExpiredEntries, enqueueTick, lastTicks, upsertEntries, type TickOutcome } from './broker/scheduler.js';
+import { validateZone } from './model/cron.js';
+import { prepareEntry, type Entry } from './cron-entry.js';
+import { ClientClosedError, ConfigError, ValidationError, coerceError } from './model/errors.js';
 import { resolveLogger, type Logger } from './internal/logger.js';
 import { Ticker } from './internal/ticker.js';
-import { Task, toRecord, validateOptions, type EnqueueOptions } from './model/task.js';
+import { Task, toRecord, type EnqueueOptions } from './model/task.js';
 import * as v from './model/validate.js';
 
 export { InvalidCronSpecError } from './model/cron.js';
@@ -61,78 +53,13 @@ export interface SchedulerOptions extends ConnectionOptions {
   heartbeatInterval?: number;
 }
 
-const SCHEDULER_KEYS = [
-  'connectionString',
-  'pool',
-  'schema',
-  'logger',
-  'logLevel',
-  'embedded',
-  'preparedStatements',
-  'clock',
-  'location',
-  'heartbeatInterval',
-] as const;
+const SCHEDULER_KEYS = [...CONNECTION_OPTION_KEYS, 'location', 'heartbeatInterval'] as const;
 export const SCHEDULER_HEARTBEAT_DEFAULT_MS = 10_000;
 /** A sleep is cut this much later than computed, so the wake-up lands after the tick, not 1 ms before. */
 const WAKE_MARGIN_MS = 2;
 const NOT_DUE_RETRY_MS = 50;
 
 export type SchedulerStatus = 'new' | 'active' | 'closed';
-
-/** @internal One registered entry. Only the loop writes `cursor` and `nextDue`. */
-export interface Entry {
-  readonly id: string;
-  readonly schedule: Schedule;
-  readonly task: Task;
-  readonly overrides: EnqueueOptions;
-  readonly row: Omit<EntryRow, 'nextRunAt'>;
-  /** The last tick this scheduler handled (or saw handled); null until loaded from the history. */
-  cursor: Date | null;
-  /** The first tick after `cursor` (null: none, or not loaded). */
-  nextDue: Date | null;
-}
-
-/** Sorted-key JSON: the same value gives the same text whatever the key order. */
-function canonical(value: unknown): string {
-  return JSON.stringify(value, (_k, v: unknown) => {
-    if (v === null || typeof v !== 'object' || Array.isArray(v)) return v;
-    return Object.fromEntries(Object.entries(v as Record<string, unknown>).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-  });
-}
-
-/**
- * Validates a registration and derives its entry: a bad spec, zone, task or
- * option throws a ValidationError naming it.
- * @internal shared by Scheduler and PeriodicTaskManager
- */
-export function prepareEntry(location: string, cronspec: unknown, task: unknown, opts: unknown): Entry {
-  const schedule = parseSchedule(cronspec, location);
-  if (!(task instanceof Task)) throw new InvalidTaskTypeError('task', 'must be a Task (new Task(type, payload, options))');
-  const overrides = validateOptions(opts);
-  toRecord(task, overrides); // option combinations (processAt with processIn, a past deadline)
-  const merged: EnqueueOptions = { ...task.options, ...overrides, headers: { ...task.headers, ...overrides.headers } };
-  if (Object.keys(merged.headers ?? {}).length === 0) delete merged.headers;
-  const payload =
-    task.encoded.bytes !== null
-      ? { bytes: task.encoded.bytes.toString('base64') }
-      : { json: task.encoded.json === null ? null : (JSON.parse(task.encoded.json) as unknown) };
-  const spec = schedule.spec.trim().replace(/\s+/g, ' ');
-  // v1: bump if the derivation changes (ids then change once, for every scheduler at once).
-  const id = createHash('sha256')
-    .update(canonical(['pgasynq.entry.v1', spec, schedule.zone, task.type, payload, merged]))
-    .digest('hex')
-    .slice(0, 32);
-  return {
-    id,
-    schedule,
-    task,
-    overrides,
-    row: { id, spec: schedule.spec, taskType: task.type, payload: task.encoded, options: JSON.stringify(merged), location: schedule.zone },
-    cursor: null,
-    nextDue: null,
-  };
-}
 
 /** @internal shared with PeriodicTaskManager */
 export function resolveSchedulerOptions(input: unknown): { location: string; heartbeatInterval: number; logger: Logger } {

@@ -24,7 +24,7 @@ import {
   type TaskContext,
 } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
-import { claim } from '../src/broker/leases.js';
+import { claim } from '../src/broker/claim.js';
 import { queueOrder } from '../src/server/queues.js';
 import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 

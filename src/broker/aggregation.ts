@@ -24,6 +24,7 @@ import { sql, type RawBuilder } from 'kysely';
 import type { TaskRecord } from '../model/task.js';
 import { transaction, type Db } from './db.js';
 import { insertTasks } from './enqueue.js';
+import { compareSeq } from './rows.js';
 
 /** When groups close; durations in ms, 0 for "no limit" (maxDelayMs, maxSize). */
 export interface GroupRules {
@@ -103,7 +104,7 @@ export async function groupToClose(db: Db, queue: string, group: string, rules: 
  * locks make this one wait and then find the rows gone.
  */
 export async function commitGroup(db: Db, queue: string, group: string, members: readonly MemberRow[], aggregate: TaskRecord): Promise<boolean> {
-  const seqs = members.map((m) => m.seq).sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1));
+  const seqs = members.map((m) => m.seq).sort(compareSeq);
   try {
     await transaction(db, async (trx) => {
       const gone = await db.run(

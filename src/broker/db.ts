@@ -45,6 +45,18 @@ export interface ConnectionOptions {
   clock?: DatabaseClock;
 }
 
+/** The options of ConnectionOptions, for the classes that refuse unknown option names. */
+export const CONNECTION_OPTION_KEYS = [
+  'connectionString',
+  'pool',
+  'schema',
+  'logger',
+  'logLevel',
+  'embedded',
+  'preparedStatements',
+  'clock',
+] as const satisfies readonly (keyof ConnectionOptions)[];
+
 export const DEFAULT_SCHEMA = 'pgasynq';
 
 /** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */

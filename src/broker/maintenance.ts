@@ -6,7 +6,7 @@
  */
 import { sql } from 'kysely';
 import type { Db } from './db.js';
-import type { TaskCore } from './rows.js';
+import { compareSeq, type TaskCore } from './rows.js';
 
 /**
  * Makes up to `limit` due scheduled and retry tasks pending (or aggregating,
@@ -107,7 +107,7 @@ export interface Recovery {
  */
 export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bounds: RecoveryBounds): Promise<{ seq: string; archived: boolean }[]> {
   if (recoveries.length === 0) return [];
-  const sorted = [...recoveries].sort((a, b) => (BigInt(a.seq) < BigInt(b.seq) ? -1 : 1));
+  const sorted = [...recoveries].sort((a, b) => compareSeq(a.seq, b.seq));
   return db.run(sql<{ seq: string; archived: boolean }>`
     UPDATE ${db.table('task_states')} s
     SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,

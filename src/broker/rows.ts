@@ -8,6 +8,9 @@ import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../model/payload.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
 
+/** Orders seqs (bigints as text) ascending: statements lock rows in seq order, so batches cannot deadlock. */
+export const compareSeq = (a: string, b: string): number => (BigInt(a) < BigInt(b) ? -1 : BigInt(a) > BigInt(b) ? 1 : 0);
+
 /**
  * What every read of a task returns, whatever it is for: which task, what it
  * runs, and how many of its attempts are spent. The claim (ClaimedRow), the

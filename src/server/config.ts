@@ -3,7 +3,7 @@
  * then frozen. Each mirrors an asynq option; durations are milliseconds.
  */
 import { availableParallelism } from 'node:os';
-import { checkConnectionString, type ConnectionOptions } from '../broker/db.js';
+import { checkConnectionString, CONNECTION_OPTION_KEYS, type ConnectionOptions } from '../broker/db.js';
 import { ConfigError } from '../model/errors.js';
 import { resolveLogger, type Logger } from '../internal/logger.js';
 import type { Task } from '../model/task.js';
@@ -80,14 +80,7 @@ export interface ServerConfig extends ConnectionOptions {
 }
 
 const KEYS = [
-  'connectionString',
-  'pool',
-  'schema',
-  'logger',
-  'logLevel',
-  'embedded',
-  'preparedStatements',
-  'clock',
+  ...CONNECTION_OPTION_KEYS,
   'listenConnectionString',
   'concurrency',
   'prefetch',

@@ -31,7 +31,7 @@
  * server requeues (the sweep channel).
  */
 import { performance } from 'node:perf_hooks';
-import { HEAD, type ClaimMark, type ClaimStart } from '../broker/leases.js';
+import { HEAD, type ClaimMark, type ClaimStart } from '../broker/claim.js';
 
 /** How often claims start from the head of every queue regardless of the floors. */
 export const SWEEP_EVERY_MS = 10_000;
@@ -40,8 +40,8 @@ export class ClaimCursor {
   readonly #floors = new Map<string, bigint>();
   /** A mark of an earlier claim, waiting for every transaction older than its id to end. */
   #pending: { drawn: bigint; xid: bigint } | undefined;
-  /** The pending mark's xid once a claim's snapshot failed to clear it: ask task_seq's lock holders. */
-  #olderThan: string | null = null;
+  /** A claim's snapshot failed to clear the pending mark: the next claim asks task_seq's lock holders. */
+  #askHolders = false;
   /** A mark cleared by the lock holders: safe for the next claim. */
   #cleared: bigint | undefined;
   #lastSweep = Number.NEGATIVE_INFINITY;
@@ -52,7 +52,10 @@ export class ClaimCursor {
       this.#lastSweep = performance.now();
       this.#floors.clear();
     }
-    return { floors: queues.map((q) => this.#floors.get(q)?.toString() ?? HEAD), olderThan: this.#olderThan };
+    return {
+      floors: queues.map((q) => this.#floors.get(q)?.toString() ?? HEAD),
+      olderThan: this.#askHolders && this.#pending ? this.#pending.xid.toString() : null,
+    };
   }
 
   /** Start the next claim from the head of every queue. */
@@ -72,16 +75,16 @@ export class ClaimCursor {
       if (mark.xmin > this.#pending.xid) {
         safe = this.#pending.drawn;
         this.#pending = undefined;
-      } else if (mark.drawersGone === true && this.#olderThan === this.#pending.xid.toString()) {
+      } else if (mark.drawersGone === true) {
         this.#cleared = this.#pending.drawn;
         this.#pending = undefined;
       } else {
-        this.#olderThan = this.#pending.xid.toString();
+        this.#askHolders = true;
       }
     }
     if (this.#pending === undefined) {
       this.#pending = { drawn: mark.drawn, xid: mark.xid };
-      this.#olderThan = null;
+      this.#askHolders = false;
     }
     if (safe === undefined) return;
     // Fewer than asked: every queue's scan ran out above its floor. Otherwise only the

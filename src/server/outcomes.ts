@@ -5,7 +5,8 @@
  * worker's lease holds (broker/leases.ts); a write that matches nothing is a
  * fenced write, counted and logged, and the outcome is dropped.
  */
-import { complete, fail, requeue, type ClaimedRow, type Completion, type Failure, type LeaseKey } from '../broker/leases.js';
+import type { ClaimedRow } from '../broker/claim.js';
+import { complete, fail, requeue, type Completion, type Failure, type LeaseKey } from '../broker/leases.js';
 import type { Db } from '../broker/db.js';
 import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';

@@ -18,7 +18,8 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { durableTransaction, type AnyTransaction, type Db } from '../broker/db.js';
-import { claimFrom, complete, lockLease, requeue, writeResult, type ClaimedRow } from '../broker/leases.js';
+import { claimFrom, type ClaimedRow } from '../broker/claim.js';
+import { complete, lockLease, requeue, writeResult } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
