@@ -12,7 +12,7 @@ export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './server/retry.js';
 export { MAX_PAYLOAD_BYTES } from './model/payload.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
 export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './roles.js';
-export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './broker/embedded.js';
+export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 export type { Logger, LogLevel } from './internal/logger.js';
 export {
   PgasynqError,

@@ -8,7 +8,7 @@ import { ConfigError } from '../model/errors.js';
 import { schemaName } from '../model/validate.js';
 import { FailureRun, silentLogger, type Logger, type LogLevel } from '../internal/logger.js';
 import { isTransientConnectionError, mapDbError } from '../internal/db-errors.js';
-import { EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
+import { EmbeddedDatabase, type EmbeddedClient } from '../internal/embedded-database.js';
 import { redactConnectionString } from '../internal/redact.js';
 import { DatabaseClock } from '../internal/clock.js';
 

@@ -7,7 +7,7 @@
  */
 import { Option } from '@commander-js/extra-typings';
 import { Client } from '../client.js';
-import { createEmbeddedDatabase, type EmbeddedDatabase } from '../broker/embedded.js';
+import { createEmbeddedDatabase, type EmbeddedDatabase } from '../embedded.js';
 import { ConfigError, DuplicateTaskError, SkipRetry } from '../model/errors.js';
 import { Inspector } from '../inspector.js';
 import { migrate } from '../migrate.js';

@@ -1,6 +1,7 @@
 /**
- * The embedded backend: PostgreSQL compiled to WebAssembly (PGlite), in this
- * process, with no server to install. It serves the demo and users' own tests.
+ * The embedded backend's machinery: PostgreSQL compiled to WebAssembly
+ * (PGlite), in this process, with no server to install. The public front,
+ * createEmbeddedDatabase(), is src/embedded.ts.
  *
  * PGlite is one session, so this module puts a pg.Pool-shaped front on it
  * whose connect() hands out that session to one holder at a time: a
@@ -9,10 +10,9 @@
  * migration runner, callers' `tx`) then works unchanged.
  */
 import { EventEmitter } from 'node:events';
-import { ConfigError } from '../model/errors.js';
 
 /** The part of PGlite we use, so our types never depend on the optional package. */
-interface PGliteLike {
+export interface PGliteLike {
   query<T>(sql: string, params?: unknown[]): Promise<{ rows: T[]; affectedRows?: number }>;
   exec(sql: string): Promise<{ rows: unknown[]; affectedRows?: number }[]>;
   listen(channel: string, callback: (payload: string) => void): Promise<() => Promise<void>>;
@@ -184,23 +184,4 @@ export class EmbeddedDatabase {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
-}
-
-/**
- * Starts an embedded database: in memory, or kept in `dataDir`. Needs the
- * optional package @electric-sql/pglite (`npm install @electric-sql/pglite`).
- */
-export async function createEmbeddedDatabase(opts: { dataDir?: string } = {}): Promise<EmbeddedDatabase> {
-  if (opts.dataDir !== undefined && (typeof opts.dataDir !== 'string' || opts.dataDir === '')) {
-    throw new ConfigError('dataDir', 'must be a non-empty path');
-  }
-  let mod: { PGlite: { create(dataDir?: string): Promise<PGliteLike> } };
-  try {
-    // A string the bundlers and TypeScript leave alone: the package is optional.
-    const name = '@electric-sql/pglite';
-    mod = (await import(name)) as typeof mod;
-  } catch (err) {
-    throw new ConfigError('embedded', `needs the optional package @electric-sql/pglite: npm install @electric-sql/pglite (${(err as Error).message})`);
-  }
-  return new EmbeddedDatabase(await mod.PGlite.create(opts.dataDir), opts.dataDir);
 }
