@@ -2,7 +2,7 @@
  * Server: processes tasks. It owns the configuration and the components, and
  * starts and stops them in an order that matters:
  *
- *   start:    schema check → notifier (LISTEN, awaited) → heartbeater (registers
+ *   start:    schema check → unserved-queue lookup → notifier (LISTEN, awaited) → heartbeater (registers
  *             the server) → recoverer → forwarder → processor → janitor →
  *             aggregator → healthchecker → stats timer
  *   shutdown: stats timer → forwarder → processor (stops claiming, gives back

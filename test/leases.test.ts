@@ -526,7 +526,8 @@ describe('processes', () => {
     });
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
     worker.child.kill('SIGCONT');
-    await new Promise((r) => setTimeout(r, 700));
+    const finished = await worker.next('finished');
+    assert.equal(finished.error, 'LeaseExpiredError', 'the zombie’s transaction is refused');
     worker.child.kill('SIGTERM');
     const metrics = await worker.next('metrics');
     await exited(worker.child);
@@ -552,7 +553,8 @@ describe('processes', () => {
       });
     });
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
-    await new Promise((r) => setTimeout(r, 1500));
+    const finished = await worker.next('finished');
+    assert.equal(finished.error, 'LeaseExpiredError', 'the blocked handler’s late transaction is refused');
     worker.child.kill('SIGTERM');
     const metrics = await worker.next('metrics');
     await exited(worker.child);

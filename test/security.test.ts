@@ -325,8 +325,19 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
 
     // A server whose database is not there: it logs every failure (debug level), never the password.
     const down = new Server(fastServer({ connectionString: CLOSED, logger }));
+    const downFrom = logLines.length;
     await down.start(() => {});
-    await new Promise((r) => setTimeout(r, 1500));
+    // Until every component that touches the database has logged its failure at least once.
+    const failingComponents = () =>
+      new Set(
+        logLines
+          .slice(downFrom)
+          .map((l) => JSON.parse(l) as { component?: string; err?: unknown })
+          .filter((l) => l.err !== undefined)
+          .map((l) => l.component),
+      );
+    const touching = ['database', 'notifier', 'processor', 'heartbeater', 'recoverer', 'forwarder'];
+    await waitFor(() => touching.every((c) => failingComponents().has(c)), 20_000, `${touching.join(', ')} logged their failures`);
     await down.shutdown();
 
     for (const attempt of [
