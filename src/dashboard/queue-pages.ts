@@ -44,11 +44,14 @@ function listOf(ctx: PageContext, state: TaskState, queue: string, group: string
 
 type Worker = { server: ServerPreview; worker: ServerPreview['activeWorkers'][number] };
 
+/** A task's key in workersByTask: ids are unique per queue only. */
+const taskKey = (queue: string, id: string) => `${queue}\u0000${id}`;
+
 /** Which server holds each active task, from the live servers' workers (their payloads are not read). */
 async function workersByTask(inspector: Inspector): Promise<Map<string, Worker>> {
   const out = new Map<string, Worker>();
   for (const server of await listServerPreviews(inspector, true))
-    for (const worker of server.activeWorkers) out.set(`${worker.queue}\u0000${worker.taskId}`, { server, worker });
+    for (const worker of server.activeWorkers) out.set(taskKey(worker.queue, worker.taskId), { server, worker });
   return out;
 }
 
@@ -82,7 +85,7 @@ function stateCells(ctx: PageContext, t: TaskPreview, now: number, workers: Map<
   const retried = html`<td class="num">${t.retried} / ${t.maxRetry}</td>`;
   switch (t.state) {
     case 'active': {
-      const w = workers.get(`${t.queue}\u0000${t.id}`);
+      const w = workers.get(taskKey(t.queue, t.id));
       const lease = t.isOrphaned ? badge('orphaned', 'bad') : w ? html`expires ${when(w.worker.leaseExpiresAt, now)}` : html`<span class="muted">–</span>`;
       return html`<td>${w ? when(w.worker.startedAt, now) : html`<span class="muted">–</span>`}</td><td>${lease}</td><td>${w ? html`<a href="${href(ctx, '/servers')}#server-${w.server.id}">${w.server.host}:${w.server.pid}</a>` : html`<span class="muted">gone</span>`}</td>`;
     }
@@ -273,7 +276,7 @@ function block(ctx: PageContext, title: string, value: unknown, what: 'payload' 
 export async function taskPage(ctx: PageContext, queue: string, id: string): Promise<PageResult> {
   const t = await ctx.inspector.getTaskInfo(queue, id);
   const now = Date.now();
-  const w = t.state === 'active' ? (await workersByTask(ctx.inspector)).get(`${t.queue}\u0000${t.id}`) : undefined;
+  const w = t.state === 'active' ? (await workersByTask(ctx.inspector)).get(taskKey(t.queue, t.id)) : undefined;
   const ops = ctx.readOnly ? [] : ALLOWED[t.state];
   const actions =
     ops.length === 0
