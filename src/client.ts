@@ -1,8 +1,11 @@
 /**
- * Client: puts tasks in queues. No background work; one statement per call.
+ * Client: puts tasks in queues. No background work; one statement per call
+ * (a call with dependencies: a transaction of two).
  */
 import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
+import { insertWithDependencies } from './broker/dependencies.js';
 import { insertTasks } from './broker/enqueue.js';
+import type { TaskRecord } from './model/task.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
 import { resolveLogger, type Logger } from './internal/logger.js';
 import { maxPayloadBytesOption } from './model/payload.js';
@@ -61,7 +64,7 @@ export class Client {
     const [overrides, tx] = splitTx(opts);
     const record = toRecord(task, overrides, undefined, this.#maxPayloadBytes);
     this.#checkOpen();
-    const [info] = (await insertTasks(this.#db, [record], tx)) as [TaskInfo];
+    const [info] = (await this.#insert([record], tx)) as [TaskInfo];
     this.#log.debug({ task: { id: info.id, type: info.type, queue: info.queue }, state: info.state }, 'task enqueued');
     return info;
   }
@@ -76,9 +79,14 @@ export class Client {
     const records = tasks.map((task, i) => toRecord(task, overrides, i, this.#maxPayloadBytes));
     this.#checkOpen();
     if (records.length === 0) return [];
-    const infos = await insertTasks(this.#db, records, tx);
+    const infos = await this.#insert(records, tx);
     this.#log.debug({ tasks: infos.length }, 'tasks enqueued');
     return infos;
+  }
+
+  /** Tasks with dependencies take a transaction of their own (or the caller's); the others one statement. */
+  #insert(records: TaskRecord[], tx: Transactional | undefined): Promise<TaskInfo[]> {
+    return records.some((r) => r.dependsOn.length > 0) ? insertWithDependencies(this.#db, records, tx) : insertTasks(this.#db, records, tx);
   }
 
   #checkOpen(): void {

@@ -27,9 +27,9 @@ export type BulkAction = 'delete' | 'archive' | 'run';
 
 /** @internal The states each bulk action applies to: the Inspector's deleteAll…, archiveAll… and runAll… methods. */
 export const BULK_STATES: Readonly<Record<BulkAction, readonly TaskState[]>> = {
-  delete: ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'],
-  archive: ['pending', 'scheduled', 'retry', 'aggregating'],
-  run: ['scheduled', 'retry', 'archived', 'aggregating'],
+  delete: ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'],
+  archive: ['pending', 'scheduled', 'retry', 'aggregating', 'waiting'],
+  run: ['scheduled', 'retry', 'archived', 'aggregating', 'waiting'],
 };
 
 /**

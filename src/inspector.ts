@@ -23,9 +23,9 @@ const MAX_PAGE_SIZE = 1000;
 const MAX_HISTORY_DAYS = 3650;
 
 /** States a task may be in for each single-task action (asynq's inspect.go). */
-const DELETABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'];
-const RUNNABLE: readonly TaskState[] = ['scheduled', 'retry', 'archived', 'completed', 'aggregating'];
-const ARCHIVABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'completed', 'aggregating'];
+const DELETABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
+const RUNNABLE: readonly TaskState[] = ['scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
+const ARCHIVABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'completed', 'aggregating', 'waiting'];
 
 function pageOf(opts: unknown): { limit: number; offset: number } {
   if (opts === undefined) return { limit: DEFAULT_PAGE_SIZE, offset: 0 };
@@ -169,6 +169,11 @@ export class Inspector {
     return this.#list(queue, 'aggregating', opts, group);
   }
 
+  /** Tasks waiting for their dependencies, in enqueue order; `waitingFor` says for how many. */
+  listWaitingTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
+    return this.#list(queue, 'waiting', opts);
+  }
+
   /** Throws the error a single-task action's result calls for. */
   #check(q: string, id: string, r: write.TaskActionResult, refusal: (state: TaskState) => string): void {
     if (!r.queueFound) throw new QueueNotFoundError(q);
@@ -179,6 +184,8 @@ export class Inspector {
   /**
    * Deletes a task in any state but active, and releases its unique lock if
    * it holds it. An active task is refused: cancel it with cancelProcessing.
+   * Tasks that depend on it and had not seen it complete count it as failed:
+   * those with onDependencyFailure 'archive' are archived, the others run.
    */
   async deleteTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
@@ -188,8 +195,9 @@ export class Inspector {
   }
 
   /**
-   * Makes a scheduled, retry, archived, completed or aggregating task pending
-   * now, at the back of its queue. Refused for an active or a pending task.
+   * Makes a scheduled, retry, archived, completed, aggregating or waiting task
+   * pending now, at the back of its queue (a waiting one without waiting for
+   * its dependencies any longer). Refused for an active or a pending task.
    */
   async runTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
@@ -201,8 +209,9 @@ export class Inspector {
   }
 
   /**
-   * Archives a pending, scheduled, retry, completed or aggregating task.
-   * Refused for an active task (cancel it first) or an archived one.
+   * Archives a pending, scheduled, retry, completed, aggregating or waiting
+   * task. Refused for an active task (cancel it first) or an archived one.
+   * Its dependents count it as failed (see deleteTask).
    */
   async archiveTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
@@ -282,6 +291,11 @@ export class Inspector {
     return this.#deleteAll(queue, 'aggregating', group);
   }
 
+  /** Deletes every waiting task of the queue; resolves to how many. Tasks that depend on them count them as failed. */
+  deleteAllWaitingTasks(queue: string): Promise<number> {
+    return this.#deleteAll(queue, 'waiting');
+  }
+
   /** Makes every scheduled task of the queue pending now; resolves to how many. */
   runAllScheduledTasks(queue: string): Promise<number> {
     return this.#moveAll(queue, 'scheduled', 'pending');
@@ -302,6 +316,11 @@ export class Inspector {
     return this.#moveAll(queue, 'aggregating', 'pending', group);
   }
 
+  /** Makes every waiting task of the queue pending now, without waiting for its dependencies; resolves to how many. */
+  runAllWaitingTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'waiting', 'pending');
+  }
+
   /** Archives every pending task of the queue; resolves to how many. */
   archiveAllPendingTasks(queue: string): Promise<number> {
     return this.#moveAll(queue, 'pending', 'archived');
@@ -315,6 +334,11 @@ export class Inspector {
   /** Archives every retry task of the queue; resolves to how many. */
   archiveAllRetryTasks(queue: string): Promise<number> {
     return this.#moveAll(queue, 'retry', 'archived');
+  }
+
+  /** Archives every waiting task of the queue; resolves to how many. Tasks that depend on them count them as failed. */
+  archiveAllWaitingTasks(queue: string): Promise<number> {
+    return this.#moveAll(queue, 'waiting', 'archived');
   }
 
   /** Archives every aggregating task of one group of the queue; resolves to how many. */

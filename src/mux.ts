@@ -23,6 +23,13 @@ export interface TaskContext {
   /** Stores a JSON value or bytes as the task's result (fenced by the lease). */
   writeResult(data: unknown): Promise<void>;
   /**
+   * What each of the task's completed dependencies wrote with writeResult,
+   * keyed `queue/id` (null for one that wrote nothing), kept until this task
+   * is gone whatever the dependencies' retention. A dependency that failed
+   * (onDependencyFailure 'run') is not in it. Empty without dependencies.
+   */
+  dependencyResults(): Promise<Map<string, unknown>>;
+  /**
    * Runs `fn` in a PostgreSQL transaction that also completes the task, fenced
    * by the lease: your writes and the completion commit together, or, if the
    * lease was lost, nothing commits and it rejects with LeaseExpiredError.

@@ -9,6 +9,7 @@
 import { sql } from 'kysely';
 import { DuplicateTaskError, TaskIdConflictError } from '../model/errors.js';
 import type { TaskInfo, TaskRecord, TaskState } from '../model/task.js';
+import type { DependencyPlan, PlannedTask } from '../model/workflow.js';
 import type { Db, Transactional } from './db.js';
 import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
 
@@ -20,10 +21,11 @@ import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
  * the bytes are built, sent and parsed once each. Payloads were encoded once,
  * at `new Task`, and go in as they are.
  */
-function toJsonRows(records: TaskRecord[]): string {
+function toJsonRows(records: TaskRecord[], plan?: DependencyPlan): string {
   const parts = new Array<string>(records.length);
   for (let n = 0; n < records.length; n++) {
     const r = records[n]!;
+    const p = plan?.tasks[n];
     let row = `{"i":${JSON.stringify(r.id)},"q":${JSON.stringify(r.queue)},"t":${JSON.stringify(r.type)},"m":${r.maxRetry},"to":${r.timeoutMs}`;
     if (r.payload.json !== null) row += `,"p":${r.payload.json}`;
     if (r.payload.bytes) row += `,"b":"${r.payload.bytes.toString('hex')}"`;
@@ -34,6 +36,9 @@ function toJsonRows(records: TaskRecord[]): string {
     if (r.retentionMs !== 0) row += `,"r":${r.retentionMs}`;
     if (r.processAt) row += `,"at":"${r.processAt.toISOString()}"`;
     if (r.processInMs !== null) row += `,"in":${r.processInMs}`;
+    if (p?.waitingFor != null) row += `,"w":${p.waitingFor}`;
+    if (p?.archivedBecause != null) row += `,"x":${JSON.stringify(p.archivedBecause)}`;
+    if (p?.hasDependents) row += `,"hd":true`;
     parts[n] = row + '}';
   }
   return `[${parts.join(',')}]`;
@@ -50,7 +55,7 @@ function hasKeys(o: object): boolean {
  * so seq — and with it the pending order — is FIFO within the batch either way.
  * A pending task's position is its own seq.
  */
-const insertRows = (db: Db, keyed: boolean) => sql`
+const insertRows = (db: Db, keyed: boolean, planned: boolean) => sql`
     -- A transaction id before any position is drawn: the claim cursor (server/cursor.ts)
     -- relies on every transaction that draws one having an id already.
     tx AS MATERIALIZED (SELECT pg_current_xact_id() AS xid),
@@ -66,11 +71,55 @@ const insertRows = (db: Db, keyed: boolean) => sql`
       FROM numbered ORDER BY ${keyed ? sql`queue, id` : sql`seq`}
     ),
     states AS (
-      INSERT INTO ${db.table('task_states')} (seq, queue, state, pending_seq, run_at, group_key)
-      SELECT seq, queue, state, CASE WHEN state = 'pending' THEN seq END, run_at, group_key FROM numbered ORDER BY seq
+      INSERT INTO ${db.table('task_states')} (seq, queue, state, pending_seq, run_at, group_key${
+        planned ? sql`, waiting_for, has_dependents, error_msg, last_failed_at` : sql``
+      })
+      SELECT seq, queue, state, CASE WHEN state = 'pending' THEN seq END, run_at, group_key${
+        planned ? sql`, waiting_for, coalesce(has_dependents, false), archived_because, CASE WHEN state = 'archived' THEN ${db.now()} END` : sql``
+      }
+      FROM numbered ORDER BY seq
     )`;
 
-export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
+/**
+ * A workflow's edges, written by the statement that inserts its tasks: each
+ * dependency is another task of the call (by its place in the call) or a
+ * stored one (by seq, locked by lockDependencies), and a stored dependency
+ * already completed hands its result over at once. The stored dependencies
+ * learn that they have dependents, so that finishing them settles these edges.
+ */
+const insertEdges = (db: Db, plan: DependencyPlan) => sql`,
+    edges_in AS (
+      SELECT * FROM json_to_recordset(${JSON.stringify(
+        plan.edges.map((e) => ({
+          d: e.dependent + 1,
+          j: 'index' in e.dependency ? e.dependency.index + 1 : null,
+          s: 'seq' in e.dependency ? e.dependency.seq : null,
+          q: e.ref.queue,
+          i: e.ref.id,
+          f: e.onFailure,
+          o: e.outcome,
+        })),
+      )}::json) AS e(d bigint, j bigint, s bigint, q text, i text, f text, o text)
+    ),
+    edges AS (
+      INSERT INTO ${db.table('task_dependencies')} (dependent_seq, dependency_seq, dependency_queue, dependency_id, on_failure, outcome, result, result_bytes)
+      SELECT dependent.seq, coalesce(e.s, dependency.seq), e.q, e.i, e.f, e.o, done.result, done.result_bytes
+      FROM edges_in e
+      JOIN numbered dependent ON dependent.ord = e.d
+      LEFT JOIN numbered dependency ON dependency.ord = e.j
+      LEFT JOIN ${db.table('task_states')} done ON done.seq = e.s AND e.o = 'completed'
+    ),
+    marked AS (
+      UPDATE ${db.table('task_states')} s SET has_dependents = true
+      WHERE s.seq = ANY(${plan.stored}::bigint[]) AND NOT s.has_dependents
+    )`;
+
+/**
+ * Inserts the tasks in one statement. With a dependency plan (dependencies.ts),
+ * the tasks start as it says (waiting, archived) and the statement writes the
+ * plan's edges too.
+ */
+export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional, plan?: DependencyPlan): Promise<TaskInfo[]> {
   // Generated ids and no unique keys: nothing another enqueue could hold, so no lock order to keep.
   const keyed = records.length > 1 && records.some((r) => r.idGiven || r.uniqueKey !== null);
   const query = sql<Inserted>`
@@ -79,17 +128,21 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
       SELECT i.i AS id, i.q AS queue, i.t AS type, i.p AS payload, decode(i.b, 'hex') AS payload_bytes,
              coalesce(i.h, '{}') AS headers, i.m AS max_retry, i.to AS timeout_ms, i.d AS deadline, i.u AS unique_key,
              coalesce(i.ut, 0) AS unique_ttl_ms, i.g AS group_key, coalesce(i.r, 0) AS retention_ms,
-             i.at AS process_at, i."in" AS process_in_ms, i.ord
-      FROM ROWS FROM (json_to_recordset(${toJsonRows(records)}::json) AS (
+             i.at AS process_at, i."in" AS process_in_ms, ${plan ? sql`i.w AS waiting_for, i.x AS archived_because, i.hd AS has_dependents, ` : sql``}i.ord
+      FROM ROWS FROM (json_to_recordset(${toJsonRows(records, plan)}::json) AS (
         i text, q text, t text, p jsonb, b text, h jsonb, m int, "to" float8, d timestamptz, u text, ut float8,
-        g text, r float8, at timestamptz, "in" float8
-      )) WITH ORDINALITY AS i(i, q, t, p, b, h, m, "to", d, u, ut, g, r, at, "in", ord)
+        g text, r float8, at timestamptz, "in" float8${plan ? sql`, w int, x text, hd bool` : sql``}
+      )) WITH ORDINALITY AS i(i, q, t, p, b, h, m, "to", d, u, ut, g, r, at, "in", ${plan ? sql`w, x, hd, ` : sql``}ord)
     ),
     routed AS (
       -- asynq's routing: due later → scheduled (group or not); else group → aggregating; else pending.
-      SELECT r.*, CASE r.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN r.due END AS run_at
+      -- A planned task whose dependency failed starts archived; one with dependencies to wait for,
+      -- waiting (run_at keeps its due time: once released, it is scheduled if that is still ahead).
+      SELECT r.*, CASE r.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN r.due WHEN 'waiting' THEN r.due
+                               WHEN 'archived' THEN ${db.now()} END AS run_at
       FROM (
-        SELECT i.*, CASE WHEN i.due > ${db.now()} THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
+        SELECT i.*, CASE ${plan ? sql`WHEN i.archived_because IS NOT NULL THEN 'archived' WHEN i.waiting_for > 0 THEN 'waiting' ` : sql``}
+                         WHEN i.due > ${db.now()} THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
         FROM (SELECT input.*, coalesce(process_at, ${db.now()} + process_in_ms * interval '1 millisecond', ${db.now()}) AS due FROM input) i
       ) r
     ),
@@ -110,23 +163,23 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
     registered AS (
       INSERT INTO ${db.table('queues')} (name) SELECT DISTINCT queue FROM routed ON CONFLICT DO NOTHING
     ),
-    ${insertRows(db, keyed)},
+    ${insertRows(db, keyed, plan !== undefined)}${plan ? insertEdges(db, plan) : sql``},
     notified AS (
       SELECT pg_notify(CASE WHEN s.pending THEN ${db.channels.tasks} ELSE ${db.channels.delayed} END, s.queue)
-      FROM (SELECT DISTINCT state = 'pending', queue FROM routed WHERE state <> 'aggregating') s(pending, queue)
+      FROM (SELECT DISTINCT state = 'pending', queue FROM routed WHERE state IN ('pending', 'scheduled')) s(pending, queue)
     )
     -- One row, not one per task: a bulk enqueue spent longer parsing 50,000 result rows
     -- than the database took to write them. Each task's state is one letter, in the
     -- caller's order; the due times of the scheduled ones follow, in the same order.
     SELECT (extract(epoch FROM ${db.now()}) * 1000)::float8 AS enqueued_at_ms,
-           string_agg(left(state, 1), '' ORDER BY ord) AS states,
+           string_agg(CASE state WHEN 'archived' THEN 'x' ELSE left(state, 1) END, '' ORDER BY ord) AS states,
            coalesce(string_agg((extract(epoch FROM run_at) * 1000)::float8::text, ',' ORDER BY ord)
                       FILTER (WHERE state = 'scheduled'), '') AS due_ms
     FROM routed WHERE (SELECT count(*) FROM notified) >= 0`;
   let inserted: Inserted;
   for (let attempt = 1; ; attempt++) {
     try {
-      inserted = (await db.run(query, tx, keyed ? 'enqueue-keyed' : 'enqueue'))[0]!;
+      inserted = (await db.run(query, tx, plan ? undefined : keyed ? 'enqueue-keyed' : 'enqueue'))[0]!;
       break;
     } catch (err) {
       // A deadlock victim (with a migration's DDL, say) was undone whole: on its own
@@ -141,20 +194,20 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
   return records.map((r, n) => {
     const state = STATES[inserted.states[n]!]!;
     const runAt = state === 'pending' ? enqueuedAt : state === 'scheduled' ? Number(due[scheduled++]) : null;
-    return insertedInfo(r, state, runAt, enqueuedAt);
+    return insertedInfo(r, state, runAt, enqueuedAt, plan?.tasks[n]);
   });
 }
 
 /** What only the database knows of the tasks it just inserted: the rest is in the records. */
 interface Inserted {
   enqueued_at_ms: number;
-  /** One letter per task, in the records' order: p(ending), s(cheduled), a(ggregating). */
+  /** One letter per task, in the records' order: p(ending), s(cheduled), a(ggregating), w(aiting), x (archived). */
   states: string;
   /** The due times (ms) of the scheduled tasks, comma-separated, in the records' order. */
   due_ms: string;
 }
 
-const STATES: Record<string, TaskState> = { p: 'pending', s: 'scheduled', a: 'aggregating' };
+const STATES: Record<string, TaskState> = { p: 'pending', s: 'scheduled', a: 'aggregating', w: 'waiting', x: 'archived' };
 
 /**
  * The TaskInfo of a task just inserted, from its record and what the insert
@@ -163,7 +216,7 @@ const STATES: Record<string, TaskState> = { p: 'pending', s: 'scheduled', a: 'ag
  * just sent). The payload is decoded from the JSON that was sent, so it is a
  * copy, as from any read; jsonb may order its keys differently.
  */
-function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, enqueuedAtMs: number): TaskInfo {
+function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, enqueuedAtMs: number, planned?: PlannedTask): TaskInfo {
   return {
     id: r.id,
     queue: r.queue,
@@ -172,8 +225,8 @@ function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, e
     state,
     maxRetry: r.maxRetry,
     retried: 0,
-    lastError: null,
-    lastFailedAt: null,
+    lastError: planned?.archivedBecause ?? null,
+    lastFailedAt: planned?.archivedBecause ? new Date(enqueuedAtMs) : null,
     timeout: r.timeoutMs,
     deadline: r.deadline,
     group: r.group,
@@ -187,6 +240,8 @@ function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, e
     startedAt: null,
     leaseOwner: null,
     leaseExpiresAt: null,
+    dependsOn: r.dependsOn.map((d) => ({ ...d })),
+    waitingFor: planned?.waitingFor ?? 0,
   };
 }
 
@@ -206,6 +261,6 @@ function translateConflict(err: unknown, records: TaskRecord[]): unknown {
 
 /** One task as TaskInfo, or undefined. */
 export async function selectTask(db: Db, queue: string, id: string): Promise<TaskInfo | undefined> {
-  const rows = await db.run(sql<TaskRow>`SELECT ${taskColumns} FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id}`);
+  const rows = await db.run(sql<TaskRow>`SELECT ${taskColumns(db)} FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id}`);
   return rows[0] && toTaskInfo(rows[0]);
 }

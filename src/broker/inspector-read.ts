@@ -33,7 +33,7 @@ export async function queueStats(db: Db, queue: string): Promise<QueueInfo | und
     SELECT queue, size::float8 AS size, groups::float8 AS groups, latency_ms AS latency,
            pending::float8 AS pending, active::float8 AS active, scheduled::float8 AS scheduled,
            retry::float8 AS retry, archived::float8 AS archived, completed::float8 AS completed,
-           aggregating::float8 AS aggregating, processed::float8 AS processed, failed::float8 AS failed,
+           aggregating::float8 AS aggregating, waiting::float8 AS waiting, processed::float8 AS processed, failed::float8 AS failed,
            processed_total::float8 AS "processedTotal", failed_total::float8 AS "failedTotal",
            paused, timestamp
     FROM ${db.table('queue_stats')} WHERE queue = ${queue}`);
@@ -60,7 +60,7 @@ export async function dailyStats(db: Db, queue: string, days: number): Promise<D
 /** One task as TaskInfo (undefined: no such task), and whether its queue exists. */
 export async function taskInfo(db: Db, queue: string, id: string): Promise<InQueue<TaskInfo | undefined>> {
   const rows = await db.run(sql<{ queue_found: boolean } & TaskRow>`
-    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found, ${taskColumns}
+    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found, ${taskColumns(db)}
     FROM (SELECT 1) one
     LEFT JOIN ${db.table('tasks')} t ON t.queue = ${queue} AND t.id = ${id}`);
   const row = rows[0];
@@ -71,7 +71,7 @@ export async function taskInfo(db: Db, queue: string, id: string): Promise<InQue
  * The order each list is paged in, as the index of that state serves it:
  * pending in run order, scheduled and retry by due time, archived by archive
  * time, completed by the end of retention (asynq's scores), active by start,
- * aggregating by enqueue time. `seq` breaks ties, so pages never overlap.
+ * aggregating and waiting by enqueue time. `seq` breaks ties, so pages never overlap.
  */
 /** Always true of an active row; saying it lets the planner use tasks_active_idx (migration 0003). */
 const ACTIVE_INDEXED = sql`AND t.lease_owner IS NOT NULL`;
@@ -84,6 +84,8 @@ const LIST_ORDER: Record<TaskState, RawBuilder<unknown>> = {
   archived: sql`t.run_at, t.seq`,
   completed: sql`t.run_at, t.seq`,
   aggregating: sql`t.enqueued_at, t.seq`,
+  // seq is enqueue order, and task_states_waiting_idx's.
+  waiting: sql`t.seq`,
 };
 
 /** Which page of which tasks: rows `offset` to `offset + limit - 1` in LIST_ORDER, of `group` for aggregating tasks. */
@@ -116,7 +118,7 @@ function tasksPage(db: Db, columns: RawBuilder<unknown>, queue: string, state: T
 
 /** A page of a queue's tasks in `state` as TaskInfo: whole rows, payloads and results included. */
 export async function listTasks(db: Db, queue: string, state: TaskState, page: TaskPage): Promise<InQueue<TaskInfo[]>> {
-  const rows = (await db.run(tasksPage(db, taskColumns, queue, state, page))) as unknown as TaskRow[];
+  const rows = (await db.run(tasksPage(db, taskColumns(db), queue, state, page))) as unknown as TaskRow[];
   return { queueFound: rows.length > 0, value: rows.filter((r) => r.id != null).map(toTaskInfo) };
 }
 

@@ -7,6 +7,7 @@
 import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../model/payload.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
+import type { Db } from './db.js';
 
 /** Orders seqs (bigints as text) ascending: statements lock rows in seq order, so batches cannot deadlock. */
 export const compareSeq = (a: string, b: string): number => (BigInt(a) < BigInt(b) ? -1 : BigInt(a) > BigInt(b) ? 1 : 0);
@@ -44,17 +45,24 @@ export interface TaskRow extends TaskCore {
   started_at: Date | null;
   lease_owner: string | null;
   lease_expires_at: Date | null;
+  waiting_for: number | null;
+  /** [queue, id] pairs; null for a task without dependencies. */
+  depends_on: [string, string][] | null;
 }
 
 /** Columns of TaskRow, computed from a tasks row aliased `t`, on the database clock. */
-export const taskColumns = sql`
+export const taskColumns = (db: Db) => sql`
   t.queue, t.id, t.type, t.payload, t.payload_bytes, t.headers, t.state, t.max_retry, t.retried,
   (extract(epoch FROM t.timeout) * 1000)::float8 AS timeout_ms, t.deadline, t.group_key,
   CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
   t.error_msg, t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms,
   t.completed_at, t.result, t.result_bytes,
   (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
-  t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at`;
+  t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for,
+  CASE WHEN t.waiting_for IS NOT NULL THEN
+    (SELECT json_agg(json_build_array(d.dependency_queue, d.dependency_id) ORDER BY d.dependency_seq)
+     FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
+  END AS depends_on`;
 
 export function toTaskInfo(r: TaskRow): TaskInfo {
   return {
@@ -80,6 +88,8 @@ export function toTaskInfo(r: TaskRow): TaskInfo {
     startedAt: r.started_at,
     leaseOwner: r.lease_owner,
     leaseExpiresAt: r.lease_expires_at,
+    dependsOn: (r.depends_on ?? []).map(([queue, id]) => ({ queue, id })),
+    waitingFor: r.waiting_for ?? 0,
   };
 }
 

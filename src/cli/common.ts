@@ -13,7 +13,7 @@ import { UsageError, type CliContext } from './context.js';
 import { style, type Style } from './format.js';
 
 /** Every task state, in the order asynq's CLI lists them. */
-export const STATES = ['active', 'pending', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'] as const satisfies readonly TaskState[];
+export const STATES = ['active', 'pending', 'waiting', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'] as const satisfies readonly TaskState[];
 
 /** What `--json` prints for an action the Inspector answers with nothing (void). */
 export const OK = { ok: true } as const;

@@ -8,7 +8,8 @@
  *   deleteall   pending, scheduled, retry, archived, completed, aggregating
  *   archiveall  pending, scheduled, retry, aggregating
  *   runall      scheduled, retry, archived, aggregating
- * and aggregating needs --group, as `task ls --state aggregating` does.
+ * and waiting (which asynq does not have) for all three; aggregating needs
+ * --group, as `task ls --state aggregating` does.
  */
 import { Option } from '@commander-js/extra-typings';
 import type { Inspector } from '../inspector.js';
@@ -73,8 +74,16 @@ function taskTable(state: TaskState, tasks: TaskInfo[], now: number): string[] {
         [...head, 'group'],
         tasks.map((t) => [...base(t), t.group ?? '-']),
       );
+    case 'waiting':
+      return table(
+        [...head, 'waiting for', 'depends on'],
+        tasks.map((t) => [...base(t), `${t.waitingFor} of ${t.dependsOn.length}`, truncate(refs(t), 50)]),
+      );
   }
 }
+
+/** A task's dependencies as `queue/id, …`. */
+const refs = (t: TaskInfo) => t.dependsOn.map((d) => `${d.queue}/${d.id}`).join(', ');
 
 function taskFields(t: TaskInfo): string[] {
   const now = Date.now();
@@ -95,6 +104,7 @@ function taskFields(t: TaskInfo): string[] {
     ['retention', duration(t.retention)],
     ['completed at', when(t.completedAt, now)],
     ['result', jsonText(t.result)],
+    ...(t.dependsOn.length > 0 ? [['depends on', refs(t)] as const, ['waiting for', `${t.waitingFor} of ${t.dependsOn.length} dependencies`] as const] : []),
     ...(t.state === 'active' ? [['orphaned', t.isOrphaned ? 'yes (lease expired, not yet recovered)' : 'no'] as const] : []),
   ]);
 }

@@ -41,7 +41,7 @@ export interface PageContext {
 export type PageResult = { status: number; body: Html } | { redirect: string };
 
 /** The task states in the order asynqmon's tabs show them. */
-export const TAB_STATES: readonly TaskState[] = ['active', 'pending', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'];
+export const TAB_STATES: readonly TaskState[] = ['active', 'pending', 'waiting', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'];
 
 /** Actions a task in each state allows (the same for one task, a selection, or all of a state). */
 export const ALLOWED: Record<TaskState, readonly TaskOp[]> = {
@@ -52,6 +52,7 @@ export const ALLOWED: Record<TaskState, readonly TaskOp[]> = {
   retry: ['run', 'archive', 'delete'],
   archived: ['run', 'delete'],
   completed: ['delete'],
+  waiting: ['run', 'archive', 'delete'],
 };
 
 export type TaskOp = 'run' | 'archive' | 'delete' | 'cancel';

@@ -78,6 +78,8 @@ function stateColumns(state: TaskState): string[] {
       return ['completed', 'result', 'kept until'];
     case 'aggregating':
       return ['group'];
+    case 'waiting':
+      return [];
   }
 }
 
@@ -101,6 +103,8 @@ function stateCells(ctx: PageContext, t: TaskPreview, now: number, workers: Map<
       return html`<td>${when(t.completedAt, now)}</td><td>${previewCell(ctx, t.result)}</td><td>${when(t.completedAt === null ? null : new Date(t.completedAt.getTime() + t.retention), now)}</td>`;
     case 'aggregating':
       return html`<td>${t.group ?? ''}</td>`;
+    case 'waiting':
+      return html``;
   }
 }
 

@@ -6,7 +6,7 @@
 /** A snapshot of one queue (asynq's QueueInfo); also a row of the queue_stats view. */
 export interface QueueInfo {
   queue: string;
-  /** Tasks in every state, completed and aggregating included. */
+  /** Tasks in every state, completed, aggregating and waiting included. */
   size: number;
   /** Groups with aggregating tasks. */
   groups: number;
@@ -19,6 +19,8 @@ export interface QueueInfo {
   archived: number;
   completed: number;
   aggregating: number;
+  /** Tasks waiting for their dependencies. */
+  waiting: number;
   /** Finished attempts today (UTC), successes and failures both, as in asynq. */
   processed: number;
   /** Failed attempts today (UTC). */

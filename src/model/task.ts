@@ -7,8 +7,17 @@ import { InvalidOptionError, InvalidTaskTypeError } from './errors.js';
 import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, type EncodedPayload } from './payload.js';
 import * as v from './validate.js';
 
-export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating';
-export const TASK_STATES: readonly TaskState[] = ['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating'];
+export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating' | 'waiting';
+export const TASK_STATES: readonly TaskState[] = ['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
+
+/** A task named by its queue and id. */
+export interface TaskRef {
+  queue: string;
+  id: string;
+}
+
+/** What to do with a task when one of its dependencies fails (is archived or deleted). */
+export type DependencyFailurePolicy = 'archive' | 'run';
 
 /** Per-task options; each mirrors an asynq option. Durations are milliseconds. */
 export interface EnqueueOptions {
@@ -34,9 +43,38 @@ export interface EnqueueOptions {
   group?: string;
   /** Free-form metadata carried with the task; not part of uniqueness. */
   headers?: Record<string, string>;
+  /**
+   * Tasks that must complete first: ids in this task's queue, or `{ queue, id }`
+   * anywhere. Each must exist, or be enqueued in the same enqueueMany call.
+   * Until the last one completes the task is `waiting`.
+   */
+  dependsOn?: (string | TaskRef)[];
+  /**
+   * When a dependency fails (archived, or deleted before it completed):
+   * `'archive'` archives this task too; `'run'` counts the dependency as done.
+   * @defaultValue 'archive'
+   */
+  onDependencyFailure?: DependencyFailurePolicy;
 }
 
-const OPTION_KEYS = ['queue', 'maxRetry', 'taskId', 'timeout', 'deadline', 'unique', 'processAt', 'processIn', 'retention', 'group', 'headers'] as const;
+const OPTION_KEYS = [
+  'queue',
+  'maxRetry',
+  'taskId',
+  'timeout',
+  'deadline',
+  'unique',
+  'processAt',
+  'processIn',
+  'retention',
+  'group',
+  'headers',
+  'dependsOn',
+  'onDependencyFailure',
+] as const;
+
+/** The most dependencies one task may have. */
+export const MAX_DEPENDENCIES = 10_000;
 
 export const DEFAULT_QUEUE = 'default';
 export const DEFAULT_MAX_RETRY = 25;
@@ -74,6 +112,10 @@ export interface TaskInfo {
   /** An active task's lease: the server holding it and until when (database clock). */
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;
+  /** The tasks it depends on (empty for most tasks). */
+  dependsOn: TaskRef[];
+  /** How many of them have not finished yet; a `waiting` task runs once this is 0. */
+  waitingFor: number;
 }
 
 /** Checks an options object: unknown keys, wrong types and out-of-range values are ValidationErrors. */
@@ -98,7 +140,25 @@ export function validateOptions(input: unknown, what = 'options'): EnqueueOption
   if (o.retention !== undefined) out.retention = v.duration(o.retention, 'retention', 0, Number.MAX_SAFE_INTEGER);
   if (o.group !== undefined) out.group = v.groupName(o.group);
   if (o.headers !== undefined) out.headers = validateHeaders(o.headers);
+  if (o.dependsOn !== undefined) out.dependsOn = validateDependsOn(o.dependsOn);
+  if (o.onDependencyFailure !== undefined) {
+    if (o.onDependencyFailure !== 'archive' && o.onDependencyFailure !== 'run') {
+      throw new InvalidOptionError('onDependencyFailure', `must be 'archive' or 'run' (got ${v.describeValue(o.onDependencyFailure)})`);
+    }
+    out.onDependencyFailure = o.onDependencyFailure;
+  }
   return out;
+}
+
+function validateDependsOn(input: unknown): (string | TaskRef)[] {
+  if (!Array.isArray(input)) throw new InvalidOptionError('dependsOn', `must be an array of task ids or { queue, id } (got ${v.describeValue(input)})`);
+  if (input.length > MAX_DEPENDENCIES) throw new InvalidOptionError('dependsOn', `may name at most ${MAX_DEPENDENCIES} tasks (got ${input.length})`);
+  return input.map((d: unknown, i) => {
+    if (typeof d === 'string') return v.taskId(d, `dependsOn[${i}]`);
+    const ref = v.plainObject(d, `dependsOn[${i}]`);
+    v.knownKeys(ref, ['queue', 'id'], `dependsOn[${i}]`);
+    return { queue: v.queueName(ref.queue, `dependsOn[${i}].queue`), id: v.taskId(ref.id, `dependsOn[${i}].id`) };
+  });
 }
 
 function validateHeaders(input: unknown): Record<string, string> {
@@ -169,6 +229,9 @@ export interface TaskRecord {
   retentionMs: number;
   processAt: Date | null;
   processInMs: number | null;
+  /** Resolved to queue and id, each once. */
+  dependsOn: TaskRef[];
+  onDependencyFailure: DependencyFailurePolicy;
 }
 
 /**
@@ -190,8 +253,13 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
   }
   const timeoutMs = o.timeout ?? 0;
   const queue = o.queue ?? DEFAULT_QUEUE;
+  const id = o.taskId ?? timeOrderedUuid();
+  const dependsOn = resolveDependencies(o.dependsOn ?? [], queue, id);
+  if (dependsOn.length > 0 && o.group !== undefined) {
+    throw new InvalidOptionError('dependsOn', 'cannot be combined with group: grouped tasks are merged into one, which has no dependencies');
+  }
   return {
-    id: o.taskId ?? timeOrderedUuid(),
+    id,
     idGiven: o.taskId !== undefined,
     queue,
     type: task.type,
@@ -206,7 +274,23 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
     retentionMs: o.retention ?? 0,
     processAt: o.processAt ?? null,
     processInMs: o.processIn ?? null,
+    dependsOn,
+    onDependencyFailure: o.onDependencyFailure ?? 'archive',
   };
+}
+
+/** `queue/id`: how a task is named in messages and in dependencyResults(). */
+export const taskName = (t: TaskRef): string => `${t.queue}/${t.id}`;
+
+/** Bare ids in the task's own queue, each dependency once; the task itself refused. */
+function resolveDependencies(given: readonly (string | TaskRef)[], queue: string, id: string): TaskRef[] {
+  const out = new Map<string, TaskRef>();
+  for (const d of given) {
+    const ref = typeof d === 'string' ? { queue, id: d } : { queue: d.queue, id: d.id };
+    if (ref.queue === queue && ref.id === id) throw new InvalidOptionError('dependsOn', `names the task itself (${taskName(ref)})`);
+    out.set(taskName(ref), ref);
+  }
+  return [...out.values()];
 }
 
 /** asynq's key: the type and the md5 of the payload bytes (headers and options are not part of it). */

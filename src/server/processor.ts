@@ -19,6 +19,7 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { durableTransaction, type AnyTransaction, type Db } from '../broker/db.js';
 import { claimFrom, type ClaimedRow } from '../broker/claim.js';
+import { dependencyResults } from '../broker/dependencies.js';
 import { complete, lockLease, requeue, writeResult } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
@@ -313,6 +314,7 @@ export class Processor {
         return (logger ??= parent.child({ task: { id: row.id, type: row.type, queue: row.queue, attempt: row.retried + 1 } }));
       },
       writeResult: (data) => this.#writeResult(lease, data),
+      dependencyResults: () => dependencyResults(this.#db, row.seq),
       transaction: (fn) => this.#transaction(row, lease, fn),
     };
   }

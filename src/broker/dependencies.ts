@@ -1,0 +1,65 @@
+/**
+ * Workflows: tasks that wait for other tasks. Settling a dependency when it
+ * finishes is the database's own work (migration 0005's triggers, in the
+ * transaction that completes, archives or deletes it); here are the enqueue
+ * of tasks with dependencies and the reads of the edges.
+ */
+import { sql } from 'kysely';
+import { decodePayload } from '../model/payload.js';
+import { taskName, type TaskInfo, type TaskRecord, type TaskRef, type TaskState } from '../model/task.js';
+import { planDependencies, storedDependencies, type StoredDependency } from '../model/workflow.js';
+import { durableTransaction, type Db, type Transactional } from './db.js';
+import { insertTasks } from './enqueue.js';
+
+/**
+ * Enqueues tasks of which some have dependencies, all or nothing: the stored
+ * dependencies are locked (none can finish or go while the plan is made and
+ * written), the plan is checked (a cycle, a dependency that does not exist),
+ * then one statement writes the tasks and their edges. In the caller's
+ * transaction when there is one, else in a transaction of its own.
+ */
+export async function insertWithDependencies(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
+  const run = async (trx: Transactional) => {
+    const refs = storedDependencies(records);
+    const stored = refs.length > 0 ? await lockDependencies(db, trx, refs) : new Map<string, StoredDependency>();
+    return insertTasks(db, records, trx, planDependencies(records, stored));
+  };
+  return tx === undefined ? durableTransaction(db, run) : run(tx);
+}
+
+/** Locks the stored tasks named, in seq order, and reports what each is; a task not found is missing from the map. */
+async function lockDependencies(db: Db, trx: Transactional, refs: readonly TaskRef[]): Promise<Map<string, StoredDependency>> {
+  const rows = await db.run(
+    sql<{ queue: string; id: string; seq: string; state: TaskState; grouped: boolean }>`
+    SELECT i.queue, i.id, s.seq, s.state, s.group_key IS NOT NULL AS grouped
+    FROM unnest(${refs.map((r) => r.queue)}::text[], ${refs.map((r) => r.id)}::text[]) AS r(queue, id)
+    JOIN ${db.table('task_inputs')} i ON i.queue = r.queue AND i.id = r.id
+    JOIN ${db.table('task_states')} s ON s.seq = i.seq
+    ORDER BY s.seq
+    FOR NO KEY UPDATE OF s`,
+    trx,
+  );
+  return new Map(rows.map((r) => [taskName(r), { seq: String(r.seq), state: r.state, grouped: r.grouped }]));
+}
+
+/** What each completed dependency of a task wrote with writeResult, keyed `queue/id` (null when it wrote nothing). */
+export async function dependencyResults(db: Db, seq: string): Promise<Map<string, unknown>> {
+  const rows = await db.run(sql<{ queue: string; id: string; result: unknown; result_bytes: Buffer | null }>`
+    SELECT dependency_queue AS queue, dependency_id AS id, result, result_bytes
+    FROM ${db.table('task_dependencies')}
+    WHERE dependent_seq = ${seq}::bigint AND outcome = 'completed'
+    ORDER BY dependency_seq`);
+  return new Map(rows.map((r) => [taskName(r), decodePayload(r.result, r.result_bytes)]));
+}
+
+/** The tasks that depend on a task, with their states, in the order they were enqueued. */
+export async function dependentsOf(db: Db, queue: string, id: string): Promise<(TaskRef & { state: TaskState })[]> {
+  return db.run(sql<TaskRef & { state: TaskState }>`
+    SELECT i.queue, i.id, s.state
+    FROM ${db.table('task_inputs')} dep
+    JOIN ${db.table('task_dependencies')} d ON d.dependency_seq = dep.seq
+    JOIN ${db.table('task_inputs')} i ON i.seq = d.dependent_seq
+    JOIN ${db.table('task_states')} s ON s.seq = d.dependent_seq
+    WHERE dep.queue = ${queue} AND dep.id = ${id}
+    ORDER BY d.dependent_seq`);
+}
