@@ -54,7 +54,15 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const dbNow = async (): Promise<number> => (await pool.query<{ t: Date }>('SELECT clock_timestamp() AS t')).rows[0]!.t.getTime();
 
 function spawnScheduler(name: string, skew: string): Sched {
-  const env: NodeJS.ProcessEnv = { ...process.env, DATABASE_URL: cluster.connectionString, SCHEMA, NAME: name };
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    DATABASE_URL: cluster.connectionString,
+    SCHEMA,
+    NAME: name,
+    ENTRIES: JSON.stringify({ every1s: '1s', every2s: '2s' }),
+    HEARTBEAT_MS: '1000',
+    HOST_CLOCK: '1',
+  };
   if (skew !== '') Object.assign(env, { LD_PRELOAD: LIBFAKETIME, FAKETIME: skew, FAKETIME_DONT_FAKE_MONOTONIC: '1' });
   const proc = spawn(process.execPath, ['--import', 'tsx', CHILD], { cwd: REPO, env, stdio: ['ignore', 'pipe', 'pipe'] });
   const events: Record<string, any>[] = [];

@@ -1,15 +1,24 @@
 /**
- * A Scheduler in its own process for F19 (cron-multi-scheduler): the same
- * entries in every copy, `@every 1s` and `@every 2s`. env: DATABASE_URL,
- * SCHEMA, NAME. Prints one JSON line {"event":"ready",...} once the scheduler
- * runs (with the host clock it sees, which faketime may skew), and a JSON line
- * {"event":"log",...} for each warning or error the library logs. Shuts down
- * on SIGTERM and exits 0; a SIGKILL is the fault under test.
+ * A Scheduler in its own process, for F19 (cron-multi-scheduler) and the soak
+ * test S1: several copies run the same entries, and each tick must become
+ * exactly one task (I8). Prints one JSON line {"event":"ready",...} once the
+ * scheduler runs, and a JSON line {"event":"log",...} for each warning or
+ * error the library logs. Shuts down on SIGTERM and exits 0; a SIGKILL is the
+ * fault under test.
+ *
+ * env:
+ *   DATABASE_URL, SCHEMA, NAME
+ *   ENTRIES       JSON {label: interval}: an `@every <interval>` entry of task type `cron:<interval>`
+ *                 per label; the ready line's `entries` maps each label to its entry id
+ *   HEARTBEAT_MS  the Scheduler's heartbeatInterval (unset: the library's default)
+ *   RETENTION     when set, each entry's tasks are enqueued with this retention (ms) and maxRetry 5
+ *   HOST_CLOCK=1  the ready line also carries hostNow, the host clock this process sees (faketime may skew it)
  */
 import { Scheduler, Task, type Logger } from '../../../src/index.js';
+import { env, say } from './kit.js';
 
-const name = process.env.NAME ?? 'cron';
-const emit = (e: Record<string, unknown>) => process.stdout.write(`${JSON.stringify({ name, pid: process.pid, ...e })}\n`);
+const name = env('NAME', 'cron');
+const emit = (e: Record<string, unknown>) => say({ name, pid: process.pid, ...e });
 const logAt =
   (level: string) =>
   (obj: object, msg?: string): void => {
@@ -19,16 +28,21 @@ const logAt =
 const noop = (): void => {};
 const logger: Logger = { debug: noop, info: noop, warn: logAt('warn'), error: logAt('error'), child: () => logger };
 
+const heartbeatMs = env('HEARTBEAT_MS');
+const retention = env('RETENTION');
 const scheduler = new Scheduler({
   connectionString: process.env.DATABASE_URL,
   schema: process.env.SCHEMA,
-  heartbeatInterval: 1000,
+  ...(heartbeatMs === '' ? {} : { heartbeatInterval: Number(heartbeatMs) }),
   logger,
 });
-const entries = {
-  every1s: scheduler.register('@every 1s', new Task('cron:1s')),
-  every2s: scheduler.register('@every 2s', new Task('cron:2s')),
-};
+const opts = retention === '' ? undefined : { retention: Number(retention), maxRetry: 5 };
+const entries = Object.fromEntries(
+  Object.entries(JSON.parse(env('ENTRIES')) as Record<string, string>).map(([label, every]) => [
+    label,
+    scheduler.register(`@every ${every}`, new Task(`cron:${every}`), opts),
+  ]),
+);
 const running = scheduler.run().then(
   () => process.exit(0),
   (err: unknown) => {
@@ -37,5 +51,5 @@ const running = scheduler.run().then(
   },
 );
 while (scheduler.status === 'new') await new Promise((r) => setTimeout(r, 10));
-emit({ event: 'ready', entries, hostNow: new Date().toISOString() });
+emit({ event: 'ready', entries, ...(env('HOST_CLOCK') === '1' ? { hostNow: new Date().toISOString() } : {}) });
 await running;

@@ -21,12 +21,9 @@
  * SIGTERM: stop, fsync the log, print done, exit 0.
  */
 import { randomUUID } from 'node:crypto';
-import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
-import pg from 'pg';
 import { Client, Task } from '../../../src/index.js';
+import { AckLog, delay, env, errorFields, exitOnUnhandledRejection, exitWhenParentDies, oraclePool, runPaced, say, stopOnSigterm } from './kit.js';
 
-const env = (k: string, d = ''): string => process.env[k] ?? d;
-const say = (o: object): void => void process.stdout.write(`${JSON.stringify(o)}\n`);
 const count = Number(env('COUNT', '100'));
 const rate = Number(env('RATE', '50'));
 const inflight = Number(env('INFLIGHT', '4'));
@@ -36,34 +33,15 @@ const msMin = env('MS_MIN');
 const msMax = env('MS_MAX', msMin);
 const scheduledShare = Number(env('SCHEDULED', '0'));
 
-// If the harness dies without its teardown, don't linger: exit when the parent is gone.
-const parent = process.ppid;
-setInterval(() => {
-  try {
-    process.kill(parent, 0);
-  } catch {
-    process.exit(99);
-  }
-}, 1000).unref();
-
-process.on('unhandledRejection', (err) => {
-  say({ event: 'unhandledRejection', message: String((err as Error)?.stack ?? err) });
-  process.stderr.write(`unhandledRejection: ${String((err as Error)?.stack ?? err)}\n`);
-  process.exit(70);
-});
+exitWhenParentDies();
+exitOnUnhandledRejection();
 
 const client = new Client({ connectionString: env('DATABASE_URL'), schema: env('SCHEMA') });
-const oracle = new pg.Pool({ connectionString: env('DATABASE_URL'), max: 2 });
-oracle.on('error', () => {});
-const fd = openSync(env('ACK_FILE'), 'a');
+const oracle = oraclePool(2);
+const acks = new AckLog(env('ACK_FILE'));
+const stopped = stopOnSigterm();
 let acked = 0;
 let errors = 0;
-let stopping = false;
-
-function ack(id: string): void {
-  writeSync(fd, `${id}\n`);
-  if (++acked % 100 === 0) fsyncSync(fd);
-}
 
 async function one(): Promise<void> {
   const id = randomUUID();
@@ -72,43 +50,22 @@ async function one(): Promise<void> {
     // Retention keeps completed rows, so the oracle can see every acknowledged task's end state.
     const processIn = Math.random() < scheduledShare ? 500 + Math.random() * 1500 : undefined;
     const info = await client.enqueue(new Task(type, payload), { taskId: id, maxRetry, retention: 3_600_000, ...(processIn ? { processIn } : {}) });
-    ack(id);
+    acks.append([id]);
+    if (++acked % 100 === 0) acks.sync();
     // Recorded after the commit, before the task can be due (≥ 0.5 s later).
     // A failure here (the database crashed after the commit) leaves that task out of I6, nothing more.
     if (processIn) await oracle.query(`INSERT INTO "${env('SCHEMA')}".h_sched (task_id, process_at) VALUES ($1, $2)`, [id, info.nextProcessAt]).catch(() => {});
   } catch (err) {
     errors++;
-    const e = err as { code?: string; message?: string };
-    say({ event: 'error', id, code: e.code ?? null, message: String(e.message ?? err).slice(0, 200) });
+    say({ event: 'error', id, ...errorFields(err, 200) });
     // A refused connection fails at once: don't spin through the schedule.
-    await new Promise((r) => setTimeout(r, 20));
+    await delay(20);
   }
 }
-
-function finish(): void {
-  fsyncSync(fd);
-  closeSync(fd);
-  say({ event: 'done', acked, errors });
-}
-
-process.on('SIGTERM', () => {
-  stopping = true;
-});
 
 say({ event: 'ready' });
-const t0 = performance.now();
-const running = new Set<Promise<void>>();
-for (let i = 0; i < count && !stopping; i++) {
-  if (rate > 0) {
-    const due = t0 + (i * 1000) / rate;
-    const wait = due - performance.now();
-    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-  }
-  while (running.size >= inflight) await Promise.race(running);
-  const p = one().finally(() => running.delete(p));
-  running.add(p);
-}
-await Promise.all(running);
-finish();
+await runPaced({ count, rate, inflight, t0: performance.now(), stopped }, one);
+acks.close();
+say({ event: 'done', acked, errors });
 await client.close().catch(() => {});
 process.exit(0);

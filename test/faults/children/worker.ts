@@ -39,6 +39,7 @@ import {
   tryRecordExec,
   watchLoopLag,
   workerServer,
+  workerTag,
   type OracleWriter,
 } from './kit.js';
 

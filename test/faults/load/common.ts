@@ -4,9 +4,10 @@
  * `h.teardown()` kills them), CPU and RSS from /proc, table statistics and
  * sizes, percentiles, and a little formatting.
  *
- * The harness (../harness.ts) spawns only ../children/*.ts; these tests need
- * other children (a no-op load worker, a batch producer, a mixed worker), so
- * they build the harness's `Child` themselves and push it onto `h.children`.
+ * The harness (../harness.ts) spawns only ../children/{worker,producer}.ts;
+ * these tests need other children (a no-op load worker, a batch producer, a
+ * mixed worker, ../children/cron-scheduler.ts), so they build the harness's
+ * `Child` themselves and push it onto `h.children`.
  */
 import { spawn } from 'node:child_process';
 import { closeSync, mkdirSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -21,7 +22,7 @@ const CLK_TCK = 100; // USER_HZ on Linux
 export interface LoadSpec {
   name: string;
   role: 'worker' | 'producer';
-  /** A file in this directory. */
+  /** A path relative to this directory. */
   script: string;
   env: Record<string, string>;
 }

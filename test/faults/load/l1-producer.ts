@@ -18,11 +18,9 @@
  * {"event":"error",...} for a rejected batch (then exit 1), {"event":"done","acked","ms","batches"}.
  */
 import { randomUUID } from 'node:crypto';
-import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
 import { Client, Task } from '../../../src/index.js';
+import { AckLog, delay, env, errorFields, say, stopOnSigterm } from '../children/kit.js';
 
-const env = (k: string, d = ''): string => process.env[k] ?? d;
-const say = (o: object): void => void process.stdout.write(`${JSON.stringify(o)}\n`);
 const count = Number(env('COUNT', '1000000'));
 const batch = Number(env('BATCH', '1000'));
 const rate = Number(env('RATE', '0'));
@@ -31,40 +29,34 @@ const maxRetry = Number(env('MAX_RETRY', '5'));
 const retention = Number(env('RETENTION', '86400000'));
 
 const client = new Client({ connectionString: env('DATABASE_URL'), schema: env('SCHEMA') });
-const fd = openSync(env('ACK_FILE'), 'a');
+const acks = new AckLog(env('ACK_FILE'));
+const stopped = stopOnSigterm();
 let acked = 0;
 let batches = 0;
-let stopping = false;
-process.on('SIGTERM', () => {
-  stopping = true;
-});
 
 say({ event: 'ready' });
 const t0 = performance.now();
 const progress = setInterval(() => say({ event: 'progress', acked, ms: Math.round(performance.now() - t0) }), 1000);
 try {
-  while (acked < count && !stopping) {
+  while (acked < count && !stopped()) {
     const n = Math.min(batch, count - acked);
     if (rate > 0) {
-      const due = t0 + (acked * 1000) / rate;
-      const wait = due - performance.now();
-      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      const wait = t0 + (acked * 1000) / rate - performance.now();
+      if (wait > 0) await delay(wait);
     }
     const tasks = Array.from({ length: n }, (_, i) => new Task(type, { n: acked + i }, { taskId: randomUUID() }));
     await client.enqueueMany(tasks, { maxRetry, retention });
-    writeSync(fd, `${tasks.map((t) => t.options.taskId).join('\n')}\n`);
-    fsyncSync(fd);
+    acks.append(tasks.map((t) => t.options.taskId!));
+    acks.sync();
     acked += n;
     batches++;
   }
 } catch (err) {
-  const e = err as { code?: string; message?: string };
-  say({ event: 'error', acked, code: e.code ?? null, message: String(e.message ?? err).slice(0, 300) });
+  say({ event: 'error', acked, ...errorFields(err, 300) });
   process.exitCode = 1;
 }
 clearInterval(progress);
-fsyncSync(fd);
-closeSync(fd);
+acks.close();
 say({ event: 'done', acked, ms: Math.round(performance.now() - t0), batches });
 await client.close().catch(() => {});
 process.exit(process.exitCode ?? 0);

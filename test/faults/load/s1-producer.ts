@@ -20,12 +20,10 @@
  * stdout: ready; progress every 5 s {acked, errors, dups}; done.
  */
 import { randomUUID } from 'node:crypto';
-import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
 import pg from 'pg';
 import { Client, DuplicateTaskError, Task, type EnqueueOptions } from '../../../src/index.js';
+import { AckLog, delay, env, errorFields, exitOnUnhandledRejection, runPaced, say, stopOnSigterm } from '../children/kit.js';
 
-const env = (k: string, d = ''): string => process.env[k] ?? d;
-const say = (o: object): void => void process.stdout.write(`${JSON.stringify(o)}\n`);
 const schema = env('SCHEMA');
 const count = Number(env('COUNT', '1000'));
 const rate = Number(env('RATE', '100'));
@@ -34,21 +32,15 @@ const leaseMs = Number(env('LEASE_MS', '3000'));
 const retention = Number(env('RETENTION', '60000'));
 const uniqueTtl = Number(env('UNIQUE_TTL', '30000'));
 
-process.on('unhandledRejection', (err) => {
-  say({ event: 'unhandledRejection', message: String((err as Error)?.stack ?? err) });
-  process.exit(70);
-});
+exitOnUnhandledRejection();
 
 const pool = new pg.Pool({ connectionString: env('DATABASE_URL'), application_name: 'pgasynq:client:s1', max: inflight + 2, connectionTimeoutMillis: 5000 });
 pool.on('error', () => {});
 pool.on('connect', (c) => void c.on('error', () => {}));
 const client = new Client({ pool, schema });
-const fd = openSync(env('ACK_FILE'), 'a');
+const acks = new AckLog(env('ACK_FILE'));
 const counts = { acked: 0, errors: 0, dups: 0, byKind: {} as Record<string, number> };
-let stopping = false;
-process.on('SIGTERM', () => {
-  stopping = true;
-});
+const stopped = stopOnSigterm();
 
 function draw(): { kind: string; task: Task; opts: EnqueueOptions; processAt: Date | null } {
   const r = Math.random() * 100;
@@ -81,9 +73,9 @@ async function one(): Promise<void> {
     await c.query('COMMIT');
     c.release();
     c = undefined;
-    writeSync(fd, `${opts.taskId} ${kind}\n`);
+    acks.append([`${opts.taskId} ${kind}`]);
     counts.byKind[kind] = (counts.byKind[kind] ?? 0) + 1;
-    if (++counts.acked % 100 === 0) fsyncSync(fd);
+    if (++counts.acked % 100 === 0) acks.sync();
   } catch (err) {
     if (c) {
       await c.query('ROLLBACK').catch(() => {});
@@ -94,28 +86,17 @@ async function one(): Promise<void> {
       return;
     }
     counts.errors++;
-    const e = err as { code?: string; message?: string };
-    say({ event: 'error', at: new Date().toISOString(), code: e.code ?? null, message: String(e.message ?? err).slice(0, 200) });
-    await new Promise((r) => setTimeout(r, 50));
+    say({ event: 'error', at: new Date().toISOString(), ...errorFields(err, 200) });
+    await delay(50);
   }
 }
 
 say({ event: 'ready' });
 const t0 = performance.now();
 const progress = setInterval(() => say({ event: 'progress', ...counts, ms: Math.round(performance.now() - t0) }), 5000);
-const running = new Set<Promise<void>>();
-for (let i = 0; i < count && !stopping; i++) {
-  const due = t0 + (i * 1000) / rate;
-  const wait = due - performance.now();
-  if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-  while (running.size >= inflight) await Promise.race(running);
-  const p = one().finally(() => running.delete(p));
-  running.add(p);
-}
-await Promise.all(running);
+await runPaced({ count, rate, inflight, t0, stopped }, one);
 clearInterval(progress);
-fsyncSync(fd);
-closeSync(fd);
+acks.close();
 say({ event: 'done', ...counts, ms: Math.round(performance.now() - t0) });
 await client.close().catch(() => {});
 await pool.end().catch(() => {});

@@ -7,7 +7,7 @@
  *             scheduled 1–60 s ahead, 3 % long (2–5 × the lease, heartbeated);
  *             unique locks on 10 % of all tasks (1 in 9 quick or fail-twice); retention
  *             60 s on every task, so the janitor prunes completed rows.
- *   Cron      two Scheduler processes (s1-cron.ts) with the same entries:
+ *   Cron      two Scheduler processes (../children/cron-scheduler.ts) with the same entries:
  *             @every 1s, 10s, 1m, 5m. A trigger copies every scheduler_events
  *             insert into h_cron (the I8 oracle; the library trims its own history).
  *   Workers   4 processes (s1-worker.ts) × concurrency 24, fast profile (lease 3 s,
@@ -72,6 +72,8 @@ const BOUND_MS = PROFILE.leaseDuration + PROFILE.recoverCutoff + PROFILE.recover
 const STOP_MS = BOUND_MS + 2000;
 const PAUSE_MS = 4000;
 const RETENTION = 60_000;
+/** The schedulers' entries: label → `@every` interval. */
+const CRON_ENTRIES = { '1s': '1s', '10s': '10s', '1m': '1m', '5m': '5m' };
 const maxOf = (xs: number[]): number | null => (xs.length ? Math.max(...xs) : null);
 const MAX_RETRY: Record<string, number> = { q: 5, s: 5, f2: 5, long: 5, fa: 2, cron: 5 };
 
@@ -141,7 +143,14 @@ try {
   });
   const workers: Child[] = await Promise.all(Array.from({ length: WORKERS }, (_, i) => spawnLoadChild(H, workerSpec(i + 1))));
   const crons: Child[] = await Promise.all(
-    [1, 2].map((i) => spawnLoadChild(H, { name: `cron${i}`, role: 'producer', script: 's1-cron.ts', env: { NAME: `cron${i}`, RETENTION: String(RETENTION) } })),
+    [1, 2].map((i) =>
+      spawnLoadChild(H, {
+        name: `cron${i}`,
+        role: 'producer',
+        script: '../children/cron-scheduler.ts',
+        env: { NAME: `cron${i}`, ENTRIES: JSON.stringify(CRON_ENTRIES), RETENTION: String(RETENTION) },
+      }),
+    ),
   );
   H.startSampler();
 
