@@ -602,7 +602,7 @@ const ROWS: Row[] = [
     input: 'pgasynq task ls --queue default --state bogus',
     error: 'exit 2',
     message:
-      /^error: option '-s, --state <state>' argument 'bogus' is invalid\. Allowed choices are active, pending, aggregating, scheduled, retry, archived, completed\.\n/,
+      /^error: option '-s, --state <state>' argument 'bogus' is invalid\. Allowed choices are active, pending, waiting, aggregating, scheduled, retry, archived, completed\.\n/,
     attempt: () => cli('task', 'ls', '--queue', 'default', '--state', 'bogus'),
     sqlFree: false,
   },
@@ -611,7 +611,7 @@ const ROWS: Row[] = [
     surface: 'CLI',
     input: 'pgasynq task deleteall default bogus',
     error: 'exit 2',
-    message: /^error: invalid state 'bogus': the states are active, pending, aggregating, scheduled, retry, archived, completed\n/,
+    message: /^error: invalid state 'bogus': the states are active, pending, waiting, aggregating, scheduled, retry, archived, completed\n/,
     attempt: () => cli('task', 'deleteall', 'default', 'bogus'),
     sqlFree: false,
   },

@@ -157,9 +157,12 @@ describe('reading and refusing', { concurrency: true }, () => {
       assert.ok(stats[0]!.latency >= 5000, `latency of reads ${stats[0]!.latency}`);
 
       const out = ok(text);
-      assert.match(out, /^queue\s+active\s+pending\s+aggregating\s+scheduled\s+retry\s+archived\s+completed\s+size\s+latency\s+processed\s+failed\s+paused$/m);
-      assert.match(out, /^reads\s+1\s+2\s+3\s+1\s+1\s+1\s+1\s+10\s+(\d+m)?\d+(\.\d)?s\s+7\s+2\s+no$/m);
-      assert.match(out, /^reads_low\s+0\s+1\s+0\s+0\s+0\s+0\s+0\s+1\s+\S+\s+0\s+0\s+yes$/m);
+      assert.match(
+        out,
+        /^queue\s+active\s+pending\s+waiting\s+aggregating\s+scheduled\s+retry\s+archived\s+completed\s+size\s+latency\s+processed\s+failed\s+paused$/m,
+      );
+      assert.match(out, /^reads\s+1\s+2\s+0\s+3\s+1\s+1\s+1\s+1\s+10\s+(\d+m)?\d+(\.\d)?s\s+7\s+2\s+no$/m);
+      assert.match(out, /^reads_low\s+0\s+1\s+0\s+0\s+0\s+0\s+0\s+0\s+1\s+\S+\s+0\s+0\s+yes$/m);
       assert.match(out, /^Tasks by state \(all queues\)$/m);
       assert.match(out, /^pending\s+3\s+█{40}$/m, 'the largest count has the full bar');
       assert.match(out, /^aggregating\s+3\s+█{40}$/m);
@@ -310,9 +313,9 @@ describe('reading and refusing', { concurrency: true }, () => {
         pgasynq('task', 'runall', 'reads', 'pending'),
         pgasynq('task', 'ls', '-q', 'reads', '-s', 'aggregating'),
       ]);
-      fails(ls, 2, /'bogus' is invalid\. Allowed choices are active, pending, aggregating, scheduled, retry, archived, completed/);
-      fails(bulk, 2, /invalid state 'bogus': the states are active, pending, aggregating, scheduled, retry, archived, completed/);
-      fails(runall, 2, /runall does not apply to pending tasks .*runall takes aggregating, scheduled, retry, archived/);
+      fails(ls, 2, /'bogus' is invalid\. Allowed choices are active, pending, waiting, aggregating, scheduled, retry, archived, completed/);
+      fails(bulk, 2, /invalid state 'bogus': the states are active, pending, waiting, aggregating, scheduled, retry, archived, completed/);
+      fails(runall, 2, /runall does not apply to pending tasks .*runall takes waiting, aggregating, scheduled, retry, archived/);
       fails(noGroup, 2, /aggregating needs --group/);
       assert.equal(await stateOf('reads', 'p1'), 'pending');
     });

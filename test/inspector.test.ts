@@ -92,6 +92,7 @@ const QUEUE_METHODS: [string, (i: Inspector, q: string) => Promise<unknown>][] =
   ['listArchivedTasks', (i, q) => i.listArchivedTasks(q)],
   ['listCompletedTasks', (i, q) => i.listCompletedTasks(q)],
   ['listAggregatingTasks', (i, q) => i.listAggregatingTasks(q, 'g')],
+  ['listWaitingTasks', (i, q) => i.listWaitingTasks(q)],
   ['deleteTask', (i, q) => i.deleteTask(q, 'x')],
   ['runTask', (i, q) => i.runTask(q, 'x')],
   ['archiveTask', (i, q) => i.archiveTask(q, 'x')],
@@ -102,14 +103,17 @@ const QUEUE_METHODS: [string, (i: Inspector, q: string) => Promise<unknown>][] =
   ['deleteAllArchivedTasks', (i, q) => i.deleteAllArchivedTasks(q)],
   ['deleteAllCompletedTasks', (i, q) => i.deleteAllCompletedTasks(q)],
   ['deleteAllAggregatingTasks', (i, q) => i.deleteAllAggregatingTasks(q, 'g')],
+  ['deleteAllWaitingTasks', (i, q) => i.deleteAllWaitingTasks(q)],
   ['runAllScheduledTasks', (i, q) => i.runAllScheduledTasks(q)],
   ['runAllRetryTasks', (i, q) => i.runAllRetryTasks(q)],
   ['runAllArchivedTasks', (i, q) => i.runAllArchivedTasks(q)],
   ['runAllAggregatingTasks', (i, q) => i.runAllAggregatingTasks(q, 'g')],
+  ['runAllWaitingTasks', (i, q) => i.runAllWaitingTasks(q)],
   ['archiveAllPendingTasks', (i, q) => i.archiveAllPendingTasks(q)],
   ['archiveAllScheduledTasks', (i, q) => i.archiveAllScheduledTasks(q)],
   ['archiveAllRetryTasks', (i, q) => i.archiveAllRetryTasks(q)],
   ['archiveAllAggregatingTasks', (i, q) => i.archiveAllAggregatingTasks(q, 'g')],
+  ['archiveAllWaitingTasks', (i, q) => i.archiveAllWaitingTasks(q)],
   ['pauseQueue', (i, q) => i.pauseQueue(q)],
   ['unpauseQueue', (i, q) => i.unpauseQueue(q)],
   ['deleteQueue', (i, q) => i.deleteQueue(q)],
@@ -143,6 +147,7 @@ describe('queues, getQueueInfo, history and the views', () => {
 
   test('getQueueInfo counts every state, latency, stats of today and totals; queue_stats agrees', async () => {
     await everyState('default');
+    await put('default', 'w', { dependsOn: ['p1'] });
     await db.query("UPDATE {{schema}}.tasks SET run_at = now() - interval '5 s' WHERE id = 'p1'");
     await db.query(
       "INSERT INTO {{schema}}.daily_stats VALUES ('default', (now() AT TIME ZONE 'UTC')::date, 7, 2), ('default', (now() AT TIME ZONE 'UTC')::date - 1, 100, 50)",
@@ -152,7 +157,7 @@ describe('queues, getQueueInfo, history and the views', () => {
     const { latency, timestamp, ...rest } = info;
     assert.deepEqual(rest, {
       queue: 'default',
-      size: 9,
+      size: 10,
       groups: 2,
       pending: 2,
       active: 1,
@@ -161,6 +166,7 @@ describe('queues, getQueueInfo, history and the views', () => {
       archived: 1,
       completed: 1,
       aggregating: 2,
+      waiting: 1,
       processed: 7,
       failed: 2,
       processedTotal: 1000,
@@ -173,7 +179,7 @@ describe('queues, getQueueInfo, history and the views', () => {
     const truth = await db.query<{ state: string; n: number }>("SELECT state, count(*)::int AS n FROM {{schema}}.tasks WHERE queue = 'default' GROUP BY state");
     for (const { state, n } of truth) assert.equal((info as unknown as Record<string, number>)[state], n, `${state} against a plain count`);
     const [view] = await db.query("SELECT * FROM {{schema}}.queue_stats WHERE queue = 'default'");
-    for (const key of ['size', 'groups', 'pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'processed', 'failed']) {
+    for (const key of ['size', 'groups', 'pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting', 'processed', 'failed']) {
       assert.equal(Number(view[key]), (info as unknown as Record<string, number>)[key], key);
     }
     assert.equal(Number(view.processed_total), info.processedTotal);
@@ -757,7 +763,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0004, 0003 and 0002 roll back and apply again', async () => {
+  test('migrations 0005, 0004, 0003 and 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -769,6 +775,8 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0005_workflows');
+    assert.ok((await objects()).v);
     assert.equal(await migrateDown(opts), '0004_storage_v2');
     assert.ok((await objects()).v && (await objects()).a && (await objects()).i);
     assert.match(await activeIndex(), /\(queue, started_at, seq\) WHERE \(\(state = 'active'::text\) AND \(lease_owner IS NOT NULL\)\)/);
@@ -776,7 +784,7 @@ describe('validation, closing, migration', () => {
     assert.match(await activeIndex(), /\(lease_expires_at\) WHERE \(state = 'active'::text\)$/);
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
-    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index', '0004_storage_v2'] });
+    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows'] });
     assert.ok((await objects()).v);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
   });

@@ -589,13 +589,13 @@ describe('configuration', () => {
   test('start refuses a schema that lacks migrations, naming them; an up-to-date one starts', { timeout: 30_000 }, async () => {
     const schema = `${db.schema}_old`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    await migrate({ connectionString: db.connectionString, schema, to: '0003_active_index', logger: false });
+    await migrate({ connectionString: db.connectionString, schema, to: '0004_storage_v2', logger: false });
     const server = new Server({ connectionString: db.connectionString, schema, logger: false });
     await assert.rejects(
       server.start(() => {}),
       (err: unknown) => {
         assert.ok(err instanceof FailedPreconditionError);
-        assert.match(err.message, /schema "t_server\w*_old" lacks migration 0004_storage_v2: run `pgasynq migrate`/);
+        assert.match(err.message, /schema "t_server\w*_old" lacks migration 0005_workflows: run `pgasynq migrate`/);
         return true;
       },
     );
