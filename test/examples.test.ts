@@ -53,4 +53,23 @@ describe('examples on the embedded database', () => {
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /smoke: 5 orders placed and confirmed/);
   });
+
+  test('fan-in.ts counts words in 4 parts, then combines their results once all have run', { timeout: 180_000 }, async () => {
+    const r = await runExample('fan-in.ts');
+    assert.equal(r.code, 0, r.stderr);
+    const lines = r.stdout.trim().split('\n');
+    assert.match(lines[0]!, /^enqueued 4 count:part tasks \(pending\) and count:combine \(waiting for 4 of 4\)$/);
+    const parts = lines.map((l, i) => ({ i, m: /^part (\d): (\d+) words$/.exec(l) })).filter((p) => p.m !== null);
+    assert.deepEqual(parts.map((p) => Number(p.m![1])).sort(), [1, 2, 3, 4], r.stdout);
+    assert.equal(
+      parts.reduce((sum, p) => sum + Number(p.m![2]), 0),
+      94,
+      'the parts together counted the whole document',
+    );
+    const combine = lines.findIndex((l) => l.startsWith('combine:'));
+    assert.ok(combine > Math.max(...parts.map((p) => p.i)), `combine ran after every part:\n${r.stdout}`);
+    assert.equal(lines[combine], 'combine: merged 4 parts, 94 words, 55 distinct');
+    assert.equal(lines[combine + 1], 'top words: the ×9, task ×7, a ×6, it ×4, and ×3');
+    assert.equal(lines.at(-1), 'done: combine ran after every part');
+  });
 });

@@ -3,7 +3,8 @@
  * so files run in parallel and the `schema` option is exercised everywhere.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import pino from 'pino';
@@ -109,6 +110,74 @@ export function runNode(args: string[], env: Record<string, string> = {}): Promi
     child.on('close', (code) => resolve({ code, stdout, stderr }));
   });
 }
+
+/**
+ * Counts every task that leaves `waiting` in db's schema (a trigger of the
+ * test's own on task_states), so that a test counts releases instead of
+ * inferring them from final states. Resolves to a reader: the states each
+ * task went to, by id, in order.
+ */
+export async function countReleases(db: TestDb): Promise<() => Promise<Record<string, string[]>>> {
+  await db.query(`
+    CREATE TABLE {{schema}}.t_releases (id text, state text, at timestamptz DEFAULT clock_timestamp());
+    CREATE FUNCTION {{schema}}.t_count_release() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO {{schema}}.t_releases (id, state) SELECT i.id, NEW.state FROM {{schema}}.task_inputs i WHERE i.seq = NEW.seq;
+      RETURN NULL;
+    END $$;
+    CREATE TRIGGER t_count_release AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
+      WHEN (OLD.state = 'waiting' AND NEW.state <> 'waiting') EXECUTE FUNCTION {{schema}}.t_count_release();`);
+  return async () => {
+    const out: Record<string, string[]> = {};
+    for (const r of await db.query<{ id: string; state: string }>('SELECT id, state FROM {{schema}}.t_releases ORDER BY at')) (out[r.id] ??= []).push(r.state);
+    return out;
+  };
+}
+
+/** A child process of test/fixtures/ that prints one JSON event per line on stdout. */
+export interface Fixture {
+  child: ChildProcess;
+  events: Record<string, unknown>[];
+  /** The first event of this name not taken yet (waiting for it if need be). */
+  next(event: string): Promise<Record<string, unknown>>;
+}
+
+/** How long a test waits for a fixture process's event. */
+const FIXTURE_WAIT_MS = 90_000;
+
+/** Starts `node --import tsx <script>` with `env` added to the test's environment. */
+export function spawnFixture(script: string, env: Record<string, string>): Fixture {
+  const child = spawn(process.execPath, ['--import', 'tsx', script], { cwd: REPO, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
+  const events: Record<string, unknown>[] = [];
+  const waiters: [string, (e: Record<string, unknown>) => void][] = [];
+  const taken = new WeakSet<object>();
+  createInterface({ input: child.stdout }).on('line', (line) => {
+    const e = JSON.parse(line) as Record<string, unknown>;
+    events.push(e);
+    const w = waiters.findIndex(([name]) => name === e.event);
+    if (w === -1) return;
+    taken.add(e);
+    waiters.splice(w, 1)[0]![1](e);
+  });
+  return {
+    child,
+    events,
+    next: (event) => {
+      const seen = events.find((e) => e.event === event && !taken.has(e));
+      if (seen) return (taken.add(seen), Promise.resolve(seen));
+      return new Promise((resolve, reject) => {
+        // Generous: a process that loads the library through tsx on a loaded 2-core machine (four test
+        // files and their children at once) took over 20 s to boot. Readiness is waited for, not judged.
+        const timer = setTimeout(() => reject(new Error(`${script} printed no "${event}" event in ${FIXTURE_WAIT_MS / 1000} s`)), FIXTURE_WAIT_MS);
+        waiters.push([event, (e) => (clearTimeout(timer), resolve(e))]);
+      });
+    },
+  };
+}
+
+/** Resolves once the child has exited. */
+export const exited = (child: ChildProcess) =>
+  new Promise<void>((r) => (child.exitCode !== null || child.signalCode !== null ? r() : child.once('exit', () => r())));
 
 /** A real pool to the test database that counts its connect() and query() calls: any SQL sent moves `sent`. */
 export function countedPool(): pg.Pool & { readonly sent: number } {

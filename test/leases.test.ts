@@ -2,8 +2,6 @@
  * Leases, heartbeats, the recoverer and fencing (issue "core engine, part 2").
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { createInterface } from 'node:readline';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { sql } from 'kysely';
 import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
@@ -16,7 +14,7 @@ import { DatabaseClock } from '../src/internal/clock.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
-import { deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -426,49 +424,12 @@ describe('graceful shutdown', () => {
 
 // ---- processes that die, freeze or starve ---------------------------------------------------
 
-interface Worker {
-  child: ChildProcess;
-  events: Record<string, unknown>[];
-  next(event: string): Promise<Record<string, unknown>>;
-}
-
-/** How long a test waits for a worker process's event, and how long a test of processes may take. */
-const SPAWN_WAIT_MS = 90_000;
+/** How long a test of processes may take. */
 const PROCESS_TEST_MS = 240_000;
 
-function spawnWorker(mode: string, env: Record<string, string> = {}): Worker {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/worker.ts'], {
-    env: { ...process.env, DATABASE_URL: db.connectionString, SCHEMA: db.schema, MODE: mode, ...env },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const events: Record<string, unknown>[] = [];
-  const waiters: [string, (e: Record<string, unknown>) => void][] = [];
-  createInterface({ input: child.stdout }).on('line', (line) => {
-    const e = JSON.parse(line) as Record<string, unknown>;
-    events.push(e);
-    for (const [i, [name, fn]] of [...waiters.entries()].reverse()) {
-      if (name !== e.event) continue;
-      waiters.splice(i, 1);
-      fn(e);
-    }
-  });
-  return {
-    child,
-    events,
-    next: (event) => {
-      const seen = events.find((e) => e.event === event && !(e as { consumed?: boolean }).consumed);
-      if (seen) return Promise.resolve(Object.assign(seen, { consumed: true }));
-      return new Promise((resolve, reject) => {
-        // Generous: a process that loads the library through tsx on a loaded 2-core machine (four test
-        // files and their children at once) took over 20 s to boot. Readiness is waited for, not judged.
-        const timer = setTimeout(() => reject(new Error(`worker printed no "${event}" event in ${SPAWN_WAIT_MS / 1000} s`)), SPAWN_WAIT_MS);
-        waiters.push([event, (e) => (clearTimeout(timer), resolve(Object.assign(e, { consumed: true })))]);
-      });
-    },
-  };
-}
-
-const exited = (child: ChildProcess) => new Promise<void>((r) => (child.exitCode !== null || child.signalCode !== null ? r() : child.once('exit', () => r())));
+/** A worker process of test/fixtures/worker.ts in `mode` (hang, zombie, block), on this file's schema. */
+const spawnWorker = (mode: string, env: Record<string, string> = {}): Fixture =>
+  spawnFixture('test/fixtures/worker.ts', { DATABASE_URL: db.connectionString, SCHEMA: db.schema, MODE: mode, ...env });
 
 describe('processes', () => {
   for (const signal of ['SIGTERM', 'SIGINT'] as const) {

@@ -1,9 +1,9 @@
 /**
  * Workflows: tasks that wait for other tasks (dependsOn), released exactly
  * once by the transaction that finishes their last dependency, with the
- * results their dependencies wrote. Every release is counted by a trigger of
- * the test's own on task_states (waiting → anything else), not inferred
- * from final states.
+ * results their dependencies wrote. Every release is counted (helpers.ts
+ * countReleases), not inferred from final states. Races between worker
+ * processes and kill -9: workflows-race.test.ts.
  */
 import assert from 'node:assert/strict';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
@@ -20,26 +20,19 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
-import { caught, deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countReleases, deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
 let inspector: Inspector;
+/** How many times each task left `waiting`, by id (helpers.ts countReleases). */
+let releases: () => Promise<Record<string, string[]>>;
 
 before(async () => {
   db = await testDb('t_workflows');
   client = new Client({ connectionString: db.connectionString, schema: db.schema });
   inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-  // The instrument: one row per task that leaves `waiting`, with where it went.
-  await db.query(`
-    CREATE TABLE {{schema}}.t_releases (id text, state text, at timestamptz DEFAULT clock_timestamp());
-    CREATE FUNCTION {{schema}}.t_count_release() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      INSERT INTO {{schema}}.t_releases (id, state) SELECT i.id, NEW.state FROM {{schema}}.task_inputs i WHERE i.seq = NEW.seq;
-      RETURN NULL;
-    END $$;
-    CREATE TRIGGER t_count_release AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-      WHEN (OLD.state = 'waiting' AND NEW.state <> 'waiting') EXECUTE FUNCTION {{schema}}.t_count_release();`);
+  releases = await countReleases(db);
 });
 
 const running: Server[] = [];
@@ -58,14 +51,6 @@ beforeEach(async () => {
     'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.task_dependencies, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.t_releases',
   );
 });
-
-/** How many times each task left `waiting`, by id. */
-async function releases(): Promise<Record<string, string[]>> {
-  const rows = await db.query<{ id: string; state: string }>('SELECT id, state FROM {{schema}}.t_releases ORDER BY at');
-  const out: Record<string, string[]> = {};
-  for (const r of rows) (out[r.id] ??= []).push(r.state);
-  return out;
-}
 
 const stateOf = async (id: string, queue = 'default') => (await inspector.getTaskInfo(queue, id)).state;
 const rowCount = async () => (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.task_inputs'))[0]!.n;
@@ -193,7 +178,7 @@ describe('enqueueing a graph', () => {
 
   test('a dependency already completed counts as done, with its result; one already archived fails the dependent', async () => {
     await client.enqueueMany([t('kept', { retention: 3_600_000 }), t('doomed', { maxRetry: 0 })]);
-    await startServer(async (task, ctx) => {
+    await startServer(async (_task, ctx) => {
       if (ctx.taskId === 'doomed') throw new Error('no');
       await ctx.writeResult({ from: ctx.taskId });
     });
