@@ -7,7 +7,7 @@
 import { createHash } from 'node:crypto';
 import type { EntryRow } from './broker/scheduler.js';
 import { parseSchedule, type Schedule } from './model/cron.js';
-import { InvalidTaskTypeError } from './model/errors.js';
+import { InvalidOptionError, InvalidTaskTypeError } from './model/errors.js';
 import { Task, toRecord, validateOptions, type EnqueueOptions } from './model/task.js';
 
 /** @internal One registered entry. Only the loop writes `cursor` and `nextDue`. */
@@ -40,7 +40,9 @@ export function prepareEntry(location: string, cronspec: unknown, task: unknown,
   const schedule = parseSchedule(cronspec, location);
   if (!(task instanceof Task)) throw new InvalidTaskTypeError('task', 'must be a Task (new Task(type, payload, options))');
   const overrides = validateOptions(opts);
-  toRecord(task, overrides); // option combinations (processAt with processIn, a past deadline)
+  // Option combinations (processAt with processIn, a past deadline); and no dependencies: every
+  // tick would wait for the same tasks, which completed long ago or never will again.
+  if (toRecord(task, overrides).dependsOn.length > 0) throw new InvalidOptionError('dependsOn', 'cannot be set on a periodic task');
   const merged: EnqueueOptions = { ...task.options, ...overrides, headers: { ...task.headers, ...overrides.headers } };
   if (Object.keys(merged.headers ?? {}).length === 0) delete merged.headers;
   const payload =

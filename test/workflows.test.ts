@@ -11,6 +11,7 @@ import {
   Client,
   Inspector,
   InvalidOptionError,
+  Scheduler,
   Server,
   SkipRetry,
   Task,
@@ -167,6 +168,17 @@ describe('enqueueing a graph', () => {
       assert.equal(await rowCount(), 1);
     });
   }
+
+  test('a periodic task cannot have dependencies', async () => {
+    const scheduler = new Scheduler({ connectionString: db.connectionString, schema: db.schema, logger: false });
+    try {
+      const err = await caught(() => scheduler.register('@every 1m', t('tick', { dependsOn: ['a'] })));
+      assert.ok(err instanceof InvalidOptionError, String(err));
+      assert.match(err.message, /^dependsOn cannot be set on a periodic task/);
+    } finally {
+      await scheduler.shutdown();
+    }
+  });
 
   test('a stored dependency in a group is refused: grouped tasks are merged', async () => {
     await client.enqueue(t('member'), { group: 'g' });

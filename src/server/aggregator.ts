@@ -14,7 +14,7 @@
  */
 import { commitGroup, groupToClose, readyGroups, type GroupRules } from '../broker/aggregation.js';
 import type { Db } from '../broker/db.js';
-import { coerceError } from '../model/errors.js';
+import { coerceError, InvalidOptionError } from '../model/errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
 import { decodePayload } from '../model/payload.js';
 import { Task, toRecord } from '../model/task.js';
@@ -98,7 +98,9 @@ export class Aggregator {
     const result = await this.#opts.groupAggregator(group, tasks);
     if (!(result instanceof Task)) throw new TypeError(`groupAggregator must return a Task (got ${result === null ? 'null' : typeof result})`);
     // asynq: the aggregate's own options, with the group's queue forced.
-    const committed = await commitGroup(this.#db, queue, group, members, toRecord(result, { queue }));
+    const record = toRecord(result, { queue });
+    if (record.dependsOn.length > 0) throw new InvalidOptionError('dependsOn', 'cannot be set on the task a groupAggregator returns');
+    const committed = await commitGroup(this.#db, queue, group, members, record);
     return committed ? members.length : 0;
   }
 }
