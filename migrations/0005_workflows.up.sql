@@ -117,6 +117,10 @@ BEGIN
 END
 $$;
 
+-- Only the triggers below (running as the owner) settle dependencies: nobody
+-- calls this directly (a new function is executable by PUBLIC by default).
+REVOKE EXECUTE ON FUNCTION {{schema}}.settle_dependents(bigint, text, jsonb, bytea, text) FROM PUBLIC;
+
 -- A dependency finished: completed (a completion with a retention, or by hand)
 -- or archived (retries spent, SkipRetry, archiveTask, the recoverer).
 CREATE FUNCTION {{schema}}.task_states_finished() RETURNS trigger

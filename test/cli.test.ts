@@ -8,6 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { humanLine } from '../src/cli/log.js';
 import { run } from '../src/cli/program.js';
+import { Client, Task } from '../src/index.js';
 import { DATABASE_URL, dsnWith, runNode } from './helpers.js';
 
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
@@ -137,6 +138,54 @@ describe('pgasynq migrate', () => {
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM "${schema}".tasks`)).rows[0].n, 2, 'the tasks are still there');
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down', '--force')), { reverted: '0001_initial' });
     assert.equal((await pool.query(`SELECT to_regclass('"${schema}".tasks')::text AS t`)).rows[0].t, null);
+    await pool.query(`DROP SCHEMA "${schema}" CASCADE`);
+  });
+
+  test('down from 0005 refuses to drop task dependencies unless --force; without any it reverts cleanly', async () => {
+    const schema = 't_cli_down_wf';
+    await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    json(await inSchema(schema, '--json', 'migrate', 'up'));
+    const enqueue = async (tasks: Task[]) => {
+      const client = new Client({ connectionString: DATABASE_URL, schema });
+      try {
+        return await client.enqueueMany(tasks);
+      } finally {
+        await client.close();
+      }
+    };
+    const states = async () =>
+      (await pool.query<{ id: string; state: string }>(`SELECT id, state FROM "${schema}".tasks ORDER BY id`)).rows.map((r) => `${r.id}:${r.state}`);
+    await enqueue([new Task('t', null, { taskId: 'first' })]);
+    const waiting = await enqueue(['second', 'third'].map((id) => new Task('t', null, { taskId: id, dependsOn: ['first'] })));
+    assert.deepEqual(
+      waiting.map((t) => t.state),
+      ['waiting', 'waiting'],
+    );
+
+    const refused = await inSchema(schema, 'migrate', 'down');
+    assert.equal(refused.code, 1, refused.stderr);
+    assert.equal(refused.stdout, '');
+    assert.match(refused.stderr, /^error: rolling back 0005_workflows would drop task_dependencies \(2 rows\): pass --force/);
+    assert.deepEqual(await recorded(schema), ALL, 'nothing rolled back');
+    assert.deepEqual(await states(), ['first:pending', 'second:waiting', 'third:waiting']);
+
+    // The dependents deleted, their edges go with them: nothing to refuse, and the other tasks stay.
+    await pool.query(`DELETE FROM "${schema}".tasks WHERE id IN ('second', 'third')`);
+    assert.equal((await pool.query(`SELECT count(*)::int AS n FROM "${schema}".task_dependencies`)).rows[0].n, 0);
+    assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0005_workflows\n');
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -1));
+    assert.equal((await pool.query(`SELECT to_regclass('"${schema}".task_dependencies')::text AS t`)).rows[0].t, null);
+    const columns = await pool.query(
+      `SELECT attname FROM pg_attribute WHERE attrelid = '"${schema}".task_states'::regclass AND attname IN ('waiting_for', 'has_dependents') AND NOT attisdropped`,
+    );
+    assert.equal(columns.rowCount, 0, 'the columns of 0005 are gone');
+    assert.deepEqual(await states(), ['first:pending']);
+    assert.equal(ok(await inSchema(schema, 'migrate', 'up')), 'applied 0005_workflows\n');
+
+    // --force drops the edges; a task still waiting becomes pending.
+    await enqueue([new Task('t', null, { taskId: 'fourth', dependsOn: ['first'] })]);
+    assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down', '--force')), { reverted: '0005_workflows' });
+    assert.deepEqual(await states(), ['first:pending', 'fourth:pending']);
     await pool.query(`DROP SCHEMA "${schema}" CASCADE`);
   });
 

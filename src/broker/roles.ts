@@ -1,9 +1,10 @@
 /**
  * Least-privilege roles: the SQL that `pgasynq roles` prints and
  * roleSetupSql() returns. Every grant below is derived from the statements
- * of this directory (enqueue.ts, leases.ts, maintenance.ts, servers.ts,
- * scheduler.ts, aggregation.ts, inspector-read.ts, inspector-write.ts); a
- * statement that starts touching another table or column changes this file.
+ * of this directory (enqueue.ts, dependencies.ts, leases.ts, maintenance.ts,
+ * servers.ts, scheduler.ts, aggregation.ts, inspector-read.ts,
+ * inspector-write.ts); a statement that starts touching another table or
+ * column changes this file.
  *
  * Tasks (schema v2, migration 0004) live in two tables, task_inputs and
  * task_states, which the hot paths (enqueue, claims, fenced writes,
@@ -14,6 +15,14 @@
  * view, never on the tables, so the view carries v1's grants on `tasks` and
  * the tables only what the hot-path statements need (nothing v1's grants on
  * `tasks` did not allow: the pending position stands for v1's run_at order).
+ *
+ * Workflows (migration 0005): an enqueue with dependsOn writes the edges
+ * (task_dependencies) itself; settling them when a dependency completes, is
+ * archived or is deleted is the work of triggers on task_states whose
+ * functions (and settle_dependents(), which they call) are SECURITY DEFINER
+ * and owned by the owner: whoever finishes a task needs no privilege on its
+ * dependents or their edges. Trigger functions are not checked for EXECUTE
+ * when they fire, so revoking EXECUTE below stops nothing but direct calls.
  *
  * Six NOLOGIN group roles; users grant them to their own login roles:
  *
@@ -52,6 +61,9 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
   ['task_inputs', 'headers'],
   ['task_states', 'result'],
   ['task_states', 'result_bytes'],
+  // A completed dependency's result, handed to its dependents.
+  ['task_dependencies', 'result'],
+  ['task_dependencies', 'result_bytes'],
   ['scheduler_entries', 'payload'],
   ['scheduler_entries', 'payload_bytes'],
 ];
@@ -61,6 +73,20 @@ const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state
 /** The same, as enqueue.ts insertTasks writes it: a task's inputs, then its state row (its pending position is its seq). */
 const ENQUEUE_INPUT_COLUMNS = 'seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout, deadline, unique_key, retention';
 const ENQUEUE_STATE_COLUMNS = 'seq, queue, state, pending_seq, run_at, group_key';
+/**
+ * What an enqueue with dependsOn adds (enqueue.ts insertTasks with a plan): how many
+ * dependencies a task waits for, whether it has dependents, and for a task whose
+ * dependency already failed, the archive's error and time.
+ */
+const ENQUEUE_WORKFLOW_STATE_COLUMNS = 'waiting_for, has_dependents, error_msg, last_failed_at';
+/**
+ * What that enqueue reads of the stored dependencies (dependencies.ts lockDependencies,
+ * enqueue.ts insertEdges): their state, group and mark, and a completed one's result,
+ * copied into the edge.
+ */
+const DEPENDENCY_READ_COLUMNS = 'seq, state, group_key, has_dependents, result, result_bytes';
+/** An edge, as insertEdges writes it (a completed dependency's is settled at once). */
+const EDGE_COLUMNS = 'dependent_seq, dependency_seq, dependency_queue, dependency_id, on_failure, outcome, result, result_bytes';
 /** What the worker's statements change about a task (leases.ts, maintenance.ts): never its identity or payload. */
 const WORKER_TASK_COLUMNS =
   'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
@@ -74,6 +100,7 @@ const REQUIRED = [
   'migrations',
   'task_inputs',
   'task_states',
+  'task_dependencies',
   'task_seq',
   'tasks',
   'queues',
@@ -186,6 +213,12 @@ $$;
 
 -- Nobody else reaches the schema.
 REVOKE ALL ON SCHEMA ${S} FROM PUBLIC;
+-- A function the owner creates (the next migrate) may be called by no one
+-- until this script grants it: PostgreSQL's default EXECUTE for PUBLIC would
+-- let every role above call a new SECURITY DEFINER function, such as
+-- settle_dependents() (0005), as the owner. Global, not IN SCHEMA: a
+-- schema's default privileges can add to the global ones, not take away.
+ALTER DEFAULT PRIVILEGES FOR ROLE ${id(r.owner)} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 GRANT USAGE ON SCHEMA ${S} TO ${users};
 
 DO $$
@@ -211,9 +244,16 @@ BEGIN
   -- error, which names the task in TaskIdConflictError. On the view, v1's
   -- grants on tasks (its enqueue read the new rows back; a producer still
   -- reads tasks and may enqueue by INSERT INTO tasks).
+  -- With dependsOn, the enqueue first locks the stored dependencies
+  -- (SELECT … FOR NO KEY UPDATE of task_states, which needs an UPDATE
+  -- privilege: has_dependents, the one column it sets on them), reads their
+  -- state, group and a completed one's result, and writes the edges; no
+  -- read of task_dependencies, no other update.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
-  GRANT SELECT (queue, id), INSERT (${ENQUEUE_INPUT_COLUMNS}) ON ${t('task_inputs')} TO ${id(r.producer)};
-  GRANT INSERT (${ENQUEUE_STATE_COLUMNS}) ON ${t('task_states')} TO ${id(r.producer)};
+  GRANT SELECT (queue, id, seq), INSERT (${ENQUEUE_INPUT_COLUMNS}) ON ${t('task_inputs')} TO ${id(r.producer)};
+  GRANT SELECT (${DEPENDENCY_READ_COLUMNS}), INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (has_dependents)
+    ON ${t('task_states')} TO ${id(r.producer)};
+  GRANT INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.producer)};
   GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
   -- enqueue numbers a batch's tasks in the caller's order with nextval() on task_seq
   -- (the identity's sequence of task_inputs.seq), the worker also pending positions;
@@ -231,9 +271,15 @@ BEGIN
   -- (its FOR UPDATE needs an UPDATE privilege on it): v1's grants on tasks.
   -- unique_locks: UPDATE of one column only because the janitor's
   -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
+  -- Workflows: a handler's enqueue with dependsOn (as the producer's), and
+  -- ctx.dependencyResults() reads the edges. Completing, archiving or
+  -- deleting a task with dependents settles them through the owner's
+  -- SECURITY DEFINER triggers: no UPDATE or DELETE of task_dependencies.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}), UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (${ENQUEUE_INPUT_COLUMNS}), DELETE ON ${t('task_inputs')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT (${ENQUEUE_STATE_COLUMNS}), UPDATE (${WORKER_STATE_COLUMNS}), DELETE ON ${t('task_states')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (${WORKER_STATE_COLUMNS}, has_dependents), DELETE
+    ON ${t('task_states')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (name), UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
   -- Server.start and Scheduler.start check the schema version (which migrations are applied).
   GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
@@ -245,12 +291,14 @@ BEGIN
 
   -- inspector: reads everything, payloads included (task ls / inspect show them).
   GRANT SELECT ON ALL TABLES IN SCHEMA ${S} TO ${id(r.inspector)};
-  -- queue_stats calls queue_counts(), which reads task_states as the caller.
+  -- queue_stats calls queue_counts(), which reads task_states as the caller
+  -- (0005 dropped and re-created both: this rerun grants them again).
   GRANT EXECUTE ON FUNCTION ${t('queue_counts(text)')} TO ${id(r.monitor)}, ${id(r.inspector)};
 
   -- monitor: every column of every table and view except the contents of
-  -- tasks (payload, headers, result: in task_inputs, task_states and the
-  -- view) and cron entries; a statement that reads one fails with 42501.
+  -- tasks (payload, headers, result: in task_inputs, task_states, the view
+  -- and the results dependencies hand over in task_dependencies) and cron
+  -- entries; a statement that reads one fails with 42501.
   FOR o IN
     SELECT c.relname, string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols
     FROM pg_class c
@@ -266,7 +314,8 @@ BEGIN
   -- and payload updates of scheduled tasks, deletions (with the unique locks
   -- they release), cancellation, pause, queue removal with its stats. All
   -- through the view (tasks_write() writes the tables): no privilege on them
-  -- but the inspector's SELECT.
+  -- but the inspector's SELECT. Running, archiving or deleting a waiting task
+  -- or one with dependents is the same write; the triggers settle the edges.
   GRANT UPDATE (${ADMIN_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.admin)};
   GRANT UPDATE (paused), DELETE ON ${t('queues')} TO ${id(r.admin)};
   GRANT DELETE ON ${t('unique_locks')} TO ${id(r.admin)};
