@@ -4,13 +4,14 @@
  * take the state as a word), and the dashboard's previews and estimates,
  * read in PostgreSQL. Not exported by the package.
  */
+import { dependentsOf } from './broker/dependencies.js';
 import * as read from './broker/inspector-read.js';
-import type { ServerPreview } from './broker/inspector-read.js';
+import type { DependencyPreview, ServerPreview } from './broker/inspector-read.js';
 import type { TaskPreview } from './broker/rows.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
-import { FailedPreconditionError, QueueNotFoundError } from './model/errors.js';
+import { FailedPreconditionError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
-import type { TaskInfo, TaskState } from './model/task.js';
+import type { TaskInfo, TaskRef, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
 
 /**
@@ -89,4 +90,31 @@ export async function queueFootprint(
   sample: number,
 ): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
   return read.queueFootprint(internals.db(inspector), v.queueName(queue), states, v.integer(sample, 'sample', 1, 1000));
+}
+
+/** Most dependencies a task page may ask for at once (a task may have up to MAX_DEPENDENCIES). */
+export const MAX_DEPENDENCY_PAGE = 1000;
+
+/**
+ * @internal The dashboard's task page, not part of the public API: the first
+ * `limit` dependencies of a task with how each was settled and whether it is
+ * still stored (TaskInfo.dependsOn has only their names). Rejects with
+ * TaskNotFoundError when the task does not exist, ValidationError on a bad name.
+ */
+export async function listTaskDependencies(inspector: Inspector, queue: string, id: string, limit: number): Promise<DependencyPreview[]> {
+  const q = v.queueName(queue);
+  const taskId = v.taskId(id);
+  const r = await read.dependenciesOf(internals.db(inspector), q, taskId, v.integer(limit, 'limit', 1, MAX_DEPENDENCY_PAGE));
+  if (r === undefined) throw new TaskNotFoundError(q, taskId);
+  return r;
+}
+
+/**
+ * @internal The dashboard's task page, not part of the public API: the tasks
+ * that depend on a task, with their states, in the order they were enqueued
+ * ([] when none does, or when the task does not exist). ValidationError on a
+ * bad name.
+ */
+export async function listTaskDependents(inspector: Inspector, queue: string, id: string): Promise<(TaskRef & { state: TaskState })[]> {
+  return dependentsOf(internals.db(inspector), v.queueName(queue), v.taskId(id));
 }

@@ -135,6 +135,22 @@ async function seed(): Promise<void> {
   for (let i = 0; i < 2; i++) tasks.push(new Task('report:daily', { kind: 'daily' }, { queue: 'cron', taskId: `cron-${i}` }));
   await client.enqueueMany(tasks);
 
+  // Workflows. In "flow", b waits for a and x, c for a, d for b and for u of
+  // another queue; then x completes and its rows go (the edge keeps how it
+  // ended). "flow-act" holds waiting tasks for the actions to move.
+  await client.enqueueMany([
+    new Task('flow:step', { secret: 'flow-secret-a' }, { queue: 'flow', taskId: 'a' }),
+    new Task('flow:step', null, { queue: 'flow', taskId: 'x' }),
+    new Task('flow:step', null, { queue: 'flow-up', taskId: 'u' }),
+    new Task('flow:step', { secret: 'flow-secret-b' }, { queue: 'flow', taskId: 'b', dependsOn: ['a', 'x'] }),
+    new Task('flow:step', null, { queue: 'flow', taskId: 'c', dependsOn: ['a'] }),
+    new Task('flow:step', null, { queue: 'flow', taskId: 'd', dependsOn: ['b', { queue: 'flow-up', id: 'u' }] }),
+    new Task('flow:gate', null, { queue: 'flow-act', taskId: 'p' }),
+    ...['w1', 'w2', 'w3', 'w4', 'w5'].map((id) => new Task('flow:step', null, { queue: 'flow-act', taskId: id, dependsOn: ['p'] })),
+  ]);
+  await db.query(`UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 day' WHERE queue = 'flow' AND id = 'x'`);
+  await inspector.deleteTask('flow', 'x');
+
   // States a client cannot enqueue: retry, archived, completed, and an orphan (an active task whose worker is gone).
   await db.query(
     `UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '2 hours', retried = 1, error_msg = 'HTTP 503 <from upstream>', last_failed_at = now() - interval '1 minute' WHERE queue = 'critical' AND id IN ('hook-0', 'hook-1')`,
@@ -209,6 +225,8 @@ describe('HTTP', () => {
       '/queues/default',
       '/queues/critical?state=retry',
       '/queues/low/tasks/xss',
+      '/queues/flow?state=waiting',
+      '/queues/flow/tasks/b',
       '/servers',
       '/schedulers',
       `/schedulers/${entryId}`,
@@ -332,6 +350,9 @@ describe('HTTP', () => {
       '/queues/critical?state=completed',
       '/queues/critical/tasks/hook-4',
       '/queues/low/tasks/blob',
+      '/queues/flow?state=waiting',
+      '/queues/flow/tasks/a',
+      '/queues/flow/tasks/b',
       '/servers',
       '/schedulers',
       '/api/overview',
@@ -361,6 +382,7 @@ describe('HTTP', () => {
         'x-request-id',
         'req-7',
         'onload',
+        'flow-secret',
       ]) {
         assert.ok(!r.body.includes(secret), `${path} leaks ${secret}`);
       }
@@ -371,6 +393,9 @@ describe('HTTP', () => {
     assert.match((await http(port.dash, 'GET', '/queues/default/tasks/mail-07')).body, /user7@example\.com/, 'shown without the flag');
     assert.match((await http(port.dash, 'GET', '/queues/default/tasks/mail-07')).body, /req-7/, 'headers shown without the flag');
     assert.match((await http(port.dash, 'GET', '/queues/critical?state=retry')).body, /HTTP 503/, 'errors shown without the flag');
+    // A dependency's name is no content: the waiting tab and the task page still link it.
+    assert.match((await http(port.hid, 'GET', '/queues/flow?state=waiting')).body, /href="\/queues\/flow\/tasks\/a"/);
+    assert.match((await http(port.hid, 'GET', '/queues/flow/tasks/a')).body, /href="\/queues\/flow\/tasks\/b"/);
   });
 
   test('mounted in your own server it answers only to loopback names and this machine; a refused Host does nothing (DNS rebinding)', async () => {
@@ -627,11 +652,19 @@ describe('/metrics', () => {
       assert.equal(get(`asynq_tasks_failed_total{queue="${q}"}`), info.failedTotal);
       assert.equal(get(`asynq_queue_paused_total{queue="${q}"}`), info.paused ? 1 : 0);
       assert.equal(get(`pgasynq_tasks_aggregating{queue="${q}"}`), info.aggregating);
+      assert.equal(samples.has(`asynq_tasks_enqueued_total{queue="${q}",state="waiting"}`), false, 'asynq exports no waiting state');
+      assert.equal(get(`pgasynq_tasks_waiting{queue="${q}"}`), info.waiting);
       const latency = get(`asynq_queue_latency_seconds{queue="${q}"}`);
       assert.ok(Math.abs(latency - info.latency / 1000) < 5, `${q} latency ${latency} vs ${info.latency} ms`);
       const bytes = get(`asynq_queue_memory_usage_approx_bytes{queue="${q}"}`);
       assert.ok(info.size === 0 ? bytes === 0 : bytes >= info.size * 100, `${q} approx bytes ${bytes} for ${info.size} tasks`);
     }
+    assert.equal(types.get('pgasynq_tasks_waiting'), 'gauge');
+    assert.equal(get('pgasynq_tasks_waiting{queue="flow"}'), 3, 'b, c and d wait');
+    assert.equal(get('pgasynq_tasks_waiting{queue="flow-act"}'), 5);
+    assert.equal(get('pgasynq_tasks_waiting{queue="default"}'), 0);
+    assert.equal(get('asynq_queue_size{queue="flow"}'), 4, 'a and the waiting tasks');
+    assert.ok(get('asynq_queue_memory_usage_approx_bytes{queue="flow"}') >= 4 * 300, 'waiting tasks are counted in the estimate');
     assert.equal(get('pgasynq_tasks_orphaned{queue="critical"}'), 1, 'the seeded orphan');
     assert.equal(get('pgasynq_tasks_orphaned{queue="busy"}'), 0);
     const servers = await inspector.servers();
@@ -848,7 +881,19 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
       const info = await inspector.getQueueInfo(q);
       infos.push(info);
       const row = `tr[data-queue="${q}"]`;
-      for (const col of ['active', 'pending', 'aggregating', 'scheduled', 'retry', 'archived', 'completed', 'size', 'processed', 'failed'] as const) {
+      for (const col of [
+        'active',
+        'pending',
+        'waiting',
+        'aggregating',
+        'scheduled',
+        'retry',
+        'archived',
+        'completed',
+        'size',
+        'processed',
+        'failed',
+      ] as const) {
         assert.equal(await cellNumber(page, `${row} td[data-col="${col}"]`), info[col], `${q} ${col}`);
       }
       assert.equal(await page.locator(`${row} td[data-col="paused"]`).textContent(), info.paused ? 'yes' : 'no');
@@ -866,7 +911,7 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
   test('queue page: tabs with counts, pages of 30, search by id and by type', async () => {
     await page.goto(`${base()}/queues/default?state=pending`);
     const info = await inspector.getQueueInfo('default');
-    for (const s of ['active', 'pending', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'] as const) {
+    for (const s of ['active', 'pending', 'waiting', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'] as const) {
       assert.equal(await cellNumber(page, `a.tab[data-state="${s}"] .count`), info[s], `tab ${s}`);
     }
     const first = await inspector.listPendingTasks('default');
@@ -922,6 +967,108 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     assert.ok(busy);
     await page.goto(`${base()}/queues/busy/tasks/${busy.id}`);
     assert.ok((await page.locator('#r-lease').textContent())?.includes(server.id), 'the lease owner is the live server');
+  });
+
+  test('workflows: the waiting tab links each task\u2019s dependencies; task pages link dependencies and dependents both ways', async () => {
+    const ids = async () => page.locator('table.tasks tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-task-id')));
+    // Each row's cells, as the eye reads them.
+    const rowTexts = async (rows: string) => (await page.locator(rows).allInnerTexts()).map((t) => t.replace(/\s+/g, ' ').trim());
+    await page.goto(`${base()}/queues/flow?state=waiting`);
+    assert.equal(await cellNumber(page, 'a.tab[data-state="waiting"] .count'), 3);
+    assert.deepEqual(
+      await ids(),
+      (await inspector.listWaitingTasks('flow')).map((t) => t.id),
+    );
+    assert.deepEqual(await page.locator('table.tasks thead th').allTextContents(), ['', 'ID', 'Type', 'Payload', 'waiting for', 'depends on', '']);
+    // b waits for a; x completed and is gone: named after a, muted, with its outcome on hover.
+    const b = 'tr[data-task-id="b"]';
+    assert.equal(await page.locator(`${b} td[data-col="waiting-for"]`).textContent(), '1 of 2');
+    assert.equal(await page.locator(`${b} td[data-col="depends-on"]`).textContent(), 'a, x');
+    assert.equal(await page.locator(`${b} td[data-col="depends-on"] a.muted`).getAttribute('title'), 'completed');
+    // A dependency in another queue is named with it.
+    assert.equal(await page.locator('tr[data-task-id="d"] td[data-col="waiting-for"]').textContent(), '2 of 2');
+    assert.equal(
+      await page.locator('tr[data-task-id="d"] td[data-col="depends-on"]').textContent(),
+      'flow-up/u, b',
+      'in the order the dependencies were enqueued',
+    );
+    assert.equal(
+      await page.locator('tr[data-task-id="d"] td[data-col="depends-on"] a', { hasText: 'flow-up/u' }).getAttribute('href'),
+      '/queues/flow-up/tasks/u',
+    );
+
+    // The waiting tab → a's page: its dependents, b and c, waiting.
+    await page.locator(`${b} td[data-col="depends-on"] a`, { hasText: /^a$/ }).click();
+    await page.waitForURL((u) => u.pathname === '/queues/flow/tasks/a');
+    assert.equal(await page.locator('section[data-list="depends-on"]').count(), 0, 'a depends on nothing: no section');
+    const dependents = 'section[data-list="dependents"] tbody tr';
+    assert.deepEqual(await rowTexts(dependents), ['flow/b waiting', 'flow/c waiting']);
+
+    // a's page → b's page: a unfinished and pending, x completed and gone (named, not linked), d a dependent.
+    await page.click(`${dependents}[data-dep="flow/b"] a`);
+    await page.waitForURL((u) => u.pathname === '/queues/flow/tasks/b');
+    assert.match((await page.locator('#r-facts').textContent()) ?? '', /Waiting for\s*1 of 2 dependencies/);
+    const deps = 'section[data-list="depends-on"] tbody tr';
+    assert.deepEqual(await rowTexts(deps), ['flow/a not yet pending', 'flow/x completed gone']);
+    assert.equal(await page.locator(`${deps}[data-dep="flow/x"] a`).count(), 0, 'no link to a task that is gone');
+    assert.equal(await page.locator(`${dependents}[data-dep="flow/d"] a`).getAttribute('href'), '/queues/flow/tasks/d');
+
+    // b's page → back to a through its dependency, and on to d through its dependent.
+    await page.click(`${deps}[data-dep="flow/a"] a`);
+    await page.waitForURL((u) => u.pathname === '/queues/flow/tasks/a');
+    await page.goto(`${base()}/queues/flow/tasks/b`);
+    await page.click(`${dependents}[data-dep="flow/d"] a`);
+    await page.waitForURL((u) => u.pathname === '/queues/flow/tasks/d');
+    assert.deepEqual(await page.locator(deps).evaluateAll((rows) => rows.map((r) => r.getAttribute('data-dep'))), ['flow-up/u', 'flow/b']);
+    assert.equal(await page.locator('section[data-list="dependents"]').count(), 0, 'nothing depends on d: no section');
+    // A dependency gone: its page answers 404, the page of an error.
+    const gone = await page.goto(`${base()}/queues/flow/tasks/x`);
+    assert.equal(gone?.status(), 404);
+    assert.deepEqual(cspErrors, [], 'the pages break none of their own CSP');
+  });
+
+  test('workflows: run, archive and delete on the waiting tab', async () => {
+    const flash = async () => (await page.locator('.flash').textContent()) ?? '';
+    const state = (id: string) => inspector.getTaskInfo('flow-act', id).then((t) => t.state);
+    await page.goto(`${base()}/queues/flow-act?state=waiting`);
+    assert.deepEqual(await page.locator('tr[data-task-id="w1"] button[data-op]').evaluateAll((bs) => bs.map((b) => b.getAttribute('data-op'))), [
+      'run',
+      'archive',
+      'delete',
+    ]);
+
+    // Run one: pending at once, whatever it waited for.
+    await page.click('tr[data-task-id="w1"] button[data-op="run"]');
+    await page.waitForSelector('.flash');
+    assert.equal(await state('w1'), 'pending');
+
+    // Archive a selection.
+    await page.check('tr[data-task-id="w2"] input[type=checkbox]');
+    await page.click('button[data-op="archive"][data-scope="selected"]');
+    await page.waitForSelector('.flash');
+    assert.match(await flash(), /Archived 1 task/);
+    assert.equal(await state('w2'), 'archived');
+
+    // Delete one (asks first).
+    dialogs.length = 0;
+    await page.click('tr[data-task-id="w3"] button[data-op="delete"]');
+    await page.waitForSelector('.flash');
+    await assert.rejects(inspector.getTaskInfo('flow-act', 'w3'), /cannot find task/);
+    assert.ok(
+      dialogs.some((d) => d.startsWith('confirm: Delete for good task w3')),
+      dialogs.join('\n'),
+    );
+
+    // Run all the rest.
+    await page.click('button[data-op="run"][data-scope="all"]');
+    await page.waitForSelector('.flash');
+    assert.match(await flash(), /Ran 2 waiting task/);
+    assert.deepEqual([await state('w4'), await state('w5')], ['pending', 'pending']);
+    const info = await inspector.getQueueInfo('flow-act');
+    assert.equal(info.waiting, 0);
+    assert.equal(await cellNumber(page, 'a.tab[data-state="waiting"] .count'), 0);
+    assert.equal(await page.locator('p.empty').textContent(), 'No waiting tasks.');
+    assert.deepEqual(cspErrors, []);
   });
 
   test('servers and schedulers pages', async () => {
@@ -1085,7 +1232,7 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     const ctx = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: SHOTS ? 2 : 1, isMobile: true });
     const p = await ctx.newPage();
     try {
-      for (const path of ['/', '/queues/default?state=pending', '/queues/low/tasks/xss', '/servers']) {
+      for (const path of ['/', '/queues/default?state=pending', '/queues/low/tasks/xss', '/queues/flow?state=waiting', '/queues/flow/tasks/b', '/servers']) {
         await p.goto(`http://127.0.0.1:${port.dash}${path}`);
         const overflow = await p.evaluate<number>('document.documentElement.scrollWidth - window.innerWidth');
         assert.ok(overflow <= 1, `${path} overflows by ${overflow} px`);

@@ -6,7 +6,7 @@
  */
 import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../model/payload.js';
-import type { TaskInfo, TaskState } from '../model/task.js';
+import type { TaskInfo, TaskRef, TaskState } from '../model/task.js';
 import type { Db } from './db.js';
 
 /** Orders seqs (bigints as text) ascending: statements lock rows in seq order, so batches cannot deadlock. */
@@ -97,6 +97,8 @@ export function toTaskInfo(r: TaskRow): TaskInfo {
 export const PREVIEW_CHARS = 201;
 /** Characters of a last error a preview carries (a list shows 120, and up to this many on hover). */
 export const ERROR_PREVIEW_CHARS = 500;
+/** Dependencies a waiting task's preview names (the list shows them and "…" for the rest). */
+export const DEPENDS_PREVIEW = 5;
 
 /**
  * A task as a list of the dashboard shows it: no headers, and the payload,
@@ -123,6 +125,16 @@ export interface TaskPreview {
   isOrphaned: boolean;
   retention: number;
   completedAt: Date | null;
+  /** Dependencies not yet settled; 0 for a task that is not waiting. */
+  waitingFor: number;
+  /**
+   * A waiting task's first DEPENDS_PREVIEW dependencies, the unfinished ones
+   * first (what it still waits for), each in the order they were enqueued,
+   * with how each settled one ended (null: not yet); [] in any other state.
+   */
+  dependsOn: (TaskRef & { outcome: 'completed' | 'failed' | null })[];
+  /** How many dependencies a waiting task has in all; 0 in any other state. */
+  dependsTotal: number;
 }
 
 export interface TaskPreviewRow {
@@ -141,6 +153,10 @@ export interface TaskPreviewRow {
   is_orphaned: boolean;
   retention_ms: number;
   completed_at: Date | null;
+  waiting_for: number | null;
+  /** [queue, id, outcome] triples; null unless waiting. */
+  depends_preview: [string, string, 'completed' | 'failed' | null][] | null;
+  depends_total: number | null;
 }
 
 /**
@@ -158,8 +174,15 @@ export function previewOf(json: RawBuilder<unknown>, bytes: RawBuilder<unknown>,
     ELSE coalesce(left(${json}::text, ${PREVIEW_CHARS}), '') END`;
 }
 
-/** Columns of TaskPreviewRow from a tasks row aliased `t`; `hide` leaves out payload, result and last error. */
-export function previewColumns(hide: boolean): RawBuilder<unknown> {
+/**
+ * Columns of TaskPreviewRow from a tasks row aliased `t`; `hide` leaves out
+ * payload, result and last error (not the dependencies' names: they are ids,
+ * not content). The edges are read for waiting tasks only, the one tab that
+ * shows them, so a list of tasks in any other state reads no more than before
+ * (the primary key of task_dependencies finds a task's edges; ordering the
+ * few shown sorts at most MAX_DEPENDENCIES of them).
+ */
+export function previewColumns(db: Db, hide: boolean): RawBuilder<unknown> {
   return sql`
   t.queue, t.id, t.type, t.state, t.max_retry, t.retried,
   ${previewOf(sql`t.payload`, sql`t.payload_bytes`, hide)} AS payload_preview,
@@ -168,7 +191,16 @@ export function previewColumns(hide: boolean): RawBuilder<unknown> {
   t.last_failed_at, t.group_key,
   CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
   (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
-  (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at`;
+  (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at,
+  CASE WHEN t.state = 'waiting' THEN t.waiting_for END AS waiting_for,
+  CASE WHEN t.state = 'waiting' THEN
+    (SELECT json_agg(json_build_array(d.dependency_queue, d.dependency_id, d.outcome) ORDER BY d.outcome IS NOT NULL, d.dependency_seq)
+     FROM (SELECT d.dependency_queue, d.dependency_id, d.outcome, d.dependency_seq FROM ${db.table('task_dependencies')} d
+           WHERE d.dependent_seq = t.seq ORDER BY d.outcome IS NOT NULL, d.dependency_seq LIMIT ${DEPENDS_PREVIEW}) d)
+  END AS depends_preview,
+  CASE WHEN t.state = 'waiting' THEN
+    (SELECT count(*)::float8 FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
+  END AS depends_total`;
 }
 
 export function toTaskPreview(r: TaskPreviewRow): TaskPreview {
@@ -188,5 +220,8 @@ export function toTaskPreview(r: TaskPreviewRow): TaskPreview {
     isOrphaned: r.is_orphaned,
     retention: r.retention_ms,
     completedAt: r.completed_at,
+    waitingFor: r.waiting_for ?? 0,
+    dependsOn: (r.depends_preview ?? []).map(([queue, id, outcome]) => ({ queue, id, outcome })),
+    dependsTotal: r.depends_total ?? 0,
   };
 }

@@ -48,12 +48,13 @@ td.type{max-width:260px;overflow:hidden;text-overflow:ellipsis}
 td.payload{max-width:340px;overflow:hidden;text-overflow:ellipsis}
 td.id code{display:inline-block;max-width:210px;overflow:hidden;text-overflow:ellipsis;vertical-align:bottom}
 td.error-text{max-width:320px;overflow:hidden;text-overflow:ellipsis;color:var(--bad)}
+td.deps{max-width:340px;overflow:hidden;text-overflow:ellipsis}
 td.actions{text-align:right}td.check,th.check{width:28px}
 .badge{display:inline-block;padding:1px 8px;border-radius:999px;font-size:12px;font-weight:600;background:var(--chip);color:var(--muted);vertical-align:middle}
 .badge-warn,.badge-retry,.badge-scheduled{background:color-mix(in srgb,var(--warn) 18%,transparent);color:var(--warn)}
 .badge-bad,.badge-archived{background:color-mix(in srgb,var(--bad) 16%,transparent);color:var(--bad)}
 .badge-ok,.badge-active,.badge-completed{background:color-mix(in srgb,var(--ok) 16%,transparent);color:var(--ok)}
-.badge-pending,.badge-aggregating{background:color-mix(in srgb,var(--accent) 16%,transparent);color:var(--accent)}
+.badge-pending,.badge-aggregating,.badge-waiting{background:color-mix(in srgb,var(--accent) 16%,transparent);color:var(--accent)}
 .btn{font:inherit;font-size:13px;padding:4px 10px;border:1px solid var(--line);border-radius:6px;background:var(--card);color:var(--fg);cursor:pointer;white-space:nowrap}
 .btn:hover{border-color:var(--muted)}.btn-primary{background:var(--accent);border-color:var(--accent);color:var(--accent-fg)}
 .btn-danger{color:var(--bad);border-color:color-mix(in srgb,var(--bad) 45%,var(--line))}

@@ -76,8 +76,14 @@ export function renderPrometheus(families: readonly MetricFamily[]): string {
   return lines.length === 0 ? '' : `${lines.join('\n')}\n`;
 }
 
-/** The states asynq's collector exports under asynq_tasks_enqueued_total (not aggregating). */
+/**
+ * The states asynq's collector exports under asynq_tasks_enqueued_total: not
+ * aggregating nor waiting, which asynq dashboards do not know; each has a
+ * pgasynq_ family of its own.
+ */
 const ENQUEUED_STATES = ['active', 'pending', 'scheduled', 'retry', 'archived', 'completed'] as const;
+/** The states whose tasks are sampled for the memory estimate (aggregating tasks are counted at the others' mean). */
+const SAMPLED_STATES = [...ENQUEUED_STATES, 'waiting'] as const;
 
 /** Tasks sampled per state to estimate a queue's size in bytes, as asynq samples 20 per Redis structure. */
 const MEMORY_SAMPLE = 20;
@@ -94,7 +100,7 @@ const ROW_OVERHEAD_BYTES = 300;
  */
 function approxBytes(info: QueueInfo, meanBytes: Map<TaskState, number>): number {
   let total = 0;
-  for (const state of ENQUEUED_STATES) {
+  for (const state of SAMPLED_STATES) {
     const mean = meanBytes.get(state);
     if (info[state] > 0 && mean !== undefined) total += (ROW_OVERHEAD_BYTES + mean) * info[state];
   }
@@ -121,7 +127,7 @@ export async function snapshot(inspector: Inspector): Promise<Snapshot> {
         const { meanBytes, orphaned } = await queueFootprint(
           inspector,
           q,
-          ENQUEUED_STATES.filter((state) => info[state] > 0),
+          SAMPLED_STATES.filter((state) => info[state] > 0),
           MEMORY_SAMPLE,
         );
         return { ...info, approxBytes: approxBytes(info, meanBytes), orphaned };
@@ -180,6 +186,12 @@ export function families(s: Snapshot): MetricFamily[] {
       help: 'Tasks waiting in a group to be aggregated; broken down by queue.',
       type: 'gauge',
       samples: per((i) => i.aggregating),
+    },
+    {
+      name: 'pgasynq_tasks_waiting',
+      help: 'Tasks waiting for their dependencies to finish (workflows); broken down by queue.',
+      type: 'gauge',
+      samples: per((i) => i.waiting),
     },
     { name: 'pgasynq_queue_groups', help: 'Groups with aggregating tasks; broken down by queue.', type: 'gauge', samples: per((i) => i.groups) },
     {

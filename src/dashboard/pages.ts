@@ -289,7 +289,7 @@ ${tile('queues', num(infos.length), '', 'queues')}${tile('tasks', num(sum('size'
   const live = html`<section class="card chart-card" id="live">
 <div class="card-head"><h2>Queue sizes, live</h2>
 <select id="live-metric" aria-label="series">
-<option value="size">size (all states)</option><option value="pending">pending</option><option value="active">active</option><option value="scheduled">scheduled</option><option value="retry">retry</option><option value="archived">archived</option><option value="completed">completed</option>
+<option value="size">size (all states)</option><option value="pending">pending</option><option value="active">active</option><option value="waiting">waiting</option><option value="scheduled">scheduled</option><option value="retry">retry</option><option value="archived">archived</option><option value="completed">completed</option>
 </select></div>
 <div id="live-chart" class="live-chart" data-src="${ctx.base}/api/overview"><p class="muted">Drawn by the page's script from /api/overview.</p></div>
 <script type="application/json" id="live-data">${jsonForScript({ samples: ctx.sampler.samples() })}</script>
@@ -352,6 +352,7 @@ export async function overviewJson(ctx: Pick<PageContext, 'sampler'>): Promise<u
       archived: q.archived,
       completed: q.completed,
       aggregating: q.aggregating,
+      waiting: q.waiting,
       latency: q.latency,
       processed: q.processed,
       failed: q.failed,

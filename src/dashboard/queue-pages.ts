@@ -1,4 +1,4 @@
-/** The queue page (a tab per state, actions) and the task page. */
+/** The queue page: a tab per state, its list and actions (the task page is task-page.ts). */
 import type { ServerPreview } from '../broker/inspector-read.js';
 import type { TaskPreview } from '../broker/rows.js';
 import { isTaskNotFound, isValidationError } from '../model/errors.js';
@@ -6,7 +6,7 @@ import type { Inspector } from '../inspector.js';
 import { listServerPreviews, listTaskPreviews } from '../inspector-internal.js';
 import type { TaskState } from '../model/task.js';
 import { historyChart } from './charts.js';
-import { duration, errorRate, instant, num, pretty, relative } from './format.js';
+import { duration, errorRate, num } from './format.js';
 import { html, type Html } from './html.js';
 import {
   ALLOWED,
@@ -42,13 +42,13 @@ function listOf(ctx: PageContext, state: TaskState, queue: string, group: string
   return listTaskPreviews(ctx.inspector, queue, state, { page, pageSize, group, hide: ctx.hidePayloads });
 }
 
-type Worker = { server: ServerPreview; worker: ServerPreview['activeWorkers'][number] };
+export type Worker = { server: ServerPreview; worker: ServerPreview['activeWorkers'][number] };
 
 /** A task's key in workersByTask: ids are unique per queue only. */
-const taskKey = (queue: string, id: string) => `${queue}\u0000${id}`;
+export const taskKey = (queue: string, id: string) => `${queue}\u0000${id}`;
 
 /** Which server holds each active task, from the live servers' workers (their payloads are not read). */
-async function workersByTask(inspector: Inspector): Promise<Map<string, Worker>> {
+export async function workersByTask(inspector: Inspector): Promise<Map<string, Worker>> {
   const out = new Map<string, Worker>();
   for (const server of await listServerPreviews(inspector, true))
     for (const worker of server.activeWorkers) out.set(taskKey(worker.queue, worker.taskId), { server, worker });
@@ -79,7 +79,7 @@ function stateColumns(state: TaskState): string[] {
     case 'aggregating':
       return ['group'];
     case 'waiting':
-      return [];
+      return ['waiting for', 'depends on'];
   }
 }
 
@@ -104,8 +104,25 @@ function stateCells(ctx: PageContext, t: TaskPreview, now: number, workers: Map<
     case 'aggregating':
       return html`<td>${t.group ?? ''}</td>`;
     case 'waiting':
-      return html``;
+      return html`<td class="num" data-col="waiting-for">${num(t.waitingFor)} of ${num(t.dependsTotal)}</td>${dependsOnCell(ctx, t)}`;
   }
+}
+
+/**
+ * A waiting task's first dependencies as links to their pages, unfinished
+ * ones first (the preview's order: what it still waits for), settled ones
+ * muted with their outcome on hover; "…" when it has more. A dependency in
+ * the task's own queue is named by its id alone.
+ */
+function dependsOnCell(ctx: PageContext, t: TaskPreview): Html {
+  const links = t.dependsOn.map(
+    (d, i) =>
+      html`${i > 0 ? ', ' : ''}<a class="dep${d.outcome === null ? '' : ' muted'}" href="${href(ctx, taskPath(d.queue, d.id))}"${
+        d.outcome === null ? '' : html` title="${d.outcome}"`
+      }><code>${d.queue === t.queue ? d.id : `${d.queue}/${d.id}`}</code></a>`,
+  );
+  const more = t.dependsTotal - t.dependsOn.length;
+  return html`<td class="deps" data-col="depends-on">${links}${more > 0 ? html`, <span class="muted" title="${num(more)} more">…</span>` : ''}</td>`;
 }
 
 /**
@@ -215,7 +232,7 @@ ${canAct ? html`<td class="actions">${ops.map((op) => opButton(op, 'one', `${op}
       )}</span>
 </div>`
     : html``;
-  const head = html`<tr>${canAct ? html`<th class="check"><input type="checkbox" data-select-all aria-label="select all on this page"></th>` : ''}<th>ID</th><th>Type</th><th>Payload</th>${stateColumns(state).map((c) => html`<th${c === 'retried' ? html` class="num"` : ''}>${c}</th>`)}${canAct ? html`<th></th>` : ''}</tr>`;
+  const head = html`<tr>${canAct ? html`<th class="check"><input type="checkbox" data-select-all aria-label="select all on this page"></th>` : ''}<th>ID</th><th>Type</th><th>Payload</th>${stateColumns(state).map((c) => html`<th${c === 'retried' || c === 'waiting for' ? html` class="num"` : ''}>${c}</th>`)}${canAct ? html`<th></th>` : ''}</tr>`;
   const tableBody =
     tasks.length === 0
       ? html`<p class="empty">No ${state} tasks${state === 'aggregating' && group !== undefined ? html` in group ${group}` : ''}.</p>`
@@ -266,111 +283,3 @@ ${list}
     ),
   };
 }
-
-// ---------------------------------------------------------------- task page
-
-function block(ctx: PageContext, title: string, value: unknown, what: 'payload' | 'result'): Html {
-  if (ctx.hidePayloads) return html`<section class="card"><h2>${title}</h2><p class="muted">Hidden: the dashboard runs with --hide-payloads.</p></section>`;
-  const p = pretty(value);
-  if (p.kind === 'none')
-    return html`<section class="card"><h2>${title}</h2><p class="muted">${what === 'result' ? 'No result written.' : 'No payload.'}</p></section>`;
-  return html`<section class="card"><h2>${title} <span class="muted small">${p.kind === 'bytes' ? `bytes (${num((value as Buffer).length)})` : 'JSON'}</span></h2><pre class="code" data-block="${what}">${p.text}</pre></section>`;
-}
-
-export async function taskPage(ctx: PageContext, queue: string, id: string): Promise<PageResult> {
-  const t = await ctx.inspector.getTaskInfo(queue, id);
-  const now = Date.now();
-  const w = t.state === 'active' ? (await workersByTask(ctx.inspector)).get(taskKey(t.queue, t.id)) : undefined;
-  const ops = ctx.readOnly ? [] : ALLOWED[t.state];
-  const actions =
-    ops.length === 0
-      ? html``
-      : actionForm(
-          ctx,
-          { queue, state: t.state },
-          ops.map((op) => opButton(op, 'one', `${op}:one:${t.id}`, confirmText(op, 'one', `task ${t.id}`), OP_LABEL[op])),
-        );
-
-  const dl = (rows: [string, Html | string][]) => html`<dl class="facts">${rows.map(([k, v]) => html`<dt>${k}</dt><dd>${v}</dd>`)}</dl>`;
-  const facts = dl([
-    ['Queue', html`<a href="${href(ctx, queuePath(queue))}">${queue}</a>`],
-    ['State', badge(t.state, t.state)],
-    ['Type', html`<span data-field="type">${t.type}</span>`],
-    ['Retried', `${t.retried} of ${t.maxRetry}`],
-    ['Timeout', t.timeout === 0 ? 'none (deadline only)' : duration(t.timeout)],
-    ['Deadline', t.deadline ? html`${instant(t.deadline)} (${relative(t.deadline, now)})` : 'none'],
-    ['Group', t.group ?? '–'],
-    ['Retention', t.retention === 0 ? 'none (deleted when done)' : duration(t.retention)],
-  ]);
-
-  type Ev = { at: Date; label: string; detail?: string };
-  const evs: Ev[] = [];
-  evs.push({ at: t.enqueuedAt, label: 'enqueued' });
-  if (w) evs.push({ at: w.worker.startedAt, label: 'started', detail: `by ${w.server.host}:${w.server.pid}` });
-  else if (t.startedAt) evs.push({ at: t.startedAt, label: 'started', detail: t.leaseOwner ? `by server ${t.leaseOwner.slice(0, 8)}` : undefined });
-  if (t.lastFailedAt) evs.push({ at: t.lastFailedAt, label: 'failed', detail: t.retried > 0 ? `attempt ${t.retried}` : undefined });
-  if (t.completedAt) evs.push({ at: t.completedAt, label: 'completed' });
-  if (t.nextProcessAt && t.state !== 'pending') evs.push({ at: t.nextProcessAt, label: t.state === 'retry' ? 'next retry' : 'due' });
-  if (t.completedAt && t.retention > 0) evs.push({ at: new Date(t.completedAt.getTime() + t.retention), label: 'deleted (end of retention)' });
-  if (t.deadline) evs.push({ at: t.deadline, label: 'deadline' });
-  evs.sort((a, b) => a.at.getTime() - b.at.getTime());
-  const timeline = html`<section class="card"><h2>Timeline</h2>${
-    evs.length === 0
-      ? html`<p class="muted">${t.state === 'pending' ? 'Waiting to be picked up.' : 'Nothing recorded yet.'}</p>`
-      : html`<ol class="timeline">${evs.map((e) => html`<li class="${e.at.getTime() > now ? 'future' : ''}"><time datetime="${e.at.toISOString()}">${instant(e.at)}</time> <strong>${e.label}</strong> <span class="muted">${relative(e.at, now)}${e.detail ? ` · ${e.detail}` : ''}</span></li>`)}</ol>`
-  }</section>`;
-
-  const lease =
-    t.state !== 'active'
-      ? html``
-      : html`<section class="card" data-region id="r-lease"><h2>Lease</h2>${dl([
-          [
-            'Owner',
-            w
-              ? html`<a href="${href(ctx, '/servers')}#server-${w.server.id}"><code>${w.server.id}</code></a> (${w.server.host}, pid ${w.server.pid})`
-              : html`<span class="muted">not a live server (its server is gone)</span>`,
-          ],
-          ['Started', w ? html`${instant(w.worker.startedAt)} (${relative(w.worker.startedAt, now)})` : '–'],
-          ['Expires', w ? html`${instant(w.worker.leaseExpiresAt)} (${relative(w.worker.leaseExpiresAt, now)})` : '–'],
-          ['Attempt deadline', w?.worker.deadline ? html`${instant(w.worker.deadline)} (${relative(w.worker.deadline, now)})` : '–'],
-          ['Orphaned', t.isOrphaned ? html`${badge('yes', 'bad')} the lease expired; a recoverer will retry or archive the task` : 'no'],
-        ])}</section>`;
-
-  // Headers and errors often repeat what the payload held: --hide-payloads hides them too.
-  const hiddenNote = html`<p class="muted">Hidden: the dashboard runs with --hide-payloads.</p>`;
-  const headers = Object.entries(t.headers);
-  const headersBlock = html`<section class="card"><h2>Headers</h2>${
-    ctx.hidePayloads
-      ? hiddenNote
-      : headers.length === 0
-        ? html`<p class="muted">None.</p>`
-        : html`<div class="table-wrap"><table class="kv"><tbody>${headers.map(([k, v]) => html`<tr><th scope="row"><code>${k}</code></th><td><code>${v}</code></td></tr>`)}</tbody></table></div>`
-  }</section>`;
-  const errorBlock =
-    t.lastError === null
-      ? html``
-      : html`<section class="card"><h2>Last error ${t.lastFailedAt ? html`<span class="muted small">${instant(t.lastFailedAt)}</span>` : ''}</h2>${
-          ctx.hidePayloads ? hiddenNote : html`<pre class="code error-text" data-block="error">${t.lastError}</pre>`
-        }</section>`;
-
-  return {
-    status: 200,
-    body: layout(
-      ctx,
-      `Task ${t.id}`,
-      'queues',
-      html`<nav class="crumbs"><a href="${ctx.base}/">Queues</a> / <a href="${href(ctx, queuePath(queue), { state: t.state })}">${queue}</a> / <span>${t.id}</span></nav>
-<div class="page-head" data-region id="r-thead"><h1><code>${t.id}</code> ${badge(t.state, t.state)}</h1><div class="head-actions">${actions}</div></div>
-<div class="grid2">
-<section class="card" data-region id="r-facts"><h2>Task</h2>${facts}</section>
-<div data-region id="r-timeline">${timeline}${lease}</div>
-</div>
-${errorBlock}
-${block(ctx, 'Payload', t.payload, 'payload')}
-${t.state === 'completed' || t.result !== null ? block(ctx, 'Result', t.result, 'result') : ''}
-${headersBlock}`,
-    ),
-  };
-}
-
-// ---------------------------------------------------------------- servers

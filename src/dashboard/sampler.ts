@@ -11,7 +11,7 @@ import type { Inspector } from '../inspector.js';
 import type { QueueInfo } from '../model/inspector-types.js';
 
 /** The counts of one queue at one instant, as the live chart needs them. */
-export type QueueCounts = Pick<QueueInfo, 'size' | 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating'>;
+export type QueueCounts = Pick<QueueInfo, 'size' | 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating' | 'waiting'>;
 
 export interface Sample {
   /** ms since the epoch (database clock). */
@@ -83,6 +83,7 @@ export class QueueSampler {
         archived: i.archived,
         completed: i.completed,
         aggregating: i.aggregating,
+        waiting: i.waiting,
       };
     }
     this.#samples.push({ t, queues });

@@ -1,0 +1,176 @@
+/**
+ * The task page: one task's facts, timeline, lease, payload, result and
+ * headers, and for a task of a workflow its dependencies and dependents,
+ * each a link to its own page, so a chain can be walked both ways.
+ */
+import type { DependencyPreview } from '../broker/inspector-read.js';
+import { listTaskDependencies, listTaskDependents } from '../inspector-internal.js';
+import type { TaskInfo, TaskRef } from '../model/task.js';
+import { duration, instant, num, pretty, relative } from './format.js';
+import { html, type Html } from './html.js';
+import { ALLOWED, OP_LABEL, type PageContext, type PageResult, actionForm, badge, confirmText, href, layout, opButton, queuePath, taskPath } from './pages.js';
+import { taskKey, workersByTask } from './queue-pages.js';
+
+/** Dependencies, and dependents, a task page lists: a task may have up to MAX_DEPENDENCIES of the first, any number of the second. */
+const MAX_LISTED = 100;
+
+function block(ctx: PageContext, title: string, value: unknown, what: 'payload' | 'result'): Html {
+  if (ctx.hidePayloads) return html`<section class="card"><h2>${title}</h2><p class="muted">Hidden: the dashboard runs with --hide-payloads.</p></section>`;
+  const p = pretty(value);
+  if (p.kind === 'none')
+    return html`<section class="card"><h2>${title}</h2><p class="muted">${what === 'result' ? 'No result written.' : 'No payload.'}</p></section>`;
+  return html`<section class="card"><h2>${title} <span class="muted small">${p.kind === 'bytes' ? `bytes (${num((value as Buffer).length)})` : 'JSON'}</span></h2><pre class="code" data-block="${what}">${p.text}</pre></section>`;
+}
+
+/** A link to a task's page, named `queue/id` (a workflow may span queues). */
+function taskLink(ctx: PageContext, ref: TaskRef): Html {
+  return html`<a href="${href(ctx, taskPath(ref.queue, ref.id))}"><code>${ref.queue}/${ref.id}</code></a>`;
+}
+
+/** "and 12 more" under a list cut at MAX_LISTED. */
+function moreNote(total: number, shown: number): Html {
+  return total > shown ? html`<p class="muted small">and ${num(total - shown)} more</p>` : html``;
+}
+
+/**
+ * What a dependency's row says: how it was settled (the edge keeps that after
+ * the dependency's rows are gone) and what it is now. A dependency no longer
+ * stored is named without a link, which would only lead to a 404.
+ */
+function dependencyRow(ctx: PageContext, d: DependencyPreview): Html {
+  const name = `${d.queue}/${d.id}`;
+  return html`<tr data-dep="${name}">
+<td>${d.state === null ? html`<code>${name}</code>` : taskLink(ctx, d)}</td>
+<td>${d.outcome === null ? html`<span class="muted">not yet</span>` : badge(d.outcome, d.outcome === 'completed' ? 'completed' : 'bad')}</td>
+<td>${d.state === null ? html`<span class="muted">gone</span>` : badge(d.state, d.state)}</td>
+</tr>`;
+}
+
+/**
+ * The "Depends on" and "Dependents" sections, each only when it has rows. In
+ * one region that is always there, so a refresh shows a section that appears
+ * (a dependent enqueued meanwhile) or goes.
+ */
+async function workflowSections(ctx: PageContext, t: TaskInfo): Promise<Html> {
+  const [deps, dependents] = await Promise.all([
+    t.dependsOn.length === 0 ? Promise.resolve([]) : listTaskDependencies(ctx.inspector, t.queue, t.id, MAX_LISTED),
+    listTaskDependents(ctx.inspector, t.queue, t.id),
+  ]);
+  const dependsOn =
+    deps.length === 0
+      ? html``
+      : html`<section class="card" data-list="depends-on"><h2>Depends on <span class="muted small">${num(t.dependsOn.length)}, ${num(t.waitingFor)} unfinished</span></h2>
+<div class="table-wrap"><table class="deps"><thead><tr><th>Task</th><th>Outcome</th><th>State now</th></tr></thead><tbody>${deps.map((d) => dependencyRow(ctx, d))}</tbody></table></div>
+${moreNote(t.dependsOn.length, deps.length)}</section>`;
+  const shown = dependents.slice(0, MAX_LISTED);
+  const dependentsBlock =
+    shown.length === 0
+      ? html``
+      : html`<section class="card" data-list="dependents"><h2>Dependents <span class="muted small">${num(dependents.length)}</span></h2>
+<div class="table-wrap"><table class="deps"><thead><tr><th>Task</th><th>State</th></tr></thead><tbody>${shown.map(
+          (d) => html`<tr data-dep="${d.queue}/${d.id}"><td>${taskLink(ctx, d)}</td><td>${badge(d.state, d.state)}</td></tr>`,
+        )}</tbody></table></div>
+${moreNote(dependents.length, shown.length)}</section>`;
+  return html`<div data-region id="r-workflow">${dependsOn}${dependentsBlock}</div>`;
+}
+
+export async function taskPage(ctx: PageContext, queue: string, id: string): Promise<PageResult> {
+  const t = await ctx.inspector.getTaskInfo(queue, id);
+  const now = Date.now();
+  const [w, workflow] = await Promise.all([
+    t.state === 'active' ? workersByTask(ctx.inspector).then((m) => m.get(taskKey(t.queue, t.id))) : undefined,
+    workflowSections(ctx, t),
+  ]);
+  const ops = ctx.readOnly ? [] : ALLOWED[t.state];
+  const actions =
+    ops.length === 0
+      ? html``
+      : actionForm(
+          ctx,
+          { queue, state: t.state },
+          ops.map((op) => opButton(op, 'one', `${op}:one:${t.id}`, confirmText(op, 'one', `task ${t.id}`), OP_LABEL[op])),
+        );
+
+  const dl = (rows: [string, Html | string][]) => html`<dl class="facts">${rows.map(([k, v]) => html`<dt>${k}</dt><dd>${v}</dd>`)}</dl>`;
+  const facts = dl([
+    ['Queue', html`<a href="${href(ctx, queuePath(queue))}">${queue}</a>`],
+    ['State', badge(t.state, t.state)],
+    ['Type', html`<span data-field="type">${t.type}</span>`],
+    ['Retried', `${t.retried} of ${t.maxRetry}`],
+    ['Timeout', t.timeout === 0 ? 'none (deadline only)' : duration(t.timeout)],
+    ['Deadline', t.deadline ? html`${instant(t.deadline)} (${relative(t.deadline, now)})` : 'none'],
+    ['Group', t.group ?? '–'],
+    ...(t.state === 'waiting' ? [['Waiting for', `${num(t.waitingFor)} of ${num(t.dependsOn.length)} dependencies`] as [string, string]] : []),
+    ['Retention', t.retention === 0 ? 'none (deleted when done)' : duration(t.retention)],
+  ]);
+
+  type Ev = { at: Date; label: string; detail?: string };
+  const evs: Ev[] = [];
+  evs.push({ at: t.enqueuedAt, label: 'enqueued' });
+  if (w) evs.push({ at: w.worker.startedAt, label: 'started', detail: `by ${w.server.host}:${w.server.pid}` });
+  else if (t.startedAt) evs.push({ at: t.startedAt, label: 'started', detail: t.leaseOwner ? `by server ${t.leaseOwner.slice(0, 8)}` : undefined });
+  if (t.lastFailedAt) evs.push({ at: t.lastFailedAt, label: 'failed', detail: t.retried > 0 ? `attempt ${t.retried}` : undefined });
+  if (t.completedAt) evs.push({ at: t.completedAt, label: 'completed' });
+  if (t.nextProcessAt && t.state !== 'pending') evs.push({ at: t.nextProcessAt, label: t.state === 'retry' ? 'next retry' : 'due' });
+  if (t.completedAt && t.retention > 0) evs.push({ at: new Date(t.completedAt.getTime() + t.retention), label: 'deleted (end of retention)' });
+  if (t.deadline) evs.push({ at: t.deadline, label: 'deadline' });
+  evs.sort((a, b) => a.at.getTime() - b.at.getTime());
+  const timeline = html`<section class="card"><h2>Timeline</h2>${
+    evs.length === 0
+      ? html`<p class="muted">${t.state === 'pending' ? 'Waiting to be picked up.' : 'Nothing recorded yet.'}</p>`
+      : html`<ol class="timeline">${evs.map((e) => html`<li class="${e.at.getTime() > now ? 'future' : ''}"><time datetime="${e.at.toISOString()}">${instant(e.at)}</time> <strong>${e.label}</strong> <span class="muted">${relative(e.at, now)}${e.detail ? ` · ${e.detail}` : ''}</span></li>`)}</ol>`
+  }</section>`;
+
+  const lease =
+    t.state !== 'active'
+      ? html``
+      : html`<section class="card" data-region id="r-lease"><h2>Lease</h2>${dl([
+          [
+            'Owner',
+            w
+              ? html`<a href="${href(ctx, '/servers')}#server-${w.server.id}"><code>${w.server.id}</code></a> (${w.server.host}, pid ${w.server.pid})`
+              : html`<span class="muted">not a live server (its server is gone)</span>`,
+          ],
+          ['Started', w ? html`${instant(w.worker.startedAt)} (${relative(w.worker.startedAt, now)})` : '–'],
+          ['Expires', w ? html`${instant(w.worker.leaseExpiresAt)} (${relative(w.worker.leaseExpiresAt, now)})` : '–'],
+          ['Attempt deadline', w?.worker.deadline ? html`${instant(w.worker.deadline)} (${relative(w.worker.deadline, now)})` : '–'],
+          ['Orphaned', t.isOrphaned ? html`${badge('yes', 'bad')} the lease expired; a recoverer will retry or archive the task` : 'no'],
+        ])}</section>`;
+
+  // Headers and errors often repeat what the payload held: --hide-payloads hides them too.
+  const hiddenNote = html`<p class="muted">Hidden: the dashboard runs with --hide-payloads.</p>`;
+  const headers = Object.entries(t.headers);
+  const headersBlock = html`<section class="card"><h2>Headers</h2>${
+    ctx.hidePayloads
+      ? hiddenNote
+      : headers.length === 0
+        ? html`<p class="muted">None.</p>`
+        : html`<div class="table-wrap"><table class="kv"><tbody>${headers.map(([k, v]) => html`<tr><th scope="row"><code>${k}</code></th><td><code>${v}</code></td></tr>`)}</tbody></table></div>`
+  }</section>`;
+  const errorBlock =
+    t.lastError === null
+      ? html``
+      : html`<section class="card"><h2>Last error ${t.lastFailedAt ? html`<span class="muted small">${instant(t.lastFailedAt)}</span>` : ''}</h2>${
+          ctx.hidePayloads ? hiddenNote : html`<pre class="code error-text" data-block="error">${t.lastError}</pre>`
+        }</section>`;
+
+  return {
+    status: 200,
+    body: layout(
+      ctx,
+      `Task ${t.id}`,
+      'queues',
+      html`<nav class="crumbs"><a href="${ctx.base}/">Queues</a> / <a href="${href(ctx, queuePath(queue), { state: t.state })}">${queue}</a> / <span>${t.id}</span></nav>
+<div class="page-head" data-region id="r-thead"><h1><code>${t.id}</code> ${badge(t.state, t.state)}</h1><div class="head-actions">${actions}</div></div>
+<div class="grid2">
+<section class="card" data-region id="r-facts"><h2>Task</h2>${facts}</section>
+<div data-region id="r-timeline">${timeline}${lease}</div>
+</div>
+${errorBlock}
+${workflow}
+${block(ctx, 'Payload', t.payload, 'payload')}
+${t.state === 'completed' || t.result !== null ? block(ctx, 'Result', t.result, 'result') : ''}
+${headersBlock}`,
+    ),
+  };
+}
