@@ -115,6 +115,11 @@ export async function listTaskDependencies(inspector: Inspector, queue: string, 
  * ([] when none does, or when the task does not exist). ValidationError on a
  * bad name.
  */
-export async function listTaskDependents(inspector: Inspector, queue: string, id: string): Promise<(TaskRef & { state: TaskState })[]> {
-  return dependentsOf(internals.db(inspector), v.queueName(queue), v.taskId(id));
+export async function listTaskDependents(
+  inspector: Inspector,
+  queue: string,
+  id: string,
+  limit: number,
+): Promise<{ tasks: (TaskRef & { state: TaskState })[]; total: number }> {
+  return dependentsOf(internals.db(inspector), v.queueName(queue), v.taskId(id), v.integer(limit, 'limit', 1, MAX_DEPENDENCY_PAGE));
 }

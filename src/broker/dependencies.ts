@@ -52,14 +52,16 @@ export async function dependencyResults(db: Db, seq: string): Promise<Map<string
   return new Map(rows.map((r) => [taskName(r), decodePayload(r.result, r.result_bytes)]));
 }
 
-/** The tasks that depend on a task, with their states, in the order they were enqueued. */
-export async function dependentsOf(db: Db, queue: string, id: string): Promise<(TaskRef & { state: TaskState })[]> {
-  return db.run(sql<TaskRef & { state: TaskState }>`
-    SELECT i.queue, i.id, s.state
+/** The first `limit` tasks that depend on a task, with their states, in the order they were enqueued, and how many there are. */
+export async function dependentsOf(db: Db, queue: string, id: string, limit: number): Promise<{ tasks: (TaskRef & { state: TaskState })[]; total: number }> {
+  const rows = await db.run(sql<TaskRef & { state: TaskState; total: number }>`
+    SELECT i.queue, i.id, s.state, count(*) OVER ()::int AS total
     FROM ${db.table('task_inputs')} dep
     JOIN ${db.table('task_dependencies')} d ON d.dependency_seq = dep.seq
     JOIN ${db.table('task_inputs')} i ON i.seq = d.dependent_seq
     JOIN ${db.table('task_states')} s ON s.seq = d.dependent_seq
     WHERE dep.queue = ${queue} AND dep.id = ${id}
-    ORDER BY d.dependent_seq`);
+    ORDER BY d.dependent_seq
+    LIMIT ${limit}`);
+  return { tasks: rows.map(({ queue, id, state }) => ({ queue, id, state })), total: rows[0]?.total ?? 0 };
 }

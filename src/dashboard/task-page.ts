@@ -54,7 +54,7 @@ function dependencyRow(ctx: PageContext, d: DependencyPreview): Html {
 async function workflowSections(ctx: PageContext, t: TaskInfo): Promise<Html> {
   const [deps, dependents] = await Promise.all([
     t.dependsOn.length === 0 ? Promise.resolve([]) : listTaskDependencies(ctx.inspector, t.queue, t.id, MAX_LISTED),
-    listTaskDependents(ctx.inspector, t.queue, t.id),
+    listTaskDependents(ctx.inspector, t.queue, t.id, MAX_LISTED),
   ]);
   const dependsOn =
     deps.length === 0
@@ -62,15 +62,15 @@ async function workflowSections(ctx: PageContext, t: TaskInfo): Promise<Html> {
       : html`<section class="card" data-list="depends-on"><h2>Depends on <span class="muted small">${num(t.dependsOn.length)}, ${num(t.waitingFor)} unfinished</span></h2>
 <div class="table-wrap"><table class="deps"><thead><tr><th>Task</th><th>Outcome</th><th>State now</th></tr></thead><tbody>${deps.map((d) => dependencyRow(ctx, d))}</tbody></table></div>
 ${moreNote(t.dependsOn.length, deps.length)}</section>`;
-  const shown = dependents.slice(0, MAX_LISTED);
+  const shown = dependents.tasks;
   const dependentsBlock =
     shown.length === 0
       ? html``
-      : html`<section class="card" data-list="dependents"><h2>Dependents <span class="muted small">${num(dependents.length)}</span></h2>
+      : html`<section class="card" data-list="dependents"><h2>Dependents <span class="muted small">${num(dependents.total)}</span></h2>
 <div class="table-wrap"><table class="deps"><thead><tr><th>Task</th><th>State</th></tr></thead><tbody>${shown.map(
           (d) => html`<tr data-dep="${d.queue}/${d.id}"><td>${taskLink(ctx, d)}</td><td>${badge(d.state, d.state)}</td></tr>`,
         )}</tbody></table></div>
-${moreNote(dependents.length, shown.length)}</section>`;
+${moreNote(dependents.total, shown.length)}</section>`;
   return html`<div data-region id="r-workflow">${dependsOn}${dependentsBlock}</div>`;
 }
 
