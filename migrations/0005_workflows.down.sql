@@ -6,7 +6,8 @@ DROP TRIGGER task_states_finished ON {{schema}}.task_states;
 DROP TRIGGER task_states_deleted ON {{schema}}.task_states;
 DROP FUNCTION {{schema}}.task_states_finished();
 DROP FUNCTION {{schema}}.task_states_deleted();
-DROP FUNCTION {{schema}}.settle_dependents(bigint, text, jsonb, bytea, text);
+DROP FUNCTION {{schema}}.settle_completed(bigint[], jsonb[], bytea[], text);
+DROP FUNCTION {{schema}}.settle_failed(bigint, text);
 DROP TABLE {{schema}}.task_dependencies;
 
 UPDATE {{schema}}.task_states

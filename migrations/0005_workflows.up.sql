@@ -44,52 +44,99 @@ CREATE TABLE {{schema}}.task_dependencies (
   CONSTRAINT task_dependencies_on_failure CHECK (on_failure IN ('archive', 'run')),
   CONSTRAINT task_dependencies_outcome CHECK (outcome IN ('completed', 'failed'))
 );
--- A dependency's dependents: the settling below, and a task's page.
-CREATE INDEX task_dependencies_dependency_idx ON {{schema}}.task_dependencies (dependency_seq);
+-- A dependency's dependents, in their seq order (the order settling locks them): the
+-- settling below, and a task's page.
+CREATE INDEX task_dependencies_dependency_idx ON {{schema}}.task_dependencies (dependency_seq, dependent_seq);
 
--- Settles every unsettled edge from one dependency, and from the dependents
--- that this archives in turn (a work list, not recursion: a chain of any
--- length fails without deepening the stack). Dependents are locked in seq
--- order, edge by edge, so two transactions settling dependencies of the same
--- dependents wait for each other instead of deadlocking, and each decrement
--- is applied to the row as the other left it. `schema_name` names the
--- wake-up channels (`<schema>_tasks`, `<schema>_delayed`).
--- SECURITY DEFINER: whoever completes, archives or deletes a task settles its
--- dependents, with no privilege of their own on them.
-CREATE FUNCTION {{schema}}.settle_dependents(dependency bigint, outcome text, res jsonb, res_bytes bytea, schema_name text)
+-- Settles the edges from dependencies that completed, all of them at once:
+-- each edge takes its dependency's result, each dependent loses as many from
+-- waiting_for as it had edges settled, and the one that reaches zero becomes
+-- pending (at the back of its queue, as if enqueued now) or scheduled, when
+-- its processAt is still ahead. The dependents are locked first, in seq
+-- order: transactions settling dependencies of the same dependents queue up
+-- behind each other instead of deadlocking, and each then decrements the row
+-- as the one before left it, so only the last release happens, once.
+-- This transaction has an id already (it wrote the dependencies' rows), as
+-- every transaction that draws a pending position must (server/cursor.ts).
+-- `schema_name` names the wake-up channels (`<schema>_tasks`, `<schema>_delayed`).
+-- SECURITY DEFINER, as every function here: whoever completes, archives or
+-- deletes a task settles its dependents, with no privilege of their own on them.
+CREATE FUNCTION {{schema}}.settle_completed(deps bigint[], res jsonb[], res_bytes bytea[], schema_name text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  n integer;
+BEGIN
+  PERFORM 1 FROM {{schema}}.task_states s
+  WHERE s.seq IN (SELECT t.dependent_seq FROM {{schema}}.task_dependencies t WHERE t.dependency_seq = ANY (deps) AND t.outcome IS NULL)
+  ORDER BY s.seq
+  FOR UPDATE;
+  WITH done AS (
+    SELECT * FROM unnest(deps, res, res_bytes) AS d(seq, result, result_bytes)
+  ),
+  settled AS (
+    UPDATE {{schema}}.task_dependencies t SET outcome = 'completed', result = done.result, result_bytes = done.result_bytes
+    FROM done
+    WHERE t.dependency_seq = done.seq AND t.outcome IS NULL
+    RETURNING t.dependent_seq
+  ),
+  counts AS (
+    SELECT dependent_seq, count(*)::int AS n FROM settled GROUP BY dependent_seq
+  ),
+  -- In SET, s.state and s.waiting_for are the row as locked.
+  moved AS (
+    UPDATE {{schema}}.task_states s
+    SET waiting_for = s.waiting_for - c.n,
+        state = CASE WHEN s.state <> 'waiting' OR s.waiting_for > c.n THEN s.state
+                     WHEN s.run_at > now() THEN 'scheduled' ELSE 'pending' END,
+        pending_seq = CASE WHEN s.state = 'waiting' AND s.waiting_for = c.n AND s.run_at <= now()
+                           THEN nextval('{{schema}}.task_seq') ELSE s.pending_seq END,
+        run_at = CASE WHEN s.state = 'waiting' AND s.waiting_for = c.n AND s.run_at <= now() THEN now() ELSE s.run_at END,
+        updated_at = CASE WHEN s.state = 'waiting' AND s.waiting_for = c.n THEN now() ELSE s.updated_at END
+    FROM counts c
+    WHERE s.seq = c.dependent_seq
+    RETURNING s.queue, s.state, s.waiting_for
+  ),
+  notified AS (
+    SELECT pg_notify(schema_name || CASE WHEN m.state = 'pending' THEN '_tasks' ELSE '_delayed' END, m.queue)
+    FROM (SELECT DISTINCT state, queue FROM moved WHERE waiting_for = 0 AND state IN ('pending', 'scheduled')) m
+  )
+  SELECT count(*) INTO n FROM notified;
+END
+$$;
+
+-- Settles the edges from a dependency that failed (archived, or deleted before
+-- it completed): its 'archive' dependents are archived with the error
+-- `dependency <queue>/<id> failed`, and theirs in turn; its 'run' dependents
+-- count it as done. What it archives may have dependents of its own, so this
+-- walks a work list, dependent by dependent in seq order (a list, not
+-- recursion: a chain of any length fails without deepening the stack).
+CREATE FUNCTION {{schema}}.settle_failed(dependency bigint, schema_name text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   work bigint[] := ARRAY[dependency];
   n integer := 1;
-  dep bigint;
-  dep_outcome text;
   e record;
   d record;
 BEGIN
   WHILE n <= cardinality(work) LOOP
-    dep := work[n];
-    -- Every task after the first is one this settling archived: a failure for its own dependents.
-    dep_outcome := CASE WHEN n = 1 THEN outcome ELSE 'failed' END;
     FOR e IN
       SELECT t.dependent_seq, t.on_failure, t.dependency_queue, t.dependency_id
       FROM {{schema}}.task_dependencies t
-      WHERE t.dependency_seq = dep AND t.outcome IS NULL
+      WHERE t.dependency_seq = work[n] AND t.outcome IS NULL
       ORDER BY t.dependent_seq
       FOR UPDATE
     LOOP
-      UPDATE {{schema}}.task_dependencies t
-      SET outcome = dep_outcome,
-          result = CASE WHEN dep_outcome = 'completed' THEN res END,
-          result_bytes = CASE WHEN dep_outcome = 'completed' THEN res_bytes END
-      WHERE t.dependent_seq = e.dependent_seq AND t.dependency_seq = dep;
+      UPDATE {{schema}}.task_dependencies t SET outcome = 'failed'
+      WHERE t.dependent_seq = e.dependent_seq AND t.dependency_seq = work[n];
       SELECT s.seq, s.queue, s.state, s.waiting_for, s.run_at, s.has_dependents INTO d
       FROM {{schema}}.task_states s WHERE s.seq = e.dependent_seq
       FOR UPDATE;
-      IF d.state <> 'waiting' OR d.waiting_for > 1 AND NOT (dep_outcome = 'failed' AND e.on_failure = 'archive') THEN
+      IF d.state <> 'waiting' OR d.waiting_for > 1 AND e.on_failure = 'run' THEN
         -- Still waiting for others, or no longer waiting at all (run by hand, archived).
         UPDATE {{schema}}.task_states s SET waiting_for = s.waiting_for - 1 WHERE s.seq = d.seq;
-      ELSIF dep_outcome = 'failed' AND e.on_failure = 'archive' THEN
+      ELSIF e.on_failure = 'archive' THEN
         -- has_dependents cleared: its own dependents are settled by this loop,
         -- not by the trigger this update would otherwise fire.
         UPDATE {{schema}}.task_states s
@@ -104,8 +151,6 @@ BEGIN
         UPDATE {{schema}}.task_states s SET state = 'scheduled', waiting_for = 0, updated_at = now() WHERE s.seq = d.seq;
         PERFORM pg_notify(schema_name || '_delayed', d.queue);
       ELSE
-        -- The back of its queue, as if enqueued now (this transaction has an
-        -- id already: it wrote the dependency's row, see server/cursor.ts).
         UPDATE {{schema}}.task_states s
         SET state = 'pending', waiting_for = 0, pending_seq = nextval('{{schema}}.task_seq'), run_at = now(), updated_at = now()
         WHERE s.seq = d.seq;
@@ -118,16 +163,22 @@ END
 $$;
 
 -- Only the triggers below (running as the owner) settle dependencies: nobody
--- calls this directly (a new function is executable by PUBLIC by default).
-REVOKE EXECUTE ON FUNCTION {{schema}}.settle_dependents(bigint, text, jsonb, bytea, text) FROM PUBLIC;
+-- calls these directly (a new function is executable by PUBLIC by default).
+REVOKE EXECUTE ON FUNCTION {{schema}}.settle_completed(bigint[], jsonb[], bytea[], text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.settle_failed(bigint, text) FROM PUBLIC;
 
--- A dependency finished: completed (a completion with a retention, or by hand)
--- or archived (retries spent, SkipRetry, archiveTask, the recoverer).
+-- A dependency finished by an update: completed (a completion with a
+-- retention, or by hand) or archived (retries spent, SkipRetry, archiveTask,
+-- the recoverer). A row trigger whose WHEN is false for every task without
+-- dependents: the claim, heartbeats and other updates never call it.
 CREATE FUNCTION {{schema}}.task_states_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  PERFORM {{schema}}.settle_dependents(NEW.seq, CASE WHEN NEW.state = 'completed' THEN 'completed' ELSE 'failed' END,
-                                       NEW.result, NEW.result_bytes, TG_TABLE_SCHEMA);
+  IF NEW.state = 'completed' THEN
+    PERFORM {{schema}}.settle_completed(ARRAY[NEW.seq], ARRAY[NEW.result], ARRAY[NEW.result_bytes], TG_TABLE_SCHEMA);
+  ELSE
+    PERFORM {{schema}}.settle_failed(NEW.seq, TG_TABLE_SCHEMA);
+  END IF;
   RETURN NULL;
 END
 $$;
@@ -137,27 +188,37 @@ CREATE TRIGGER task_states_finished AFTER UPDATE OF state ON {{schema}}.task_sta
   WHEN (NEW.has_dependents AND NEW.state IN ('completed', 'archived') AND OLD.state IS DISTINCT FROM NEW.state)
   EXECUTE FUNCTION {{schema}}.task_states_finished();
 
--- A task's row deleted. A dependency deleted while active was completed (a
--- completion without retention deletes the row: its result goes with it into
--- the edges); deleted in any other unfinished state it failed. A dependent
--- deleted takes its edges with it: nobody will read their results.
+-- Rows deleted: once per statement, so that a batch of completions settles
+-- its dependents in one pass (a trigger per row cost 50 times the delete).
+-- A dependency deleted while active was completed (a completion without
+-- retention deletes the row: its result goes into the edges); deleted in any
+-- other unfinished state it failed. A dependent deleted takes its edges with
+-- it: nobody will read their results. A statement that deletes no task with
+-- dependencies or dependents stops at the first check.
 CREATE FUNCTION {{schema}}.task_states_deleted() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  failed bigint;
 BEGIN
-  IF OLD.waiting_for IS NOT NULL THEN
-    DELETE FROM {{schema}}.task_dependencies WHERE dependent_seq = OLD.seq;
+  IF NOT EXISTS (SELECT 1 FROM gone WHERE gone.has_dependents OR gone.waiting_for IS NOT NULL) THEN
+    RETURN NULL;
   END IF;
-  IF OLD.has_dependents THEN
-    PERFORM {{schema}}.settle_dependents(OLD.seq, CASE WHEN OLD.state IN ('active', 'completed') THEN 'completed' ELSE 'failed' END,
-                                         OLD.result, OLD.result_bytes, TG_TABLE_SCHEMA);
-  END IF;
+  DELETE FROM {{schema}}.task_dependencies t USING gone
+  WHERE gone.waiting_for IS NOT NULL AND t.dependent_seq = gone.seq;
+  PERFORM {{schema}}.settle_completed(array_agg(g.seq ORDER BY g.seq), array_agg(g.result ORDER BY g.seq),
+                                      array_agg(g.result_bytes ORDER BY g.seq), TG_TABLE_SCHEMA)
+  FROM gone g WHERE g.has_dependents AND g.state IN ('active', 'completed')
+  HAVING count(*) > 0;
+  FOR failed IN SELECT g.seq FROM gone g WHERE g.has_dependents AND g.state NOT IN ('active', 'completed') ORDER BY g.seq LOOP
+    PERFORM {{schema}}.settle_failed(failed, TG_TABLE_SCHEMA);
+  END LOOP;
   RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER task_states_deleted AFTER DELETE ON {{schema}}.task_states
-  FOR EACH ROW
-  WHEN (OLD.has_dependents OR OLD.waiting_for IS NOT NULL)
+  REFERENCING OLD TABLE AS gone
+  FOR EACH STATEMENT
   EXECUTE FUNCTION {{schema}}.task_states_deleted();
 
 -- The view shows how many dependencies a task still waits for.

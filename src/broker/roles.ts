@@ -19,7 +19,7 @@
  * Workflows (migration 0005): an enqueue with dependsOn writes the edges
  * (task_dependencies) itself; settling them when a dependency completes, is
  * archived or is deleted is the work of triggers on task_states whose
- * functions (and settle_dependents(), which they call) are SECURITY DEFINER
+ * functions (and settle_completed() and settle_failed(), which they call) are SECURITY DEFINER
  * and owned by the owner: whoever finishes a task needs no privilege on its
  * dependents or their edges. Trigger functions are not checked for EXECUTE
  * when they fire, so revoking EXECUTE below stops nothing but direct calls.
@@ -216,7 +216,7 @@ REVOKE ALL ON SCHEMA ${S} FROM PUBLIC;
 -- A function the owner creates (the next migrate) may be called by no one
 -- until this script grants it: PostgreSQL's default EXECUTE for PUBLIC would
 -- let every role above call a new SECURITY DEFINER function, such as
--- settle_dependents() (0005), as the owner. Global, not IN SCHEMA: a
+-- settle_completed() (0005), as the owner. Global, not IN SCHEMA: a
 -- schema's default privileges can add to the global ones, not take away.
 ALTER DEFAULT PRIVILEGES FOR ROLE ${id(r.owner)} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 GRANT USAGE ON SCHEMA ${S} TO ${users};

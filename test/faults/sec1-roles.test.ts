@@ -107,9 +107,9 @@ before(async () => {
   const callable = await su.query<{ role: string }>(
     `SELECT r.rolname AS role FROM pg_roles r
      WHERE r.rolname = ANY($2::text[]) AND has_function_privilege(r.oid, $1::text::regprocedure, 'EXECUTE')`,
-    [`"${S}".settle_dependents(bigint, text, jsonb, bytea, text)`, KINDS.filter((k) => k !== 'owner').map((k) => `pgasynq_${k}`)],
+    [`"${S}".settle_completed(bigint[], jsonb[], bytea[], text)`, KINDS.filter((k) => k !== 'owner').map((k) => `pgasynq_${k}`)],
   );
-  assert.deepEqual(callable.rows, [], 'settle_dependents() is callable between migrate and the rerun');
+  assert.deepEqual(callable.rows, [], 'settle_completed() is callable between migrate and the rerun');
   await su.query(printed.stdout);
   await su.query(printed.stdout); // a rerun changes nothing and fails nothing
   for (const kind of KINDS) pools.set(kind, new pg.Pool({ connectionString: url(kind), max: 2 }));
@@ -131,7 +131,7 @@ describe('SEC1 roles', () => {
     );
     assert.ok(rows.length > 20);
     // The workflow triggers run as their owner: the owner role, also when migrated as someone else.
-    for (const fn of ['settle_dependents', 'task_states_finished', 'task_states_deleted', 'tasks_write']) {
+    for (const fn of ['settle_completed', 'settle_failed', 'task_states_finished', 'task_states_deleted', 'tasks_write']) {
       assert.equal(rows.find((r) => r.name === fn)?.owner, 'pgasynq_owner', fn);
     }
     assert.deepEqual(
@@ -519,7 +519,8 @@ describe('SEC1 roles', () => {
 
     // Nobody but the owner settles edges or calls the function that does.
     for (const kind of KINDS.filter((k) => k !== 'owner')) {
-      await refused(as(kind, "SELECT {{S}}.settle_dependents(1, 'completed', NULL, NULL, 'x')"), `${kind}: settle_dependents()`);
+      await refused(as(kind, "SELECT {{S}}.settle_completed(ARRAY[1::bigint], ARRAY[NULL::jsonb], ARRAY[NULL::bytea], 'x')"), `${kind}: settle_completed()`);
+      await refused(as(kind, "SELECT {{S}}.settle_failed(1, 'x')"), `${kind}: settle_failed()`);
       await refused(as(kind, "UPDATE {{S}}.task_dependencies SET outcome = 'completed' WHERE false"), `${kind}: UPDATE task_dependencies`);
       await refused(as(kind, 'DELETE FROM {{S}}.task_dependencies WHERE false'), `${kind}: DELETE task_dependencies`);
       await refused(as(kind, 'UPDATE {{S}}.task_states SET waiting_for = 0 WHERE false'), `${kind}: UPDATE task_states.waiting_for`);
