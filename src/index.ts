@@ -10,6 +10,7 @@ export { Task, TASK_STATES, type EnqueueOptions, type TaskInfo, type TaskState }
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
 export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './server/retry.js';
 export { MAX_PAYLOAD_BYTES } from './model/payload.js';
+export { Snooze } from './model/snooze.js';
 export type { ConnectionOptions, Transactional } from './broker/db.js';
 export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './roles.js';
 export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './embedded.js';

@@ -186,6 +186,37 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
   return held(items, rows);
 }
 
+/** A snoozed attempt: due again in `delayMs`. */
+export interface Snoozed extends LeaseKey {
+  delayMs: number;
+}
+
+/**
+ * Puts snoozed tasks back as scheduled, due in their delay (database clock),
+ * retry count and last error unchanged, and wakes the forwarders of their
+ * queues (a snooze may be shorter than their sleep). Returns the leases that
+ * were still held.
+ */
+export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Promise<T[]> {
+  if (items.length === 0) return [];
+  const b = batch(items, (i) => [i.delayMs]);
+  const rows = await db.run(
+    sql<{ seq: string }>`
+    WITH snoozed AS (
+      UPDATE ${db.table('task_states')} s
+      SET state = 'scheduled', run_at = ${db.now()} + ${field(b, 1)}::float8 * interval '1 millisecond',
+          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+      WHERE ${fenced(b, true)}
+      RETURNING s.seq, s.queue
+    ),
+    notified AS (SELECT pg_notify(${db.channels.delayed}, queue) FROM (SELECT DISTINCT queue FROM snoozed) q)
+    SELECT seq FROM snoozed WHERE (SELECT count(*) FROM notified) >= 0`,
+    undefined,
+    'snooze',
+  );
+  return held(items, rows);
+}
+
 /**
  * Gives leases back at shutdown: the tasks return to the front of pending with
  * their retry count unchanged (asynq's requeue). Returns the leases still held.

@@ -186,15 +186,17 @@ function hasCode(err: unknown, code: string): boolean {
   return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === code;
 }
 
-/** True when `err`, or any error on its `cause` chain, carries `code`. */
-function causeChainHas(err: unknown, code: string): boolean {
+/** `err`, or the first error on its `cause` chain, that carries `code`. */
+export function onCauseChain(err: unknown, code: string): unknown {
   const seen = new Set<unknown>();
   for (let e = err; typeof e === 'object' && e !== null && !seen.has(e); e = (e as { cause?: unknown }).cause) {
-    if (hasCode(e, code)) return true;
+    if (hasCode(e, code)) return e;
     seen.add(e);
   }
-  return false;
+  return undefined;
 }
+
+const causeChainHas = (err: unknown, code: string): boolean => onCauseChain(err, code) !== undefined;
 
 export const isValidationError = (err: unknown): err is ValidationError => hasCode(err, 'ERR_VALIDATION');
 export const isDuplicateTask = (err: unknown): err is DuplicateTaskError => hasCode(err, 'ERR_DUPLICATE_TASK');

@@ -6,11 +6,12 @@
  * fenced write, counted and logged, and the outcome is dropped.
  */
 import type { ClaimedRow } from '../broker/claim.js';
-import { complete, fail, requeue, type Completion, type Failure, type LeaseKey } from '../broker/leases.js';
+import { complete, fail, requeue, snooze, type Completion, type Failure, type LeaseKey, type Snoozed } from '../broker/leases.js';
 import type { Db } from '../broker/db.js';
 import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';
 import { isRevokeTask, isSkipRetry, ServerClosedError } from '../model/errors.js';
+import { snoozeOf } from '../model/snooze.js';
 import { errorSummary, lastErrorText, retryDelayFor } from './retry.js';
 import type { Task } from '../model/task.js';
 import { Batcher } from './batcher.js';
@@ -50,6 +51,7 @@ export class Outcomes {
   readonly #counters: OutcomeCounters;
   readonly #completer: Batcher<Completion, Set<string>>;
   readonly #failer: Batcher<Failure, Set<string>>;
+  readonly #snoozer: Batcher<Snoozed, Set<string>>;
 
   constructor(db: Db, logger: Logger, cfg: OutcomePolicies, stats: StatsCollector, counters: OutcomeCounters) {
     this.#db = db;
@@ -59,11 +61,12 @@ export class Outcomes {
     this.#counters = counters;
     this.#completer = new Batcher(async (items) => seqSet(await complete(db, items)));
     this.#failer = new Batcher(async (items) => seqSet(await fail(db, items)));
+    this.#snoozer = new Batcher(async (items) => seqSet(await snooze(db, items)));
   }
 
   /**
    * What became of one attempt, written once: completed (or deleted), sent to
-   * retry or the archive, given back at shutdown, or nothing when the lease
+   * retry or the archive, snoozed, given back at shutdown, or nothing when the lease
    * was lost (the recoverer owns the task then) or ctx.transaction already
    * completed it. Counts it in the stats and logs a failure, never its payload.
    */
@@ -76,7 +79,9 @@ export class Outcomes {
       return;
     }
     const shutdown = error instanceof ServerClosedError && lease.abortReason === error;
-    if (error && !shutdown && this.#cfg.errorHandler) {
+    // A snooze is no failure: no errorHandler, no stats, no retry used.
+    const snoozed = error ? snoozeOf(error) : undefined;
+    if (error && !shutdown && !snoozed && this.#cfg.errorHandler) {
       try {
         this.#cfg.errorHandler(error, task);
       } catch (err) {
@@ -90,6 +95,12 @@ export class Outcomes {
     }
     if (shutdown) {
       await this.#write(lease, 'requeue', async () => seqSet(await requeue(this.#db, [lease])));
+      return;
+    }
+    if (snoozed) {
+      if (await this.#write(lease, 'snooze', () => this.#snoozer.add({ ...leaseKey(lease), delayMs: snoozed.delayMs }))) {
+        this.#logger.debug({ task: taskFields(row), delayMs: snoozed.delayMs }, 'task snoozed');
+      }
       return;
     }
     if (!error || isRevokeTask(error)) {
@@ -150,6 +161,6 @@ export class Outcomes {
 
   /** Resolves once every batched write has been flushed. */
   async flushed(): Promise<void> {
-    await Promise.all([this.#completer.drained(), this.#failer.drained()]);
+    await Promise.all([this.#completer.drained(), this.#failer.drained(), this.#snoozer.drained()]);
   }
 }
