@@ -1,10 +1,11 @@
 /**
  * Client: puts tasks in queues. No background work; one statement per call
- * (a call with dependencies: a transaction of two).
+ * (a call with dependencies or replacements: a transaction of a few).
  */
 import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
 import { insertWithDependencies } from './broker/dependencies.js';
 import { insertTasks } from './broker/enqueue.js';
+import { insertOrReplace } from './broker/replace.js';
 import type { TaskRecord } from './model/task.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
 import { resolveLogger, type Logger } from './internal/logger.js';
@@ -84,8 +85,9 @@ export class Client {
     return infos;
   }
 
-  /** Tasks with dependencies take a transaction of their own (or the caller's); the others one statement. */
+  /** Tasks with dependencies or to replace take a transaction of their own (or the caller's); the others one statement. */
   #insert(records: TaskRecord[], tx: Transactional | undefined): Promise<TaskInfo[]> {
+    if (records.some((r) => r.replace)) return insertOrReplace(this.#db, records, tx);
     return records.some((r) => r.dependsOn.length > 0) ? insertWithDependencies(this.#db, records, tx) : insertTasks(this.#db, records, tx);
   }
 

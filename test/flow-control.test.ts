@@ -1,9 +1,9 @@
 /**
- * Flow control: Snooze (a handler's "not now").
+ * Flow control: Snooze (a handler's "not now") and replace (debounce).
  */
 import assert from 'node:assert/strict';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
-import { Client, InvalidOptionError, Server, Snooze, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Client, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
 import { caught, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -102,6 +102,122 @@ describe('Snooze', () => {
       const err = await caught(() => new Snooze(bad));
       assert.ok(err instanceof InvalidOptionError, String(err));
       assert.match(err.message, /^delayMs must be a finite duration in ms/);
+    });
+  }
+});
+
+const job = (id: string, payload: unknown, opts = {}) => new Task('job', payload, { taskId: id, ...opts });
+const info = async (id: string) =>
+  (await db.query(`SELECT state, payload, headers, max_retry, pending_seq, retried FROM {{schema}}.tasks WHERE id = $1`, [id]))[0];
+
+describe('replace', () => {
+  test('a pending task: new payload and options, its place in the queue kept; run once, as last enqueued', { timeout: 30_000 }, async () => {
+    await client.enqueueMany([job('a', 1), job('x', 'first'), job('c', 3)]);
+    const before = await info('x');
+    for (let n = 2; n <= 10; n++) {
+      const replaced = await client.enqueue(job('x', `version ${n}`, { headers: { n: String(n) }, maxRetry: n }), { replace: true });
+      assert.equal(replaced.state, 'pending');
+      assert.equal(replaced.payload, `version ${n}`);
+    }
+    const after = await info('x');
+    assert.deepEqual([after.payload, after.headers, after.max_retry], ['version 10', { n: '10' }, 10]);
+    assert.equal(after.pending_seq, before.pending_seq, 'same place in the queue');
+    const ran: [string, unknown][] = [];
+    await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
+    await waitFor(() => ran.length === 3, 10_000, 'three tasks');
+    assert.deepEqual(ran, [
+      ['a', 1],
+      ['x', 'version 10'],
+      ['c', 3],
+    ]);
+  });
+
+  test('the due time moves: pending to scheduled, scheduled to pending at the back, retry to pending', async () => {
+    await client.enqueueMany([job('p', 1), job('s', 2, { processIn: 3_600_000 }), job('r', 3), job('tail', 4)]);
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'retry', run_at = now() + interval '1 hour', retried = 2, error_msg = 'boom' WHERE id = 'r'`);
+    const [p, s, r] = await client.enqueueMany([job('p', 'later', { processIn: 3_600_000 }), job('s', 'now'), job('r', 'again')], { replace: true });
+    assert.equal(p!.state, 'scheduled');
+    assert.ok(p!.nextProcessAt!.getTime() > Date.now() + 3_000_000);
+    assert.equal(s!.state, 'pending');
+    assert.equal(r!.state, 'pending');
+    assert.equal(r!.retried, 2, 'the retry count is kept');
+    const order = await db.query(`SELECT id FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY pending_seq`);
+    // Both join the back, behind the task that was pending all along (their own order is the update's).
+    assert.equal(order[0]!.id, 'tail');
+    assert.deepEqual(
+      order
+        .slice(1)
+        .map((o) => o.id)
+        .sort(),
+      ['r', 's'],
+    );
+  });
+
+  test('a waiting task keeps waiting for its dependencies, with the new payload', { timeout: 30_000 }, async () => {
+    await client.enqueueMany([job('dep', 0), job('w', 'old', { dependsOn: ['dep'] })]);
+    const replaced = await client.enqueue(job('w', 'new'), { replace: true });
+    assert.equal(replaced.state, 'waiting');
+    assert.deepEqual(replaced.dependsOn, [{ queue: 'default', id: 'dep' }]);
+    const ran: [string, unknown][] = [];
+    await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
+    await waitFor(() => ran.length === 2, 10_000, 'both ran');
+    assert.deepEqual(ran, [
+      ['dep', 0],
+      ['w', 'new'],
+    ]);
+  });
+
+  test('no task with the id: enqueued as usual', async () => {
+    const created = await client.enqueue(job('fresh', 1), { replace: true });
+    assert.equal(created.state, 'pending');
+    assert.equal((await info('fresh')).payload, 1);
+  });
+
+  test('an active, completed or archived task with the id is a TaskIdConflictError, and nothing changes', async () => {
+    await client.enqueueMany([job('act', 1), job('done', 2, { retention: 3_600_000 }), job('gone', 3)]);
+    await db.query(
+      `UPDATE {{schema}}.tasks SET state = 'active', lease_owner = 'x', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour', started_at = now() WHERE id = 'act'`,
+    );
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 hour' WHERE id = 'done'`);
+    await db.query(`UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() WHERE id = 'gone'`);
+    for (const [id, state] of [
+      ['act', 'active'],
+      ['done', 'completed'],
+      ['gone', 'archived'],
+    ] as const) {
+      const err = await caught(() => client.enqueueMany([job('other', 0), job(id, 'replacement')], { replace: true }));
+      assert.ok(err instanceof TaskIdConflictError, `${id}: ${String(err)}`);
+      assert.equal((await info(id)).state, state);
+      assert.notEqual((await info(id)).payload, 'replacement');
+      assert.equal(await info('other'), undefined, 'nothing of the call written');
+    }
+  });
+
+  test('inside the caller’s transaction: undone with it', async () => {
+    await client.enqueue(job('t', 'original'));
+    const conn = await db.pool.connect();
+    try {
+      await conn.query('BEGIN');
+      await client.enqueue(job('t', 'replaced'), { replace: true, tx: conn });
+      await conn.query('ROLLBACK');
+    } finally {
+      conn.release();
+    }
+    assert.equal((await info('t')).payload, 'original');
+  });
+
+  const bad: [string, Record<string, unknown>, RegExp][] = [
+    ['without a taskId', { replace: true }, /^replace needs a taskId/],
+    ['not a boolean', { taskId: 'a', replace: 'yes' }, /^replace must be/],
+    ['with unique', { taskId: 'a', replace: true, unique: 60_000 }, /^replace cannot be combined with unique/],
+    ['with a group', { taskId: 'a', replace: true, group: 'g' }, /^replace cannot be combined with group/],
+    ['with dependsOn', { taskId: 'a', replace: true, dependsOn: ['b'] }, /^replace cannot be combined with dependsOn/],
+  ];
+  for (const [what, opts, message] of bad) {
+    test(`replace ${what} is an InvalidOptionError`, async () => {
+      const err = await caught(() => client.enqueue(new Task('job'), opts));
+      assert.ok(err instanceof InvalidOptionError, String(err));
+      assert.match(err.message, message);
     });
   }
 });

@@ -763,7 +763,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0005, 0004, 0003 and 0002 roll back and apply again', async () => {
+  test('migrations 0006, 0005, 0004, 0003 and 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -775,6 +775,7 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0006_replace');
     assert.equal(await migrateDown(opts), '0005_workflows');
     assert.ok((await objects()).v);
     assert.equal(await migrateDown(opts), '0004_storage_v2');
@@ -784,7 +785,7 @@ describe('validation, closing, migration', () => {
     assert.match(await activeIndex(), /\(lease_expires_at\) WHERE \(state = 'active'::text\)$/);
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
-    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows'] });
+    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace'] });
     assert.ok((await objects()).v);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
   });

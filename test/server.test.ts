@@ -595,7 +595,7 @@ describe('configuration', () => {
       server.start(() => {}),
       (err: unknown) => {
         assert.ok(err instanceof FailedPreconditionError);
-        assert.match(err.message, /schema "t_server\w*_old" lacks migration 0005_workflows: run `pgasynq migrate`/);
+        assert.match(err.message, /schema "t_server\w*_old" lacks migrations 0005_workflows, 0006_replace: run `pgasynq migrate`/);
         return true;
       },
     );

@@ -21,7 +21,7 @@ import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
  * the bytes are built, sent and parsed once each. Payloads were encoded once,
  * at `new Task`, and go in as they are.
  */
-function toJsonRows(records: TaskRecord[], plan?: DependencyPlan): string {
+export function toJsonRows(records: TaskRecord[], plan?: DependencyPlan): string {
   const parts = new Array<string>(records.length);
   for (let n = 0; n < records.length; n++) {
     const r = records[n]!;
@@ -115,15 +115,11 @@ const insertEdges = (db: Db, plan: DependencyPlan) => sql`,
     )`;
 
 /**
- * Inserts the tasks in one statement. With a dependency plan (dependencies.ts),
- * the tasks start as it says (waiting, archived) and the statement writes the
- * plan's edges too.
+ * The `input` CTE: the records as rows (toJsonRows), one column per field,
+ * `ord` their place in the call.
  */
-export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional, plan?: DependencyPlan): Promise<TaskInfo[]> {
-  // Generated ids and no unique keys: nothing another enqueue could hold, so no lock order to keep.
-  const keyed = records.length > 1 && records.some((r) => r.idGiven || r.uniqueKey !== null);
-  const query = sql<Inserted>`
-    WITH input AS (
+const inputRows = (records: TaskRecord[], plan?: DependencyPlan) => sql`
+    input AS (
       -- json, not jsonb: parsed once, as the rows are read, without building a jsonb document first.
       SELECT i.i AS id, i.q AS queue, i.t AS type, i.p AS payload, decode(i.b, 'hex') AS payload_bytes,
              coalesce(i.h, '{}') AS headers, i.m AS max_retry, i.to AS timeout_ms, i.d AS deadline, i.u AS unique_key,
@@ -133,7 +129,18 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
         i text, q text, t text, p jsonb, b text, h jsonb, m int, "to" float8, d timestamptz, u text, ut float8,
         g text, r float8, at timestamptz, "in" float8${plan ? sql`, w int, x text, hd bool` : sql``}
       )) WITH ORDINALITY AS i(i, q, t, p, b, h, m, "to", d, u, ut, g, r, at, "in", ${plan ? sql`w, x, hd, ` : sql``}ord)
-    ),
+    )`;
+
+/**
+ * Inserts the tasks in one statement. With a dependency plan (dependencies.ts),
+ * the tasks start as it says (waiting, archived) and the statement writes the
+ * plan's edges too.
+ */
+export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional, plan?: DependencyPlan): Promise<TaskInfo[]> {
+  // Generated ids and no unique keys: nothing another enqueue could hold, so no lock order to keep.
+  const keyed = records.length > 1 && records.some((r) => r.idGiven || r.uniqueKey !== null);
+  const query = sql<Inserted>`
+    WITH ${inputRows(records, plan)},
     routed AS (
       -- asynq's routing: due later → scheduled (group or not); else group → aggregating; else pending.
       -- A planned task whose dependency failed starts archived; one with dependencies to wait for,

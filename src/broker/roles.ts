@@ -226,7 +226,8 @@ DECLARE
   o record;
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
-     OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL THEN
+     OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
+     OR to_regprocedure(${lit(`${S}.replace_tasks(json, timestamptz, text)`)}) IS NULL THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -248,12 +249,17 @@ BEGIN
   -- (SELECT … FOR NO KEY UPDATE of task_states, which needs an UPDATE
   -- privilege: has_dependents, the one column it sets on them), reads their
   -- state, group and a completed one's result, and writes the edges; no
-  -- read of task_dependencies, no other update.
+  -- other update.
+  -- With replace, replace_tasks() (0006, SECURITY DEFINER) rewrites a task
+  -- that has not started: no UPDATE privilege here, which would reach tasks
+  -- in any state. The replaced task is read back through the view, with its
+  -- dependencies' names.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
   GRANT SELECT (queue, id, seq), INSERT (${ENQUEUE_INPUT_COLUMNS}) ON ${t('task_inputs')} TO ${id(r.producer)};
   GRANT SELECT (${DEPENDENCY_READ_COLUMNS}), INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (has_dependents)
     ON ${t('task_states')} TO ${id(r.producer)};
-  GRANT INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.producer)};
+  GRANT SELECT (dependent_seq, dependency_seq, dependency_queue, dependency_id), INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.producer)};
+  GRANT EXECUTE ON FUNCTION ${t('replace_tasks(json, timestamptz, text)')} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
   -- enqueue numbers a batch's tasks in the caller's order with nextval() on task_seq
   -- (the identity's sequence of task_inputs.seq), the worker also pending positions;

@@ -55,6 +55,14 @@ export interface EnqueueOptions {
    * @defaultValue 'archive'
    */
   onDependencyFailure?: DependencyFailurePolicy;
+  /**
+   * With a taskId: if that task is waiting to run (pending, scheduled, retry
+   * or waiting), replace its payload, options and due time in place instead
+   * of refusing the id (debounce: the last enqueue wins, one execution). An
+   * active or finished task with the id is still a TaskIdConflictError.
+   * @defaultValue false
+   */
+  replace?: boolean;
 }
 
 const OPTION_KEYS = [
@@ -71,6 +79,7 @@ const OPTION_KEYS = [
   'headers',
   'dependsOn',
   'onDependencyFailure',
+  'replace',
 ] as const;
 
 /** The most dependencies one task may have. */
@@ -147,6 +156,7 @@ export function validateOptions(input: unknown, what = 'options'): EnqueueOption
     }
     out.onDependencyFailure = o.onDependencyFailure;
   }
+  if (o.replace !== undefined) out.replace = v.boolean(o.replace, 'replace');
   return out;
 }
 
@@ -232,6 +242,8 @@ export interface TaskRecord {
   /** Resolved to queue and id, each once. */
   dependsOn: TaskRef[];
   onDependencyFailure: DependencyFailurePolicy;
+  /** Replace a task with this id that has not started (see EnqueueOptions.replace). */
+  replace: boolean;
 }
 
 /**
@@ -258,6 +270,7 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
   if (dependsOn.length > 0 && o.group !== undefined) {
     throw new InvalidOptionError('dependsOn', 'cannot be combined with group: grouped tasks are merged into one, which has no dependencies');
   }
+  if (o.replace === true) checkReplace(o);
   return {
     id,
     idGiven: o.taskId !== undefined,
@@ -276,7 +289,20 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
     processInMs: o.processIn ?? null,
     dependsOn,
     onDependencyFailure: o.onDependencyFailure ?? 'archive',
+    replace: o.replace === true,
   };
+}
+
+/**
+ * A replace names the task it replaces, and keeps to what can change in
+ * place: not a unique lock (its key is the payload's), a group (grouped
+ * tasks are merged) or dependencies (a waiting task keeps its own).
+ */
+function checkReplace(o: EnqueueOptions): void {
+  if (o.taskId === undefined) throw new InvalidOptionError('replace', 'needs a taskId: the id of the task to replace');
+  for (const other of ['unique', 'group', 'dependsOn'] as const) {
+    if (o[other] !== undefined) throw new InvalidOptionError('replace', `cannot be combined with ${other}`);
+  }
 }
 
 /** `queue/id`: how a task is named in messages and in dependencyResults(). */

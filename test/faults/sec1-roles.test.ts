@@ -131,7 +131,7 @@ describe('SEC1 roles', () => {
     );
     assert.ok(rows.length > 20);
     // The workflow triggers run as their owner: the owner role, also when migrated as someone else.
-    for (const fn of ['settle_completed', 'settle_failed', 'task_states_finished', 'task_states_deleted', 'tasks_write']) {
+    for (const fn of ['settle_completed', 'settle_failed', 'task_states_finished', 'task_states_deleted', 'tasks_write', 'replace_tasks']) {
       assert.equal(rows.find((r) => r.name === fn)?.owner, 'pgasynq_owner', fn);
     }
     assert.deepEqual(
@@ -166,6 +166,9 @@ describe('SEC1 roles', () => {
       await assert.rejects(client.enqueue(new Task('u', { k: 1 }), { queue: 'sec1', unique: 60_000 }), DuplicateTaskError);
       const later = await client.enqueue(new Task('later', { x: 1 }), { queue: 'adm', processIn: 3_600_000, taskId: 'sched-1' });
       assert.equal(later.state, 'scheduled');
+      // replace: through replace_tasks() (SECURITY DEFINER), with no UPDATE privilege of its own.
+      const replaced = await client.enqueue(new Task('later', { x: 2 }), { queue: 'adm', processIn: 3_600_000, taskId: 'sched-1', replace: true });
+      assert.deepEqual([replaced.state, replaced.payload], ['scheduled', { x: 2 }]);
       // A duplicate id names the task: PostgreSQL shows the key only to a role that may read its columns.
       await assert.rejects(client.enqueue(new Task('later', null), { queue: 'adm', taskId: 'sched-1' }), (err: unknown) => {
         assert.ok(err instanceof TaskIdConflictError, String(err));

@@ -1,0 +1,1 @@
+DROP FUNCTION {{schema}}.replace_tasks(json, timestamptz, text);

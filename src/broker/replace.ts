@@ -1,0 +1,69 @@
+/**
+ * Enqueue with `replace`: a task whose id is taken by a task that has not
+ * started (pending, scheduled, retry or waiting) is replaced in place: its
+ * type, payload, headers and options, and its due time. Debounce: however
+ * many times it is enqueued, it runs once, as last enqueued. An id taken by
+ * an active or finished task is a TaskIdConflictError, as without replace.
+ *
+ * In one transaction (the caller's, or one of its own): replace_tasks()
+ * (migration 0006, SECURITY DEFINER: a producer needs no UPDATE privilege)
+ * locks the tasks already there and replaces them, or none of them if one
+ * has started; then the others are inserted as any enqueue inserts them.
+ */
+import { sql } from 'kysely';
+import { TaskIdConflictError } from '../model/errors.js';
+import { taskName, type TaskInfo, type TaskRecord, type TaskState } from '../model/task.js';
+import { durableTransaction, type Db, type Transactional } from './db.js';
+import { insertWithDependencies } from './dependencies.js';
+import { insertTasks, toJsonRows } from './enqueue.js';
+import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
+
+/** The states a task may be replaced in: it has not started, and has not finished. */
+const REPLACEABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'waiting'];
+
+export async function insertOrReplace(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
+  const run = async (trx: Transactional): Promise<TaskInfo[]> => {
+    const named = records.filter((r) => r.replace);
+    const found = await db.run(
+      sql<{ ord: string; found_state: TaskState }>`
+      SELECT ord, found_state FROM ${db.table('replace_tasks')}(${toJsonRows(named)}::json, ${db.now()}, ${db.schema})`,
+      trx,
+    );
+    const conflict = found.find((f) => !REPLACEABLE.includes(f.found_state));
+    // As without replace: the id is taken by a task that started or finished (and nothing was replaced).
+    if (conflict) {
+      const r = named[Number(conflict.ord) - 1]!;
+      throw new TaskIdConflictError(r.queue, r.id);
+    }
+    const replaced = new Set(found.map((f) => taskName(named[Number(f.ord) - 1]!)));
+    const inserted = records.filter((r) => !replaced.has(taskName(r)));
+    const insertedInfos =
+      inserted.length === 0
+        ? []
+        : inserted.some((r) => r.dependsOn.length > 0)
+          ? await insertWithDependencies(db, inserted, trx)
+          : await insertTasks(db, inserted, trx);
+    const byName = new Map<string, TaskInfo>(insertedInfos.map((i) => [taskName(i), i]));
+    if (replaced.size > 0)
+      for (const i of await selectTasks(
+        db,
+        trx,
+        named.filter((r) => replaced.has(taskName(r))),
+      ))
+        byName.set(taskName(i), i);
+    return records.map((r) => byName.get(taskName(r))!);
+  };
+  return tx === undefined ? durableTransaction(db, run) : run(tx);
+}
+
+/** The replaced tasks as they now are, read in the transaction that replaced them. */
+async function selectTasks(db: Db, trx: Transactional, records: TaskRecord[]): Promise<TaskInfo[]> {
+  const rows = await db.run(
+    sql<TaskRow>`
+    SELECT ${taskColumns(db)}
+    FROM unnest(${records.map((r) => r.queue)}::text[], ${records.map((r) => r.id)}::text[]) AS r(queue, id)
+    JOIN ${db.table('tasks')} t ON t.queue = r.queue AND t.id = r.id`,
+    trx,
+  );
+  return rows.map(toTaskInfo);
+}
