@@ -4,9 +4,9 @@
  * take the state as a word), and the dashboard's previews and estimates,
  * read in PostgreSQL. Not exported by the package.
  */
-import { dependentsOf } from './broker/dependencies.js';
+import { dependenciesOf, dependentsOf, type DependencyPreview } from './broker/dependencies.js';
 import * as read from './broker/inspector-read.js';
-import type { DependencyPreview, ServerPreview } from './broker/inspector-read.js';
+import type { ServerPreview } from './broker/inspector-read.js';
 import type { TaskPreview } from './broker/rows.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
 import { FailedPreconditionError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
@@ -104,7 +104,7 @@ export const MAX_DEPENDENCY_PAGE = 1000;
 export async function listTaskDependencies(inspector: Inspector, queue: string, id: string, limit: number): Promise<DependencyPreview[]> {
   const q = v.queueName(queue);
   const taskId = v.taskId(id);
-  const r = await read.dependenciesOf(internals.db(inspector), q, taskId, v.integer(limit, 'limit', 1, MAX_DEPENDENCY_PAGE));
+  const r = await dependenciesOf(internals.db(inspector), q, taskId, v.integer(limit, 'limit', 1, MAX_DEPENDENCY_PAGE));
   if (r === undefined) throw new TaskNotFoundError(q, taskId);
   return r;
 }

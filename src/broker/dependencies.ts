@@ -2,7 +2,7 @@
  * Workflows: tasks that wait for other tasks. Settling a dependency when it
  * finishes is the database's own work (migration 0005's triggers, in the
  * transaction that completes, archives or deletes it); here are the enqueue
- * of tasks with dependencies and the reads of the edges.
+ * of tasks with dependencies and every read of the edges.
  */
 import { sql } from 'kysely';
 import { decodePayload } from '../model/payload.js';
@@ -64,4 +64,36 @@ export async function dependentsOf(db: Db, queue: string, id: string, limit: num
     ORDER BY d.dependent_seq
     LIMIT ${limit}`);
   return { tasks: rows.map(({ queue, id, state }) => ({ queue, id, state })), total: rows[0]?.total ?? 0 };
+}
+
+/** One dependency of a task as its page shows it: whom it waits for, how that one ended, and whether it is still stored. */
+export interface DependencyPreview extends TaskRef {
+  /** How the dependency was settled; null while it is unfinished. */
+  outcome: 'completed' | 'failed' | null;
+  /** The dependency's state now; null when its rows are gone (deleted, or completed without retention). */
+  state: TaskState | null;
+}
+
+/**
+ * The first `limit` dependencies of a task, in the order they were enqueued,
+ * from its edges (which keep the dependency's name after its rows are gone),
+ * with the dependency's state when it is still stored: joined by seq, so a
+ * later task that reuses a deleted dependency's id is not taken for it.
+ * Undefined when the task does not exist.
+ */
+export async function dependenciesOf(db: Db, queue: string, id: string, limit: number): Promise<DependencyPreview[] | undefined> {
+  const rows = await db.run(sql<{ queue: string | null; id: string | null; outcome: DependencyPreview['outcome']; state: TaskState | null }>`
+    SELECT d.queue, d.id, d.outcome, d.state
+    FROM ${db.table('task_inputs')} i
+    LEFT JOIN LATERAL (
+      SELECT e.dependency_queue AS queue, e.dependency_id AS id, e.outcome, s.state, e.dependency_seq AS seq
+      FROM ${db.table('task_dependencies')} e
+      LEFT JOIN ${db.table('task_states')} s ON s.seq = e.dependency_seq
+      WHERE e.dependent_seq = i.seq
+      ORDER BY e.dependency_seq LIMIT ${limit}
+    ) d ON true
+    WHERE i.queue = ${queue} AND i.id = ${id}
+    ORDER BY d.seq`);
+  if (rows.length === 0) return undefined;
+  return rows.filter((r): r is DependencyPreview => r.queue !== null && r.id !== null);
 }

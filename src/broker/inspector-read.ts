@@ -6,7 +6,7 @@
  */
 import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../model/payload.js';
-import type { TaskInfo, TaskRef, TaskState } from '../model/task.js';
+import type { TaskInfo, TaskState } from '../model/task.js';
 import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../model/inspector-types.js';
 import type { Db } from './db.js';
 import { previewColumns, previewOf, taskColumns, toTaskInfo, toTaskPreview, type TaskPreview, type TaskPreviewRow, type TaskRow } from './rows.js';
@@ -130,38 +130,6 @@ export async function listTasks(db: Db, queue: string, state: TaskState, page: T
 export async function listTaskPreviews(db: Db, queue: string, state: TaskState, page: TaskPage, hide: boolean): Promise<InQueue<TaskPreview[]>> {
   const rows = (await db.run(tasksPage(db, previewColumns(db, hide), queue, state, page))) as unknown as TaskPreviewRow[];
   return { queueFound: rows.length > 0, value: rows.filter((r) => r.id != null).map(toTaskPreview) };
-}
-
-/** One dependency of a task as its page shows it: whom it waits for, how that one ended, and whether it is still stored. */
-export interface DependencyPreview extends TaskRef {
-  /** How the dependency was settled; null while it is unfinished. */
-  outcome: 'completed' | 'failed' | null;
-  /** The dependency's state now; null when its rows are gone (deleted, or completed without retention). */
-  state: TaskState | null;
-}
-
-/**
- * The first `limit` dependencies of a task, in the order they were enqueued,
- * from its edges (which keep the dependency's name after its rows are gone),
- * with the dependency's state when it is still stored: joined by seq, so a
- * later task that reuses a deleted dependency's id is not taken for it.
- * Undefined when the task does not exist.
- */
-export async function dependenciesOf(db: Db, queue: string, id: string, limit: number): Promise<DependencyPreview[] | undefined> {
-  const rows = await db.run(sql<{ queue: string | null; id: string | null; outcome: DependencyPreview['outcome']; state: TaskState | null }>`
-    SELECT d.queue, d.id, d.outcome, d.state
-    FROM ${db.table('task_inputs')} i
-    LEFT JOIN LATERAL (
-      SELECT e.dependency_queue AS queue, e.dependency_id AS id, e.outcome, s.state, e.dependency_seq AS seq
-      FROM ${db.table('task_dependencies')} e
-      LEFT JOIN ${db.table('task_states')} s ON s.seq = e.dependency_seq
-      WHERE e.dependent_seq = i.seq
-      ORDER BY e.dependency_seq LIMIT ${limit}
-    ) d ON true
-    WHERE i.queue = ${queue} AND i.id = ${id}
-    ORDER BY d.seq`);
-  if (rows.length === 0) return undefined;
-  return rows.filter((r): r is DependencyPreview => r.queue !== null && r.id !== null);
 }
 
 /**

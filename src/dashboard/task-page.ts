@@ -3,7 +3,7 @@
  * headers, and for a task of a workflow its dependencies and dependents,
  * each a link to its own page, so a chain can be walked both ways.
  */
-import type { DependencyPreview } from '../broker/inspector-read.js';
+import type { DependencyPreview } from '../broker/dependencies.js';
 import { listTaskDependencies, listTaskDependents } from '../inspector-internal.js';
 import type { TaskInfo, TaskRef } from '../model/task.js';
 import { duration, instant, num, pretty, relative } from './format.js';
