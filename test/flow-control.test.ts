@@ -1,9 +1,13 @@
 /**
- * Flow control: Snooze (a handler's "not now") and replace (debounce).
+ * Flow control: Snooze (a handler's "not now"), replace (debounce), and
+ * weighted queues chosen per slot within one claim.
  */
 import assert from 'node:assert/strict';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
 import { Client, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Db } from '../src/broker/db.js';
+import { HEAD, claimFrom } from '../src/broker/claim.js';
+import { claimShares, queueOrder } from '../src/server/queues.js';
 import { caught, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -220,4 +224,35 @@ describe('replace', () => {
       assert.match(err.message, message);
     });
   }
+});
+
+describe('weighted queues within one claim', () => {
+  test('a claim of 40 from queues weighted 3:1 takes 30 and 10, whatever the shuffle; what one queue lacks the other fills', async () => {
+    await client.enqueueMany(Array.from({ length: 100 }, (_, i) => new Task('w', i, { queue: 'heavy' })));
+    await client.enqueueMany(Array.from({ length: 100 }, (_, i) => new Task('w', i, { queue: 'light' })));
+    const broker = new Db({ connectionString: db.connectionString, schema: db.schema });
+    try {
+      const weights = { heavy: 3, light: 1 };
+      const claimOnce = async (limit: number, random: () => number) => {
+        const order = queueOrder(weights, false, random);
+        const { rows } = await claimFrom(
+          broker,
+          order,
+          { floors: order.map(() => HEAD), olderThan: null },
+          claimShares(weights, order, false, limit),
+          limit,
+          'srv',
+          60_000,
+        );
+        return { heavy: rows.filter((r) => r.queue === 'heavy').length, light: rows.filter((r) => r.queue === 'light').length };
+      };
+      // A shuffle that puts light first, and one that puts heavy first: the shares hold either way.
+      assert.deepEqual(await claimOnce(40, () => 0.99), { heavy: 30, light: 10 });
+      assert.deepEqual(await claimOnce(40, () => 0), { heavy: 30, light: 10 });
+      // 40 heavy and 80 light left: a claim of 120 takes the rest of both.
+      assert.deepEqual(await claimOnce(120, () => 0.5), { heavy: 40, light: 80 });
+    } finally {
+      await broker.close();
+    }
+  });
 });
