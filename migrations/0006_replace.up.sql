@@ -8,15 +8,15 @@
 -- one due later becomes scheduled; a waiting task keeps waiting for its
 -- dependencies, with the new due time for when they are done.
 -- It returns, for each task of `tasks` that exists, its place in `tasks` and
--- the state it was found in; if any of them had started or finished, it
--- changes nothing (the enqueue then fails with TaskIdConflictError). The
--- caller inserts the tasks that do not exist.
+-- whether it was replaced. If any had started or finished, it changes nothing
+-- and returns those only, not replaced (the enqueue then fails with
+-- TaskIdConflictError). The caller inserts the tasks that do not exist.
 -- SECURITY DEFINER: a producer may replace a task that has not started
 -- without any UPDATE privilege of its own (with one, it could rewrite any
 -- task in any state).
 
 CREATE FUNCTION {{schema}}.replace_tasks(tasks json, now_at timestamptz, schema_name text)
-RETURNS TABLE (ord bigint, found_state text)
+RETURNS TABLE (ord bigint, replaced boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   ords bigint[];
@@ -36,8 +36,9 @@ BEGIN
   IF ords IS NULL THEN
     RETURN;
   END IF;
-  IF EXISTS (SELECT 1 FROM unnest(states) AS st WHERE st NOT IN ('pending', 'scheduled', 'retry', 'waiting')) THEN
-    RETURN QUERY SELECT * FROM unnest(ords, states);
+  -- Not started and not finished: the states a task may be replaced in.
+  RETURN QUERY SELECT f.o, false FROM unnest(ords, states) AS f(o, st) WHERE f.st NOT IN ('pending', 'scheduled', 'retry', 'waiting');
+  IF FOUND THEN
     RETURN;
   END IF;
   WITH r AS (
@@ -72,7 +73,7 @@ BEGIN
     FROM (SELECT DISTINCT state, queue FROM moved WHERE state IN ('pending', 'scheduled')) m
   )
   SELECT count(*) INTO n FROM notified;
-  RETURN QUERY SELECT * FROM unnest(ords, states);
+  RETURN QUERY SELECT o, true FROM unnest(ords) AS o;
 END
 $$;
 

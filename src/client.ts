@@ -4,7 +4,6 @@
  */
 import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
 import { insertWithDependencies } from './broker/dependencies.js';
-import { insertTasks } from './broker/enqueue.js';
 import { insertOrReplace } from './broker/replace.js';
 import type { TaskRecord } from './model/task.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
@@ -87,8 +86,7 @@ export class Client {
 
   /** Tasks with dependencies or to replace take a transaction of their own (or the caller's); the others one statement. */
   #insert(records: TaskRecord[], tx: Transactional | undefined): Promise<TaskInfo[]> {
-    if (records.some((r) => r.replace)) return insertOrReplace(this.#db, records, tx);
-    return records.some((r) => r.dependsOn.length > 0) ? insertWithDependencies(this.#db, records, tx) : insertTasks(this.#db, records, tx);
+    return records.some((r) => r.replace) ? insertOrReplace(this.#db, records, tx) : insertWithDependencies(this.#db, records, tx);
   }
 
   #checkOpen(): void {

@@ -12,13 +12,15 @@ import { durableTransaction, type Db, type Transactional } from './db.js';
 import { insertTasks } from './enqueue.js';
 
 /**
- * Enqueues tasks of which some have dependencies, all or nothing: the stored
- * dependencies are locked (none can finish or go while the plan is made and
- * written), the plan is checked (a cycle, a dependency that does not exist),
- * then one statement writes the tasks and their edges. In the caller's
- * transaction when there is one, else in a transaction of its own.
+ * Enqueues tasks, all or nothing. Without dependencies, one statement
+ * (insertTasks). With them: the stored dependencies are locked (none can
+ * finish or go while the plan is made and written), the plan is checked (a
+ * cycle, a dependency that does not exist), then one statement writes the
+ * tasks and their edges, in the caller's transaction when there is one, else
+ * in a transaction of its own.
  */
 export async function insertWithDependencies(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
+  if (!records.some((r) => r.dependsOn.length > 0)) return insertTasks(db, records, tx);
   const run = async (trx: Transactional) => {
     const refs = storedDependencies(records);
     const stored = refs.length > 0 ? await lockDependencies(db, trx, refs) : new Map<string, StoredDependency>();

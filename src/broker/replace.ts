@@ -12,45 +12,31 @@
  */
 import { sql } from 'kysely';
 import { TaskIdConflictError } from '../model/errors.js';
-import { taskName, type TaskInfo, type TaskRecord, type TaskState } from '../model/task.js';
+import { taskName, type TaskInfo, type TaskRecord } from '../model/task.js';
 import { durableTransaction, type Db, type Transactional } from './db.js';
 import { insertWithDependencies } from './dependencies.js';
-import { insertTasks, toJsonRows } from './enqueue.js';
+import { toJsonRows } from './enqueue.js';
 import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
-
-/** The states a task may be replaced in: it has not started, and has not finished. */
-const REPLACEABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'waiting'];
 
 export async function insertOrReplace(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
   const run = async (trx: Transactional): Promise<TaskInfo[]> => {
     const named = records.filter((r) => r.replace);
     const found = await db.run(
-      sql<{ ord: string; found_state: TaskState }>`
-      SELECT ord, found_state FROM ${db.table('replace_tasks')}(${toJsonRows(named)}::json, ${db.now()}, ${db.schema})`,
+      sql<{ ord: string; replaced: boolean }>`
+      SELECT ord, replaced FROM ${db.table('replace_tasks')}(${toJsonRows(named)}::json, ${db.now()}, ${db.schema})`,
       trx,
     );
-    const conflict = found.find((f) => !REPLACEABLE.includes(f.found_state));
     // As without replace: the id is taken by a task that started or finished (and nothing was replaced).
+    const conflict = found.find((f) => !f.replaced);
     if (conflict) {
       const r = named[Number(conflict.ord) - 1]!;
       throw new TaskIdConflictError(r.queue, r.id);
     }
-    const replaced = new Set(found.map((f) => taskName(named[Number(f.ord) - 1]!)));
-    const inserted = records.filter((r) => !replaced.has(taskName(r)));
-    const insertedInfos =
-      inserted.length === 0
-        ? []
-        : inserted.some((r) => r.dependsOn.length > 0)
-          ? await insertWithDependencies(db, inserted, trx)
-          : await insertTasks(db, inserted, trx);
-    const byName = new Map<string, TaskInfo>(insertedInfos.map((i) => [taskName(i), i]));
-    if (replaced.size > 0)
-      for (const i of await selectTasks(
-        db,
-        trx,
-        named.filter((r) => replaced.has(taskName(r))),
-      ))
-        byName.set(taskName(i), i);
+    const replaced = named.filter((_, n) => found.some((f) => Number(f.ord) === n + 1));
+    const names = new Set(replaced.map(taskName));
+    const inserted = records.filter((r) => !names.has(taskName(r)));
+    const infos = [...(inserted.length === 0 ? [] : await insertWithDependencies(db, inserted, trx)), ...(await selectTasks(db, trx, replaced))];
+    const byName = new Map(infos.map((i) => [taskName(i), i]));
     return records.map((r) => byName.get(taskName(r))!);
   };
   return tx === undefined ? durableTransaction(db, run) : run(tx);
@@ -58,6 +44,7 @@ export async function insertOrReplace(db: Db, records: TaskRecord[], tx?: Transa
 
 /** The replaced tasks as they now are, read in the transaction that replaced them. */
 async function selectTasks(db: Db, trx: Transactional, records: TaskRecord[]): Promise<TaskInfo[]> {
+  if (records.length === 0) return [];
   const rows = await db.run(
     sql<TaskRow>`
     SELECT ${taskColumns(db)}
