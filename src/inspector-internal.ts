@@ -9,7 +9,7 @@ import * as read from './broker/inspector-read.js';
 import type { ServerPreview } from './broker/inspector-read.js';
 import type { TaskPreview } from './broker/rows.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
-import { FailedPreconditionError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
+import { FailedPreconditionError, TaskNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
 import type { TaskInfo, TaskRef, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
@@ -68,9 +68,10 @@ export async function listTaskPreviews(
   const g = state === 'aggregating' ? v.groupName(opts.group) : undefined;
   const page = v.integer(opts.page, 'page', 1, v.MAX_PAGE);
   const size = v.integer(opts.pageSize, 'pageSize', 1, MAX_PREVIEW_PAGE_SIZE);
-  const r = await read.listTaskPreviews(internals.db(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide'));
-  if (!r.queueFound) throw new QueueNotFoundError(q);
-  return r.value;
+  return read.inQueue(
+    q,
+    await read.listTaskPreviews(internals.db(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide')),
+  );
 }
 
 /** @internal The dashboard's servers: servers() with payload previews (null when `hide`), not part of the public API. */

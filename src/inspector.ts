@@ -18,23 +18,12 @@ import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEve
 
 export type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from './model/inspector-types.js';
 
-const DEFAULT_PAGE_SIZE = 30;
-const MAX_PAGE_SIZE = 1000;
 const MAX_HISTORY_DAYS = 3650;
 
 /** States a task may be in for each single-task action (asynq's inspect.go). */
 const DELETABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
 const RUNNABLE: readonly TaskState[] = ['scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
 const ARCHIVABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'completed', 'aggregating', 'waiting'];
-
-function pageOf(opts: unknown): { limit: number; offset: number } {
-  if (opts === undefined) return { limit: DEFAULT_PAGE_SIZE, offset: 0 };
-  const o = v.plainObject(opts, 'options');
-  v.knownKeys(o, ['page', 'pageSize'], 'options');
-  const page = o.page === undefined ? 1 : v.integer(o.page, 'page', 1, v.MAX_PAGE);
-  const size = o.pageSize === undefined ? DEFAULT_PAGE_SIZE : v.integer(o.pageSize, 'pageSize', 1, MAX_PAGE_SIZE);
-  return { limit: size, offset: (page - 1) * size };
-}
 
 /**
  * @internal The Inspector's private parts that the CLI's and the dashboard's
@@ -119,19 +108,16 @@ export class Inspector {
   async getTaskInfo(queue: string, id: string): Promise<TaskInfo> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await read.taskInfo(this.#open(), q, taskId);
-    if (!r.queueFound) throw new QueueNotFoundError(q);
-    if (!r.value) throw new TaskNotFoundError(q, taskId);
-    return r.value;
+    const info = read.inQueue(q, await read.taskInfo(this.#open(), q, taskId));
+    if (!info) throw new TaskNotFoundError(q, taskId);
+    return info;
   }
 
   async #list(queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]> {
     const q = v.queueName(queue);
     const g = state === 'aggregating' ? v.groupName(group) : undefined;
-    const page = pageOf(opts);
-    const r = await read.listTasks(this.#open(), q, state, { ...page, group: g });
-    if (!r.queueFound) throw new QueueNotFoundError(q);
-    return r.value;
+    const page = v.listPage(opts);
+    return read.inQueue(q, await read.listTasks(this.#open(), q, state, { ...page, group: g }));
   }
 
   /** Pending tasks in the order they will run. */
@@ -248,17 +234,13 @@ export class Inspector {
   async #deleteAll(queue: string, state: TaskState, group?: unknown): Promise<number> {
     const q = v.queueName(queue);
     const g = state === 'aggregating' ? v.groupName(group) : null;
-    const r = await write.deleteAllInState(this.#open(), q, state, g);
-    if (!r.queueFound) throw new QueueNotFoundError(q);
-    return r.count;
+    return read.inQueue(q, await write.deleteAllInState(this.#open(), q, state, g));
   }
 
   async #moveAll(queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number> {
     const q = v.queueName(queue);
     const g = from === 'aggregating' ? v.groupName(group) : null;
-    const r = await write.moveAllInState(this.#open(), q, from, to, g);
-    if (!r.queueFound) throw new QueueNotFoundError(q);
-    return r.count;
+    return read.inQueue(q, await write.moveAllInState(this.#open(), q, from, to, g));
   }
 
   /** Deletes every pending task of the queue; resolves to how many. Unique locks they hold are released. */
@@ -384,9 +366,7 @@ export class Inspector {
   /** The queue's groups of aggregating tasks, by name. */
   async groups(queue: string): Promise<GroupInfo[]> {
     const q = v.queueName(queue);
-    const r = await read.listGroups(this.#open(), q);
-    if (!r.queueFound) throw new QueueNotFoundError(q);
-    return r.value;
+    return read.inQueue(q, await read.listGroups(this.#open(), q));
   }
 
   /** Live servers, oldest first, each with the tasks it is running. */
@@ -402,7 +382,7 @@ export class Inspector {
   /** The tasks an entry enqueued, newest first. The history outlives the scheduler. */
   async listSchedulerEnqueueEvents(entryId: string, opts?: ListOptions): Promise<SchedulerEnqueueEvent[]> {
     const id = v.taskId(entryId, 'entryId');
-    const page = pageOf(opts);
+    const page = v.listPage(opts);
     return read.listSchedulerEvents(this.#open(), id, page.limit, page.offset);
   }
 

@@ -5,6 +5,7 @@
  * Counts are float8 (exact up to 2^53) so they arrive as numbers, not strings.
  */
 import { sql, type RawBuilder } from 'kysely';
+import { QueueNotFoundError } from '../model/errors.js';
 import { decodePayload } from '../model/payload.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
 import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../model/inspector-types.js';
@@ -15,6 +16,12 @@ import { previewColumns, previewOf, taskColumns, toTaskInfo, toTaskPreview, type
 export interface InQueue<T> {
   queueFound: boolean;
   value: T;
+}
+
+/** A result's value, or QueueNotFoundError when its queue does not exist. */
+export function inQueue<T>(queue: string, r: InQueue<T>): T {
+  if (!r.queueFound) throw new QueueNotFoundError(queue);
+  return r.value;
 }
 
 /** Every queue's name, in name order (asynq's Queues, sorted). */

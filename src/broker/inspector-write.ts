@@ -9,6 +9,7 @@
 import { sql } from 'kysely';
 import type { TaskState } from '../model/task.js';
 import type { Db } from './db.js';
+import type { InQueue } from './inspector-read.js';
 
 /** What a one-task action found and did. */
 export interface TaskActionResult {
@@ -19,16 +20,12 @@ export interface TaskActionResult {
   done: boolean;
 }
 
-/** What a bulk action found and did. */
-export interface BulkActionResult {
-  queueFound: boolean;
-  /** Rows changed. */
-  count: number;
-}
+/** What a bulk action found and did: whether the queue exists, and how many rows it changed. */
+export type BulkActionResult = InQueue<number>;
 
 type ActionRow = { queue_found: boolean; state: TaskState | null; n: number };
 const toAction = (r: ActionRow | undefined): TaskActionResult => ({ queueFound: r?.queue_found ?? false, state: r?.state ?? null, done: (r?.n ?? 0) > 0 });
-const toBulk = (r: { queue_found: boolean; n: number } | undefined): BulkActionResult => ({ queueFound: r?.queue_found ?? false, count: r?.n ?? 0 });
+const toBulk = (r: { queue_found: boolean; n: number } | undefined): BulkActionResult => ({ queueFound: r?.queue_found ?? false, value: r?.n ?? 0 });
 
 /**
  * Deletes task `id` of `queue` if its state is in `allowed`, and releases its

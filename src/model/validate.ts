@@ -151,3 +151,17 @@ export { describe as describeValue };
 
 /** The highest page number a list accepts. */
 export const MAX_PAGE = 1_000_000_000;
+
+/** A list's page when none is asked for, and the largest page one call may ask for. */
+const DEFAULT_PAGE_SIZE = 30;
+const MAX_PAGE_SIZE = 1000;
+
+/** The Inspector's ListOptions ({ page?, pageSize? }) as the rows to read. */
+export function listPage(opts: unknown): { limit: number; offset: number } {
+  if (opts === undefined) return { limit: DEFAULT_PAGE_SIZE, offset: 0 };
+  const o = plainObject(opts, 'options');
+  knownKeys(o, ['page', 'pageSize'], 'options');
+  const page = o.page === undefined ? 1 : integer(o.page, 'page', 1, MAX_PAGE);
+  const size = o.pageSize === undefined ? DEFAULT_PAGE_SIZE : integer(o.pageSize, 'pageSize', 1, MAX_PAGE_SIZE);
+  return { limit: size, offset: (page - 1) * size };
+}
