@@ -57,6 +57,7 @@ export {
   Inspector,
   type InspectorOptions,
   type QueueInfo,
+  type QueueLimits,
   type DailyStats,
   type ListOptions,
   type GroupInfo,

@@ -14,9 +14,19 @@ import { resolveLogger } from './internal/logger.js';
 import { encodePayload, maxPayloadBytesOption } from './model/payload.js';
 import type { TaskInfo, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
-import type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
+import type { DailyStats, GroupInfo, ListOptions, QueueInfo, QueueLimits, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
 
-export type { DailyStats, GroupInfo, ListOptions, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from './model/inspector-types.js';
+export type {
+  DailyStats,
+  GroupInfo,
+  ListOptions,
+  QueueInfo,
+  QueueLimits,
+  SchedulerEnqueueEvent,
+  SchedulerEntry,
+  ServerInfo,
+  WorkerInfo,
+} from './model/inspector-types.js';
 
 const MAX_HISTORY_DAYS = 3650;
 
@@ -337,6 +347,18 @@ export class Inspector {
     const { wasPaused } = await write.setPaused(this.#open(), q, true);
     if (wasPaused === null) throw new QueueNotFoundError(q);
     if (wasPaused) throw new FailedPreconditionError(`queue "${q}" is already paused`);
+  }
+
+  /**
+   * Sets the queue's limits, replacing the ones it had: `concurrency` active
+   * tasks at most across all servers, `keyConcurrency` per concurrencyKey,
+   * `rateLimit.limit` starts in any `rateLimit.interval` ms. A limit null or
+   * left out is cleared (`{}` clears all). The claim enforces them, so they
+   * hold for every server at once, from its next claim on.
+   */
+  async setQueueLimits(queue: string, limits: Partial<QueueLimits>): Promise<void> {
+    const q = v.queueName(queue);
+    if (!(await write.setLimits(this.#open(), q, v.queueLimits(limits)))) throw new QueueNotFoundError(q);
   }
 
   /** Lets servers claim the queue's tasks again, at once. Refused if not paused. */

@@ -1,12 +1,13 @@
 /**
- * Flow control: Snooze (a handler's "not now"), replace (debounce), and
- * weighted queues chosen per slot within one claim.
+ * Flow control: Snooze (a handler's "not now"), replace (debounce), priority
+ * within a queue, and weighted queues chosen per slot within one claim.
+ * (The cluster-wide limits are limits.test.ts's.)
  */
 import assert from 'node:assert/strict';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
-import { Client, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Client, Inspector, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
-import { HEAD, claimFrom } from '../src/broker/claim.js';
+import { claimFrom } from '../src/broker/claim.js';
 import { claimShares, queueOrder } from '../src/server/queues.js';
 import { caught, testDb, waitFor, type TestDb } from './helpers.js';
 
@@ -226,6 +227,101 @@ describe('replace', () => {
   }
 });
 
+describe('priority within a queue', () => {
+  test('higher first, FIFO within a priority', { timeout: 30_000 }, async () => {
+    const order: [string, number][] = [
+      ['a', 0],
+      ['b', 5],
+      ['c', 0],
+      ['d', -3],
+      ['e', 5],
+      ['f', 100],
+      ['g', 0],
+      ['h', -100],
+    ];
+    const infos = await client.enqueueMany(order.map(([id, priority]) => job(id, null, { priority })));
+    assert.deepEqual(
+      infos.map((t) => t.priority),
+      order.map(([, p]) => p),
+    );
+    const inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
+    try {
+      assert.deepEqual(await inspector.getTaskInfo('default', 'f').then((t) => [t.priority, t.concurrencyKey]), [100, null]);
+    } finally {
+      await inspector.close();
+    }
+    const ran: string[] = [];
+    await startServer((_t, ctx) => void ran.push(ctx.taskId), { concurrency: 1 });
+    await waitFor(() => ran.length === order.length, 10_000, 'every task');
+    assert.deepEqual(ran, ['f', 'b', 'e', 'a', 'c', 'g', 'd', 'h']);
+  });
+
+  test('a higher priority enqueued while a backlog runs goes next, and every task of every priority runs once', { timeout: 30_000 }, async () => {
+    // One task per claim (no prefetch): each claim shows the order. The server's claims
+    // raise their floors as they go; the bands that appear later have floors of their own.
+    await client.enqueueMany(Array.from({ length: 20 }, (_, i) => job(`low${String(i).padStart(2, '0')}`, null)));
+    const ran: string[] = [];
+    await startServer(
+      async (_t, ctx) => {
+        ran.push(ctx.taskId);
+        if (ctx.taskId === 'low04') {
+          await client.enqueueMany([
+            job('urgent1', null, { priority: 5 }),
+            job('late', null),
+            job('urgent2', null, { priority: 5 }),
+            job('last', null, { priority: -1 }),
+          ]);
+        }
+      },
+      { concurrency: 1, prefetch: 0 },
+    );
+    await waitFor(() => ran.length === 24, 20_000, 'every task');
+    const lows = Array.from({ length: 20 }, (_, i) => `low${String(i).padStart(2, '0')}`);
+    assert.deepEqual(ran, [...lows.slice(0, 5), 'urgent1', 'urgent2', ...lows.slice(5), 'late', 'last']);
+  });
+
+  test('replace and an UPDATE through the tasks view move a pending task to its new priority', { timeout: 30_000 }, async () => {
+    await client.enqueueMany([job('a', 1), job('b', 2), job('c', 3), job('d', 4)]);
+    const replaced = await client.enqueue(job('c', 'urgent', { priority: 1 }), { replace: true });
+    assert.equal(replaced.priority, 1);
+    await db.query(`UPDATE {{schema}}.tasks SET priority = 2 WHERE id = 'd'`);
+    const ran: [string, unknown][] = [];
+    await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
+    await waitFor(() => ran.length === 4, 10_000, 'four tasks');
+    assert.deepEqual(ran, [
+      ['d', 4],
+      ['c', 'urgent'],
+      ['a', 1],
+      ['b', 2],
+    ]);
+  });
+
+  test('priority and concurrencyKey are validated, naming the option', async () => {
+    const bad: [object, string][] = [
+      [{ priority: -101 }, 'priority'],
+      [{ priority: 101 }, 'priority'],
+      [{ priority: 1.5 }, 'priority'],
+      [{ priority: '1' }, 'priority'],
+      [{ priority: Number.NaN }, 'priority'],
+      [{ concurrencyKey: '' }, 'concurrencyKey'],
+      [{ concurrencyKey: '   ' }, 'concurrencyKey'],
+      [{ concurrencyKey: 'k'.repeat(201) }, 'concurrencyKey'],
+      [{ concurrencyKey: 'a\u0007b' }, 'concurrencyKey'],
+      [{ concurrencyKey: 7 }, 'concurrencyKey'],
+    ];
+    for (const [options, field] of bad) {
+      for (const attempt of [() => new Task('t', null, options), () => client.enqueue(new Task('t', null), options)]) {
+        const err = await caught(attempt);
+        assert.ok(err instanceof InvalidOptionError, `${JSON.stringify(options)}: ${String(err)}`);
+        assert.equal(err.field, field);
+      }
+    }
+    assert.equal((await db.query(`SELECT count(*)::int AS n FROM {{schema}}.tasks`))[0].n, 0, 'nothing written');
+    const ok = await client.enqueue(new Task('t', null, { priority: -100, concurrencyKey: 'tenant ü/42' }));
+    assert.deepEqual([ok.priority, ok.concurrencyKey], [-100, 'tenant ü/42']);
+  });
+});
+
 describe('weighted queues within one claim', () => {
   test('a claim of 40 from queues weighted 3:1 takes 30 and 10, whatever the shuffle; what one queue lacks the other fills', async () => {
     await client.enqueueMany(Array.from({ length: 100 }, (_, i) => new Task('w', i, { queue: 'heavy' })));
@@ -235,15 +331,7 @@ describe('weighted queues within one claim', () => {
       const weights = { heavy: 3, light: 1 };
       const claimOnce = async (limit: number, random: () => number) => {
         const order = queueOrder(weights, false, random);
-        const { rows } = await claimFrom(
-          broker,
-          order,
-          { floors: order.map(() => HEAD), olderThan: null },
-          claimShares(weights, order, false, limit),
-          limit,
-          'srv',
-          60_000,
-        );
+        const { rows } = await claimFrom(broker, order, { bands: [], olderThan: null }, claimShares(weights, order, false, limit), limit, 'srv', 60_000);
         return { heavy: rows.filter((r) => r.queue === 'heavy').length, light: rows.filter((r) => r.queue === 'light').length };
       };
       // A shuffle that puts light first, and one that puts heavy first: the shares hold either way.

@@ -172,6 +172,7 @@ describe('queues, getQueueInfo, history and the views', () => {
       processedTotal: 1000,
       failedTotal: 300,
       paused: true,
+      limits: { concurrency: null, keyConcurrency: null, rateLimit: null },
     });
     assert.ok(latency >= 5000 && latency < 15_000, `latency ${latency}`);
     assert.ok(timestamp instanceof Date && Math.abs(timestamp.getTime() - Date.now()) < 60_000);
@@ -275,7 +276,7 @@ describe('reading tasks', () => {
     await assert.rejects(inspector.getTaskInfo('nope', 'r1'), QueueNotFoundError);
   });
 
-  test('pages: 1-based, 30 by default, in run order, never overlapping', async () => {
+  test('pages: 1-based, 30 by default, in claim order, never overlapping', async () => {
     const tasks = Array.from({ length: 75 }, (_, i) => new Task('job', { i }, { taskId: `t${String(i).padStart(2, '0')}` }));
     await client.enqueueMany(tasks);
     // Same run_at for all (one statement): the order is enqueue order (seq).
@@ -286,9 +287,9 @@ describe('reading tasks', () => {
     assert.deepEqual(await inspector.listPendingTasks('default', { page: 4 }), []);
     assert.deepEqual(ids(await inspector.listPendingTasks('default', { page: 4, pageSize: 7 })), all.slice(21, 28));
     assert.deepEqual(ids(await inspector.listPendingTasks('default', { pageSize: 1000 })), all);
-    // An earlier run_at runs first, whatever the enqueue order.
-    await db.query("UPDATE {{schema}}.tasks SET run_at = run_at - interval '1 s' WHERE id = 't50'");
-    assert.equal((await inspector.listPendingTasks('default', { pageSize: 1 }))[0]?.id, 't50');
+    // The claim's order: a higher priority first, whatever the enqueue order.
+    await client.enqueue(new Task('job', null, { taskId: 'urgent', priority: 5 }));
+    assert.equal((await inspector.listPendingTasks('default', { pageSize: 1 }))[0]?.id, 'urgent');
     const t = (await inspector.listPendingTasks('default', { pageSize: 1 }))[0]!;
     assert.equal(t.state, 'pending');
     assert.ok(t.nextProcessAt instanceof Date, 'pending: nextProcessAt is now');
@@ -763,7 +764,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0006, 0005, 0004, 0003 and 0002 roll back and apply again', async () => {
+  test('migrations 0008 down to 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -775,6 +776,8 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0008_sql_enqueue');
+    assert.equal(await migrateDown(opts), '0007_flow_control');
     assert.equal(await migrateDown(opts), '0006_replace');
     assert.equal(await migrateDown(opts), '0005_workflows');
     assert.ok((await objects()).v);
@@ -785,7 +788,9 @@ describe('validation, closing, migration', () => {
     assert.match(await activeIndex(), /\(lease_expires_at\) WHERE \(state = 'active'::text\)$/);
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
-    assert.deepEqual(await migrate(opts), { applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace'] });
+    assert.deepEqual(await migrate(opts), {
+      applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue'],
+    });
     assert.ok((await objects()).v);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);
   });

@@ -595,7 +595,10 @@ describe('configuration', () => {
       server.start(() => {}),
       (err: unknown) => {
         assert.ok(err instanceof FailedPreconditionError);
-        assert.match(err.message, /schema "t_server\w*_old" lacks migrations 0005_workflows, 0006_replace: run `pgasynq migrate`/);
+        assert.match(
+          err.message,
+          /schema "t_server\w*_old" lacks migrations 0005_workflows, 0006_replace, 0007_flow_control, 0008_sql_enqueue: run `pgasynq migrate`/,
+        );
         return true;
       },
     );

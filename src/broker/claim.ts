@@ -4,7 +4,7 @@
  * (server/cursor.ts), and returns each task's inputs with its new lease token.
  * Every later write about a claimed task is leases.ts's, fenced by that token.
  */
-import { sql } from 'kysely';
+import { sql, type RawBuilder } from 'kysely';
 import type { Db } from './db.js';
 import type { TaskCore } from './rows.js';
 
@@ -13,6 +13,7 @@ export interface ClaimedRow extends TaskCore {
   seq: string;
   /** The task's position in its queue's pending order when claimed. */
   pending_seq: string;
+  priority: number;
   timeout_ms: number;
   /** ms from the claim (database clock) to the task's deadline; null without one. */
   deadline_in_ms: number | null;
@@ -36,20 +37,42 @@ export interface ClaimMark {
   drawersGone: boolean | null;
   /** Queues of the claim that were paused: not scanned. */
   paused: string[];
+  /** Queues of the claim with limits, not paused: not scanned, they are claimLimited()'s. */
+  limited: string[];
 }
 
-/** Where a claim starts: a floor per queue, and the transaction id the cursor waits on (server/cursor.ts). */
+/** A priority band of a queue (its tasks of one priority) and the floor its claims start above. */
+export interface Band {
+  queue: string;
+  priority: number;
+  floor: string;
+}
+
+/**
+ * Where a claim starts: the bands the cursor knows, with their floors, and
+ * the transaction id the cursor waits on (server/cursor.ts). A band it does
+ * not know yet is found by the claim and scanned from the head.
+ */
 export interface ClaimStart {
-  floors: readonly string[];
+  bands: readonly Band[];
   olderThan: string | null;
 }
+
+/** Beyond every priority (−100…100): the ends of the gaps between known bands. */
+const ABOVE = 101;
+const BELOW = -101;
 
 /**
  * Claims up to `limit` pending tasks in one statement: from each queue its
  * share, then what the shares left from the queues in the given order,
- * skipping paused queues, each from above its floor (the claim cursor's; the
- * head is any number below every position). The LIMITs stop the scans as soon
- * as enough rows are locked, so no row is locked without being claimed.
+ * skipping paused queues and queues with limits (claimLimited's). Within a
+ * queue, higher priority first, FIFO within a priority: each band of one
+ * priority is scanned from above its floor (the claim cursor's; the head is
+ * any number below every position). The bands the cursor does not know yet
+ * are found first, by probing the gaps between the ones it knows: a probe
+ * that finds nothing ends at the gap's end, without stepping over the
+ * entries the floors skip. The LIMITs stop the scans as soon as enough rows
+ * are locked, so no row is locked without being claimed.
  */
 export async function claimFrom(
   db: Db,
@@ -60,9 +83,12 @@ export async function claimFrom(
   owner: string,
   leaseMs: number,
 ): Promise<{ mark: ClaimMark; rows: ClaimedRow[] }> {
+  const ordOf = new Map(queues.map((q, i) => [q, i + 1]));
+  const known = start.bands.filter((b) => ordOf.has(b.queue));
+  const gaps = gapsBetween(queues, known);
   const result = await db.run(
-    sql<ClaimedRow & { drawn: string; xid: string; xmin: string; drawers_gone: boolean | null; paused: string[] }>`
-    WITH mark AS MATERIALIZED (
+    sql<ClaimedRow & { drawn: string; xid: string; xmin: string; drawers_gone: boolean | null; paused: string[]; limited: string[] }>`
+    WITH RECURSIVE mark AS MATERIALIZED (
       -- A sequence that has handed out nothing yet has drawn nothing.
       SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END AS drawn FROM ${db.table('task_seq')}
     ),
@@ -86,37 +112,65 @@ export async function claimFrom(
       ) AS gone
       WHERE ${start.olderThan}::xid8 IS NOT NULL
     ),
-    q AS (
-      SELECT u.name, u.floor, u.share, u.ord
-      FROM unnest(${queues}::text[], ${start.floors}::bigint[], ${shares}::int[]) WITH ORDINALITY AS u(name, floor, share, ord)
-      WHERE NOT EXISTS (SELECT 1 FROM ${db.table('queues')} p WHERE p.name = u.name AND p.paused)
+    q AS MATERIALIZED (
+      SELECT u.name, u.share, u.ord
+      FROM unnest(${queues}::text[], ${shares}::int[]) WITH ORDINALITY AS u(name, share, ord)
+      WHERE NOT EXISTS (SELECT 1 FROM ${db.table('queues')} p WHERE p.name = u.name AND (p.paused OR ${limitedQueue(sql`p`)}))
+    ),
+    -- The bands of each gap between the known ones, highest first: one index descent
+    -- each, and one more that ends the gap.
+    found(ord, name, lo, priority) AS (
+      SELECT g.ord, q.name, g.lo, (
+        SELECT s.priority FROM ${db.table('task_states')} s
+        WHERE s.queue = q.name AND s.state = 'pending' AND s.priority < g.hi AND s.priority > g.lo
+        ORDER BY s.priority DESC LIMIT 1)
+      FROM unnest(${gaps.ord}::int[], ${gaps.hi}::int[], ${gaps.lo}::int[]) AS g(ord, hi, lo) JOIN q ON q.ord = g.ord
+      UNION ALL
+      SELECT f.ord, f.name, f.lo, (
+        SELECT s.priority FROM ${db.table('task_states')} s
+        WHERE s.queue = f.name AND s.state = 'pending' AND s.priority < f.priority AND s.priority > f.lo
+        ORDER BY s.priority DESC LIMIT 1)
+      FROM found f WHERE f.priority IS NOT NULL
+    ),
+    -- Every band to scan, in the claim's order: by queue, highest priority first.
+    bands AS MATERIALIZED (
+      SELECT b.ord, q.name, b.priority, b.floor FROM (
+        SELECT k.ord, k.priority, k.floor
+        FROM unnest(${known.map((b) => ordOf.get(b.queue)!)}::int[], ${known.map((b) => b.priority)}::int[], ${known.map((b) => b.floor)}::bigint[]) AS k(ord, priority, floor)
+        UNION ALL
+        SELECT f.ord, f.priority, ${HEAD}::bigint FROM found f WHERE f.priority IS NOT NULL
+      ) b JOIN q ON q.ord = b.ord
+      ORDER BY b.ord, b.priority DESC
     ),
     -- Each queue's share first (the weights' proportions within one claim)…
     shared AS (
       SELECT c.ctid FROM q CROSS JOIN LATERAL (
-        SELECT s.ctid FROM ${db.table('task_states')} s
-        WHERE s.queue = q.name AND s.state = 'pending' AND s.pending_seq > q.floor
-          -- Referenced here so that the mark is taken before the first row is locked
-          -- (a row lock assigns the transaction id).
-          AND (SELECT xid FROM me) IS NOT NULL
-        ORDER BY s.pending_seq
-        LIMIT q.share FOR UPDATE SKIP LOCKED
+        SELECT x.ctid FROM bands b CROSS JOIN LATERAL (
+          SELECT s.ctid FROM ${db.table('task_states')} s
+          WHERE s.queue = b.name AND s.state = 'pending' AND s.priority = b.priority AND s.pending_seq > b.floor
+            -- Referenced here so that the mark is taken before the first row is locked
+            -- (a row lock assigns the transaction id).
+            AND (SELECT xid FROM me) IS NOT NULL
+          ORDER BY s.pending_seq
+          LIMIT q.share FOR UPDATE SKIP LOCKED
+        ) x
+        WHERE b.ord = q.ord
+        LIMIT q.share
       ) c
     ),
-    -- …then what the shares left, from the queues in order, so no slot stays idle
-    -- while a queue has tasks. The outer LIMIT stops the scans as soon as enough rows
-    -- are locked. The queues' order is the weighted shuffle: without ORDER BY a hash
-    -- anti-join may reorder them (unnest WITH ORDINALITY is already in order: no sort).
+    -- …then what the shares left, from the bands in order, so no slot stays idle while
+    -- a queue has tasks. The outer LIMIT stops the scans as soon as enough rows are
+    -- locked; the bands are read in the order they were materialized in (an ORDER BY
+    -- here would sort, so lock, every band's rows first).
     more AS (
-      SELECT m.ctid FROM q CROSS JOIN LATERAL (
+      SELECT m.ctid FROM bands b CROSS JOIN LATERAL (
         SELECT s.ctid FROM ${db.table('task_states')} s
-        WHERE s.queue = q.name AND s.state = 'pending' AND s.pending_seq > q.floor
+        WHERE s.queue = b.name AND s.state = 'pending' AND s.priority = b.priority AND s.pending_seq > b.floor
           AND s.ctid <> ALL(ARRAY(SELECT ctid FROM shared))
         ORDER BY s.pending_seq
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) m
       WHERE (SELECT count(*) FROM shared) < ${limit}
-      ORDER BY q.ord
       LIMIT greatest(${limit} - (SELECT count(*) FROM shared), 0)
     ),
     c AS (SELECT ctid FROM shared UNION ALL SELECT ctid FROM more),
@@ -135,10 +189,10 @@ export async function claimFrom(
           lease_expires_at = ${db.now()} + ${ms(leaseMs)}, started_at = ${db.now()}, run_at = NULL,
           cancel_requested = false, updated_at = ${db.now()}
       WHERE s.ctid = ANY(ARRAY(SELECT ctid FROM c))
-      RETURNING s.seq, s.queue, s.pending_seq, s.retried, s.lease_token
+      RETURNING s.seq, s.queue, s.pending_seq, s.priority, s.retried, s.lease_token
     ),
     tasks AS (
-      SELECT u.seq::text AS seq, u.pending_seq::text AS pending_seq, i.queue, i.id, i.type, i.payload, i.payload_bytes,
+      SELECT u.seq::text AS seq, u.pending_seq::text AS pending_seq, u.priority, i.queue, i.id, i.type, i.payload, i.payload_bytes,
         i.headers, u.retried, i.max_retry,
         (extract(epoch FROM i.timeout) * 1000)::float8 AS timeout_ms,
         (extract(epoch FROM i.deadline - ${db.now()}) * 1000)::float8 AS deadline_in_ms,
@@ -147,15 +201,81 @@ export async function claimFrom(
       FROM claimed u CROSS JOIN LATERAL (SELECT * FROM ${db.table('task_inputs')} i WHERE i.seq = u.seq) i
     )
     SELECT me.drawn::text AS drawn, me.xid::text AS xid, me.xmin::text AS xmin, (SELECT gone FROM drawers) AS drawers_gone,
-      ARRAY(SELECT p.name FROM ${db.table('queues')} p WHERE p.paused AND p.name = ANY(${queues}::text[])) AS paused, t.*
+      ARRAY(SELECT p.name FROM ${db.table('queues')} p WHERE p.paused AND p.name = ANY(${queues}::text[])) AS paused,
+      ARRAY(SELECT p.name FROM ${db.table('queues')} p WHERE NOT p.paused AND ${limitedQueue(sql`p`)} AND p.name = ANY(${queues}::text[])) AS limited,
+      t.*
     FROM me LEFT JOIN tasks t ON true
-    ORDER BY t.ord, t.position`,
+    ORDER BY t.ord, t.priority DESC, t.position`,
     undefined,
     'claim',
   );
   const first = result[0]!;
-  const mark = { drawn: BigInt(first.drawn), xid: BigInt(first.xid), xmin: BigInt(first.xmin), drawersGone: first.drawers_gone, paused: first.paused };
+  const mark = {
+    drawn: BigInt(first.drawn),
+    xid: BigInt(first.xid),
+    xmin: BigInt(first.xmin),
+    drawersGone: first.drawers_gone,
+    paused: first.paused,
+    limited: first.limited,
+  };
   return { mark, rows: result.filter((r) => r.seq !== null) };
+}
+
+/** A queue whose limits held back part of what a claimLimited() asked of it, and when its rate window frees a start (null: when an active task ends). */
+export interface HeldBack {
+  queue: string;
+  waitMs: number | null;
+}
+
+/**
+ * Claims from queues with limits (migration 0007 claim_limited): up to
+ * `wanted[i]` tasks from `queues[i]`, `total` in all, each queue within its
+ * concurrency, key concurrency and rate limits, counted across every server.
+ */
+export async function claimLimited(
+  db: Db,
+  queues: readonly string[],
+  wanted: readonly number[],
+  total: number,
+  owner: string,
+  leaseMs: number,
+): Promise<{ rows: ClaimedRow[]; heldBack: HeldBack[] }> {
+  const result = await db.run(
+    sql<ClaimedRow & { wait_ms: number | null }>`
+    SELECT c.queue, c.seq::text AS seq, c.pending_seq::text AS pending_seq, c.priority, c.id, c.type, c.payload, c.payload_bytes,
+           c.headers, c.retried, c.max_retry, c.timeout_ms, c.deadline_in_ms, c.retention_ms, c.lease_token, c.wait_ms
+    FROM ${db.table('claim_limited')}(${queues}::text[], ${wanted}::int[], ${total}::int, ${owner}, ${leaseMs}::float8, ${db.now()}, ${db.schema}) c`,
+    undefined,
+    'claim-limited',
+  );
+  const rows: ClaimedRow[] = [];
+  const heldBack: HeldBack[] = [];
+  for (const r of result) {
+    if (r.seq === null) heldBack.push({ queue: r.queue, waitMs: r.wait_ms });
+    else rows.push(r);
+  }
+  return { rows, heldBack };
+}
+
+/** A queues row (aliased `alias`) with any limit set: claimLimited() claims from it. */
+const limitedQueue = (alias: RawBuilder<unknown>) =>
+  sql`(${alias}.concurrency IS NOT NULL OR ${alias}.key_concurrency IS NOT NULL OR ${alias}.rate_limit IS NOT NULL)`;
+
+/** The open intervals of priorities between a queue's known bands (each queue's whole range when it knows none), by queue number. */
+function gapsBetween(queues: readonly string[], known: readonly Band[]): { ord: number[]; hi: number[]; lo: number[] } {
+  const gaps = { ord: [] as number[], hi: [] as number[], lo: [] as number[] };
+  queues.forEach((queue, i) => {
+    const priorities = known.filter((b) => b.queue === queue).map((b) => b.priority);
+    const edges = [ABOVE, ...priorities.sort((a, b) => b - a), BELOW];
+    for (let n = 0; n + 1 < edges.length; n++) {
+      // Adjacent priorities leave no gap to probe.
+      if (edges[n]! - edges[n + 1]! <= 1) continue;
+      gaps.ord.push(i + 1);
+      gaps.hi.push(edges[n]!);
+      gaps.lo.push(edges[n + 1]!);
+    }
+  });
+  return gaps;
 }
 
 /** Below every position: a claim from the head of the queue. */
@@ -167,7 +287,7 @@ export async function claim(db: Db, queues: readonly string[], limit: number, ow
     await claimFrom(
       db,
       queues,
-      { floors: queues.map(() => HEAD), olderThan: null },
+      { bands: [], olderThan: null },
       queues.map((_, i) => (i === 0 ? limit : 0)),
       limit,
       owner,

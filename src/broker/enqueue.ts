@@ -36,6 +36,8 @@ export function toJsonRows(records: TaskRecord[], plan?: DependencyPlan): string
     if (r.retentionMs !== 0) row += `,"r":${r.retentionMs}`;
     if (r.processAt) row += `,"at":"${r.processAt.toISOString()}"`;
     if (r.processInMs !== null) row += `,"in":${r.processInMs}`;
+    if (r.priority !== 0) row += `,"pr":${r.priority}`;
+    if (r.concurrencyKey !== null) row += `,"k":${JSON.stringify(r.concurrencyKey)}`;
     if (p?.waitingFor != null) row += `,"w":${p.waitingFor}`;
     if (p?.archivedBecause != null) row += `,"x":${JSON.stringify(p.archivedBecause)}`;
     if (p?.hasDependents) row += `,"hd":true`;
@@ -71,10 +73,10 @@ const insertRows = (db: Db, keyed: boolean, planned: boolean) => sql`
       FROM numbered ORDER BY ${keyed ? sql`queue, id` : sql`seq`}
     ),
     states AS (
-      INSERT INTO ${db.table('task_states')} (seq, queue, state, pending_seq, run_at, group_key${
+      INSERT INTO ${db.table('task_states')} (seq, queue, state, pending_seq, run_at, group_key, priority, concurrency_key${
         planned ? sql`, waiting_for, has_dependents, error_msg, last_failed_at` : sql``
       })
-      SELECT seq, queue, state, CASE WHEN state = 'pending' THEN seq END, run_at, group_key${
+      SELECT seq, queue, state, CASE WHEN state = 'pending' THEN seq END, run_at, group_key, priority, concurrency_key${
         planned ? sql`, waiting_for, coalesce(has_dependents, false), archived_because, CASE WHEN state = 'archived' THEN ${db.now()} END` : sql``
       }
       FROM numbered ORDER BY seq
@@ -124,11 +126,11 @@ const inputRows = (records: TaskRecord[], plan?: DependencyPlan) => sql`
       SELECT i.i AS id, i.q AS queue, i.t AS type, i.p AS payload, decode(i.b, 'hex') AS payload_bytes,
              coalesce(i.h, '{}') AS headers, i.m AS max_retry, i.to AS timeout_ms, i.d AS deadline, i.u AS unique_key,
              coalesce(i.ut, 0) AS unique_ttl_ms, i.g AS group_key, coalesce(i.r, 0) AS retention_ms,
-             i.at AS process_at, i."in" AS process_in_ms, ${plan ? sql`i.w AS waiting_for, i.x AS archived_because, i.hd AS has_dependents, ` : sql``}i.ord
+             i.at AS process_at, i."in" AS process_in_ms, coalesce(i.pr, 0) AS priority, i.k AS concurrency_key, ${plan ? sql`i.w AS waiting_for, i.x AS archived_because, i.hd AS has_dependents, ` : sql``}i.ord
       FROM ROWS FROM (json_to_recordset(${toJsonRows(records, plan)}::json) AS (
         i text, q text, t text, p jsonb, b text, h jsonb, m int, "to" float8, d timestamptz, u text, ut float8,
-        g text, r float8, at timestamptz, "in" float8${plan ? sql`, w int, x text, hd bool` : sql``}
-      )) WITH ORDINALITY AS i(i, q, t, p, b, h, m, "to", d, u, ut, g, r, at, "in", ${plan ? sql`w, x, hd, ` : sql``}ord)
+        g text, r float8, at timestamptz, "in" float8, pr smallint, k text${plan ? sql`, w int, x text, hd bool` : sql``}
+      )) WITH ORDINALITY AS i(i, q, t, p, b, h, m, "to", d, u, ut, g, r, at, "in", pr, k, ${plan ? sql`w, x, hd, ` : sql``}ord)
     )`;
 
 /**
@@ -249,6 +251,8 @@ function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, e
     leaseExpiresAt: null,
     dependsOn: r.dependsOn.map((d) => ({ ...d })),
     waitingFor: planned?.waitingFor ?? 0,
+    priority: r.priority,
+    concurrencyKey: r.concurrencyKey,
   };
 }
 

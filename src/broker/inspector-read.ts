@@ -36,15 +36,34 @@ export async function listQueues(db: Db): Promise<string[]> {
  * does not exist.
  */
 export async function queueStats(db: Db, queue: string): Promise<QueueInfo | undefined> {
-  const rows = await db.run(sql<QueueInfo>`
-    SELECT queue, size::float8 AS size, groups::float8 AS groups, latency_ms AS latency,
-           pending::float8 AS pending, active::float8 AS active, scheduled::float8 AS scheduled,
-           retry::float8 AS retry, archived::float8 AS archived, completed::float8 AS completed,
-           aggregating::float8 AS aggregating, waiting::float8 AS waiting, processed::float8 AS processed, failed::float8 AS failed,
-           processed_total::float8 AS "processedTotal", failed_total::float8 AS "failedTotal",
-           paused, timestamp
-    FROM ${db.table('queue_stats')} WHERE queue = ${queue}`);
-  return rows[0];
+  const rows = await db.run(sql<Omit<QueueInfo, 'limits'> & LimitColumns>`
+    SELECT s.queue, s.size::float8 AS size, s.groups::float8 AS groups, s.latency_ms AS latency,
+           s.pending::float8 AS pending, s.active::float8 AS active, s.scheduled::float8 AS scheduled,
+           s.retry::float8 AS retry, s.archived::float8 AS archived, s.completed::float8 AS completed,
+           s.aggregating::float8 AS aggregating, s.waiting::float8 AS waiting, s.processed::float8 AS processed, s.failed::float8 AS failed,
+           s.processed_total::float8 AS "processedTotal", s.failed_total::float8 AS "failedTotal",
+           s.paused, s.timestamp, q.concurrency, q.key_concurrency, q.rate_limit, q.rate_interval_ms
+    FROM ${db.table('queue_stats')} s JOIN ${db.table('queues')} q ON q.name = s.queue
+    WHERE s.queue = ${queue}`);
+  const r = rows[0];
+  if (r === undefined) return undefined;
+  const { concurrency, key_concurrency, rate_limit, rate_interval_ms, ...info } = r;
+  return {
+    ...info,
+    limits: {
+      concurrency,
+      keyConcurrency: key_concurrency,
+      rateLimit: rate_limit === null || rate_interval_ms === null ? null : { limit: rate_limit, interval: rate_interval_ms },
+    },
+  };
+}
+
+/** A queue's limits as the queues table holds them. */
+interface LimitColumns {
+  concurrency: number | null;
+  key_concurrency: number | null;
+  rate_limit: number | null;
+  rate_interval_ms: number | null;
 }
 
 /**
@@ -84,7 +103,8 @@ export async function taskInfo(db: Db, queue: string, id: string): Promise<InQue
 const ACTIVE_INDEXED = sql`AND t.lease_owner IS NOT NULL`;
 
 const LIST_ORDER: Record<TaskState, RawBuilder<unknown>> = {
-  pending: sql`t.run_at, t.seq`,
+  // The claim's order: higher priority first, FIFO within one (task_states_pending_idx).
+  pending: sql`t.priority DESC, t.pending_seq`,
   active: sql`t.started_at, t.seq`,
   scheduled: sql`t.run_at, t.seq`,
   retry: sql`t.run_at, t.seq`,

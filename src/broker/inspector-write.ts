@@ -7,6 +7,7 @@
  * for and re-checked, so a task that just became active is never touched.
  */
 import { sql } from 'kysely';
+import type { QueueLimits } from '../model/inspector-types.js';
 import type { TaskState } from '../model/task.js';
 import type { Db } from './db.js';
 import type { InQueue } from './inspector-read.js';
@@ -175,6 +176,25 @@ export async function setPaused(db: Db, queue: string, paused: boolean): Promise
     )
     SELECT (SELECT paused FROM q) AS was_paused, (SELECT count(*) FROM notified) AS notifications`);
   return { wasPaused: rows[0]?.was_paused ?? null };
+}
+
+/**
+ * Sets a queue's limits, all at once (null clears one); false: no such queue.
+ * The servers are woken so that the next claim uses them; the sweep lets
+ * their claims start from the head of the queue again, which the plain claim
+ * skipped while it was limited.
+ */
+export async function setLimits(db: Db, queue: string, limits: QueueLimits): Promise<boolean> {
+  const rows = await db.run(sql<{ notifications: string }>`
+    WITH changed AS (
+      UPDATE ${db.table('queues')}
+      SET concurrency = ${limits.concurrency}::int, key_concurrency = ${limits.keyConcurrency}::int,
+          rate_limit = ${limits.rateLimit?.limit ?? null}::int, rate_interval_ms = ${limits.rateLimit?.interval ?? null}::int
+      WHERE name = ${queue}
+      RETURNING name
+    )
+    SELECT count(*) AS notifications FROM (SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed) n`);
+  return rows[0]!.notifications !== '0';
 }
 
 /** What deleteQueue found and did. */

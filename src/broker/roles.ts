@@ -16,6 +16,18 @@
  * the tables only what the hot-path statements need (nothing v1's grants on
  * `tasks` did not allow: the pending position stands for v1's run_at order).
  *
+ * Flow control (migration 0007): a task's priority and concurrency key are
+ * written at enqueue, as its other state columns; a queue's limits are set by
+ * the admin (Inspector.setQueueLimits) and read by the worker, whose claim of
+ * a limited queue is claim_limited(), SECURITY INVOKER: it runs with the
+ * worker's own privileges (task_states, task_inputs, queues, and the log of
+ * starts a rate limit keeps, queue_starts).
+ *
+ * enqueue() in SQL (migration 0008) is SECURITY DEFINER: the producer calls
+ * it (from a trigger of its own table, say) without touching the tables, so
+ * its EXECUTE is all it needs; the rule functions enqueue() calls are run as
+ * the owner, and granted to no one.
+ *
  * Workflows (migration 0005): an enqueue with dependsOn writes the edges
  * (task_dependencies) itself; settling them when a dependency completes, is
  * archived or is deleted is the work of triggers on task_states whose
@@ -27,7 +39,8 @@
  * Six NOLOGIN group roles; users grant them to their own login roles:
  *
  *   owner      owns the schema and every object in it: `pgasynq migrate`.
- *   producer   Client.enqueue / enqueueMany (unique tasks included).
+ *   producer   Client.enqueue / enqueueMany (unique tasks included), and
+ *              enqueue() in SQL.
  *   worker     everything a Server runs (processor, heartbeater, forwarder,
  *              recoverer, janitor, aggregator) and the Scheduler.
  *   monitor    counts without contents: `stats`, `queue ls|inspect|history`,
@@ -37,8 +50,8 @@
  *              `task inspect`, `server ls`, `cron ls`, `dash --read-only`,
  *              /metrics (it samples task lists and servers).
  *   admin      inspector plus the Inspector's actions (run, archive, delete,
- *              cancel, pause, update payload, delete queue); no DDL, no
- *              TRUNCATE, no enqueue.
+ *              cancel, pause, set limits, update payload, delete queue); no
+ *              DDL, no TRUNCATE, no enqueue.
  *
  * The script is idempotent and converges: it revokes what the roles hold on
  * the schema's tables and grants the current set again, in one transaction.
@@ -72,7 +85,7 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
 const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at, seq';
 /** The same, as enqueue.ts insertTasks writes it: a task's inputs, then its state row (its pending position is its seq). */
 const ENQUEUE_INPUT_COLUMNS = 'seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout, deadline, unique_key, retention';
-const ENQUEUE_STATE_COLUMNS = 'seq, queue, state, pending_seq, run_at, group_key';
+const ENQUEUE_STATE_COLUMNS = 'seq, queue, state, pending_seq, run_at, group_key, priority, concurrency_key';
 /**
  * What an enqueue with dependsOn adds (enqueue.ts insertTasks with a plan): how many
  * dependencies a task waits for, whether it has dependents, and for a task whose
@@ -92,8 +105,18 @@ const WORKER_TASK_COLUMNS =
   'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
 /** The same on task_states, with the pending position (claim, forwarder and requeue set it; run_at ordered v1's pending tasks). */
 const WORKER_STATE_COLUMNS = `${WORKER_TASK_COLUMNS}, pending_seq`;
-/** What the Inspector's actions change (inspector-write.ts). */
+/**
+ * What the Inspector's actions change (inspector-write.ts). Not priority: no action
+ * changes it (a repair in SQL that does, through the view, is the owner's).
+ */
 const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expires_at, payload, payload_bytes, cancel_requested, updated_at';
+
+/** A queue's limits (migration 0007): the admin sets them (inspector-write.ts setLimits), the worker's claim reads them. */
+const QUEUE_LIMIT_COLUMNS = 'concurrency, key_concurrency, rate_limit, rate_interval_ms';
+/** Functions the grants name, by signature: each must exist, as the objects of REQUIRED. */
+const REPLACE_TASKS = 'replace_tasks(json, timestamptz, text)';
+const CLAIM_LIMITED = 'claim_limited(text[], integer[], integer, text, float8, timestamptz, text)';
+const SQL_ENQUEUE = 'enqueue(text, jsonb, text, text, timestamptz, integer, integer, text)';
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
 const REQUIRED = [
@@ -111,6 +134,7 @@ const REQUIRED = [
   'scheduler_events',
   'queue_stats',
   'active_tasks',
+  'queue_starts',
 ];
 
 const lit = (s: string) => `'${s}'`;
@@ -227,7 +251,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR to_regprocedure(${lit(`${S}.replace_tasks(json, timestamptz, text)`)}) IS NULL THEN
+     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -254,12 +278,16 @@ BEGIN
   -- that has not started: no UPDATE privilege here, which would reach tasks
   -- in any state. The replaced task is read back through the view, with its
   -- dependencies' names.
+  -- A task's priority and concurrency key (0007) are state columns the
+  -- enqueue writes. enqueue() in SQL (0008, SECURITY DEFINER) writes what
+  -- the library's enqueue writes, as the owner: its EXECUTE is the whole grant.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
   GRANT SELECT (queue, id, seq), INSERT (${ENQUEUE_INPUT_COLUMNS}) ON ${t('task_inputs')} TO ${id(r.producer)};
   GRANT SELECT (${DEPENDENCY_READ_COLUMNS}), INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (has_dependents)
     ON ${t('task_states')} TO ${id(r.producer)};
   GRANT SELECT (dependent_seq, dependency_seq, dependency_queue, dependency_id), INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.producer)};
-  GRANT EXECUTE ON FUNCTION ${t('replace_tasks(json, timestamptz, text)')} TO ${id(r.producer)}, ${id(r.worker)};
+  GRANT EXECUTE ON FUNCTION ${t(REPLACE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
+  GRANT EXECUTE ON FUNCTION ${t(SQL_ENQUEUE)} TO ${id(r.producer)};
   GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
   -- enqueue numbers a batch's tasks in the caller's order with nextval() on task_seq
   -- (the identity's sequence of task_inputs.seq), the worker also pending positions;
@@ -281,12 +309,20 @@ BEGIN
   -- ctx.dependencyResults() reads the edges. Completing, archiving or
   -- deleting a task with dependents settles them through the owner's
   -- SECURITY DEFINER triggers: no UPDATE or DELETE of task_dependencies.
+  -- Flow control (0007): a queue with limits is claimed by claim_limited(),
+  -- SECURITY INVOKER, as the worker: it reads the queue's limits (the SELECT
+  -- on queues), counts and claims on task_states with the worker's claim
+  -- columns, and for a rate limit prunes, reads and logs the queue's starts
+  -- in queue_starts (SELECT, INSERT, DELETE; no UPDATE: a start is never
+  -- rewritten). No UPDATE of the limits: they are the admin's.
   GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}), UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (${ENQUEUE_INPUT_COLUMNS}), DELETE ON ${t('task_inputs')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (${WORKER_STATE_COLUMNS}, has_dependents), DELETE
     ON ${t('task_states')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.worker)};
   GRANT SELECT, INSERT (name), UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
+  GRANT SELECT, INSERT, DELETE ON ${t('queue_starts')} TO ${id(r.worker)};
+  GRANT EXECUTE ON FUNCTION ${t(CLAIM_LIMITED)} TO ${id(r.worker)};
   -- Server.start and Scheduler.start check the schema version (which migrations are applied).
   GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
@@ -318,12 +354,13 @@ BEGIN
 
   -- admin (a member of inspector): the Inspector's actions. Task transitions
   -- and payload updates of scheduled tasks, deletions (with the unique locks
-  -- they release), cancellation, pause, queue removal with its stats. All
+  -- they release), cancellation, pause, a queue's limits (setQueueLimits,
+  -- 0007), queue removal with its stats. All
   -- through the view (tasks_write() writes the tables): no privilege on them
   -- but the inspector's SELECT. Running, archiving or deleting a waiting task
   -- or one with dependents is the same write; the triggers settle the edges.
   GRANT UPDATE (${ADMIN_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.admin)};
-  GRANT UPDATE (paused), DELETE ON ${t('queues')} TO ${id(r.admin)};
+  GRANT UPDATE (paused, ${QUEUE_LIMIT_COLUMNS}), DELETE ON ${t('queues')} TO ${id(r.admin)};
   GRANT DELETE ON ${t('unique_locks')} TO ${id(r.admin)};
   GRANT DELETE ON ${t('daily_stats')} TO ${id(r.admin)};
 END

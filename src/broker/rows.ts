@@ -46,6 +46,8 @@ export interface TaskRow extends TaskCore {
   lease_owner: string | null;
   lease_expires_at: Date | null;
   waiting_for: number | null;
+  priority: number;
+  concurrency_key: string | null;
   /** [queue, id] pairs; null for a task without dependencies. */
   depends_on: [string, string][] | null;
 }
@@ -58,7 +60,7 @@ export const taskColumns = (db: Db) => sql`
   t.error_msg, t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms,
   t.completed_at, t.result, t.result_bytes,
   (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
-  t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for,
+  t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for, t.priority, t.concurrency_key,
   CASE WHEN t.waiting_for IS NOT NULL THEN
     (SELECT json_agg(json_build_array(d.dependency_queue, d.dependency_id) ORDER BY d.dependency_seq)
      FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
@@ -90,6 +92,8 @@ export function toTaskInfo(r: TaskRow): TaskInfo {
     leaseExpiresAt: r.lease_expires_at,
     dependsOn: (r.depends_on ?? []).map(([queue, id]) => ({ queue, id })),
     waitingFor: r.waiting_for ?? 0,
+    priority: r.priority,
+    concurrencyKey: r.concurrency_key,
   };
 }
 

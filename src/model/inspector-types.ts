@@ -28,8 +28,23 @@ export interface QueueInfo {
   processedTotal: number;
   failedTotal: number;
   paused: boolean;
+  /** The queue's limits (Inspector.setQueueLimits), each null when not set. */
+  limits: QueueLimits;
   /** When the snapshot was taken (database clock). */
   timestamp: Date;
+}
+
+/**
+ * A queue's flow-control limits, enforced by the claim across all servers.
+ * Prefetched tasks count as active.
+ */
+export interface QueueLimits {
+  /** The most active tasks of the queue, all servers together. */
+  concurrency: number | null;
+  /** The most active tasks per `concurrencyKey` (tasks without a key are not counted). */
+  keyConcurrency: number | null;
+  /** The most starts in any span of `interval` ms (a sliding window). */
+  rateLimit: { limit: number; interval: number } | null;
 }
 
 /** One UTC day of a queue's counts. */

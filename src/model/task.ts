@@ -63,6 +63,18 @@ export interface EnqueueOptions {
    * @defaultValue false
    */
   replace?: boolean;
+  /**
+   * Higher runs first within the queue, FIFO within a priority; an integer in
+   * [−100, 100]. Queue weights still choose between queues.
+   * @defaultValue 0
+   */
+  priority?: number;
+  /**
+   * What the queue's `keyConcurrency` limit counts by (a tenant, a customer,
+   * an API key): at most that many of the queue's tasks with one key are
+   * active at once, across all servers. No effect in a queue without it.
+   */
+  concurrencyKey?: string;
 }
 
 const OPTION_KEYS = [
@@ -80,6 +92,8 @@ const OPTION_KEYS = [
   'dependsOn',
   'onDependencyFailure',
   'replace',
+  'priority',
+  'concurrencyKey',
 ] as const;
 
 /** The most dependencies one task may have. */
@@ -89,6 +103,8 @@ export const DEFAULT_QUEUE = 'default';
 export const DEFAULT_MAX_RETRY = 25;
 export const DEFAULT_TIMEOUT_MS = 30 * 60_000;
 const MAX_RETRY_LIMIT = 1000;
+export const MIN_PRIORITY = -100;
+export const MAX_PRIORITY = 100;
 
 /** Everything a reader of the task sees (Inspector, enqueue results). */
 export interface TaskInfo {
@@ -125,6 +141,10 @@ export interface TaskInfo {
   dependsOn: TaskRef[];
   /** How many of them have not finished yet; a `waiting` task runs once this is 0. */
   waitingFor: number;
+  /** Higher runs first within the queue. */
+  priority: number;
+  /** What the queue's keyConcurrency limit counts it by; null without one. */
+  concurrencyKey: string | null;
 }
 
 /** Checks an options object: unknown keys, wrong types and out-of-range values are ValidationErrors. */
@@ -157,6 +177,8 @@ export function validateOptions(input: unknown, what = 'options'): EnqueueOption
     out.onDependencyFailure = o.onDependencyFailure;
   }
   if (o.replace !== undefined) out.replace = v.boolean(o.replace, 'replace');
+  if (o.priority !== undefined) out.priority = v.integer(o.priority, 'priority', MIN_PRIORITY, MAX_PRIORITY);
+  if (o.concurrencyKey !== undefined) out.concurrencyKey = v.concurrencyKey(o.concurrencyKey);
   return out;
 }
 
@@ -244,6 +266,8 @@ export interface TaskRecord {
   onDependencyFailure: DependencyFailurePolicy;
   /** Replace a task with this id that has not started (see EnqueueOptions.replace). */
   replace: boolean;
+  priority: number;
+  concurrencyKey: string | null;
 }
 
 /**
@@ -290,6 +314,8 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
     dependsOn,
     onDependencyFailure: o.onDependencyFailure ?? 'archive',
     replace: o.replace === true,
+    priority: o.priority ?? 0,
+    concurrencyKey: o.concurrencyKey ?? null,
   };
 }
 

@@ -3,6 +3,7 @@
  * names, task types and ids are always bind parameters in SQL; the charsets
  * here keep them safe to print in a terminal, a log line or a web page.
  */
+import type { QueueLimits } from './inspector-types.js';
 import { InvalidOptionError, InvalidQueueNameError, InvalidSchemaNameError, InvalidTaskIdError, InvalidTaskTypeError, type ValidationError } from './errors.js';
 
 type ErrorClass = new (field: string, rule: string) => ValidationError;
@@ -55,16 +56,26 @@ export function taskId(value: unknown, field = 'taskId'): string {
 
 /** Task types: 1–100 characters of valid Unicode, no control characters (C0, DEL, C1), not blank. */
 export function taskType(value: unknown, field = 'type'): string {
-  if (typeof value !== 'string') throw new InvalidTaskTypeError(field, `must be a string (got ${describe(value)})`);
-  if (value.trim().length === 0 || value.length > 100) {
-    throw new InvalidTaskTypeError(field, `must be 1–100 characters, not blank (got ${value.length})`);
+  return displayText(value, field, 100, InvalidTaskTypeError);
+}
+
+/** Concurrency keys (a tenant, a customer): 1–200 characters, as task types. */
+export function concurrencyKey(value: unknown, field = 'concurrencyKey'): string {
+  return displayText(value, field, 200, InvalidOptionError);
+}
+
+/** Free text that is shown (types, keys): valid Unicode without control characters, so it prints safely; not blank. */
+function displayText(value: unknown, field: string, max: number, Err: ErrorClass): string {
+  if (typeof value !== 'string') throw new Err(field, `must be a string (got ${describe(value)})`);
+  if (value.trim().length === 0 || value.length > max) {
+    throw new Err(field, `must be 1–${max} characters, not blank (got ${value.length})`);
   }
   for (let i = 0; i < value.length; i++) {
     const c = value.charCodeAt(i);
     if (c < 0x20 || (c >= 0x7f && c <= 0x9f))
-      throw new InvalidTaskTypeError(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
+      throw new Err(field, `may not contain control characters (found U+${c.toString(16).padStart(4, '0')} at index ${i})`);
   }
-  if (!value.isWellFormed()) throw new InvalidTaskTypeError(field, `is not valid Unicode (lone surrogate at index ${loneSurrogateIndex(value)})`);
+  if (!value.isWellFormed()) throw new Err(field, `is not valid Unicode (lone surrogate at index ${loneSurrogateIndex(value)})`);
   return value;
 }
 
@@ -164,4 +175,24 @@ export function listPage(opts: unknown): { limit: number; offset: number } {
   const page = o.page === undefined ? 1 : integer(o.page, 'page', 1, MAX_PAGE);
   const size = o.pageSize === undefined ? DEFAULT_PAGE_SIZE : integer(o.pageSize, 'pageSize', 1, MAX_PAGE_SIZE);
   return { limit: size, offset: (page - 1) * size };
+}
+
+/** The most a queue limit (a count, or the rate's interval in ms) may be: an int4 in the queues table. */
+export const MAX_LIMIT = 2_147_483_647;
+
+/**
+ * Inspector.setQueueLimits's limits: each a positive integer (the rate's
+ * interval in ms), or null or left out to clear it.
+ */
+export function queueLimits(value: unknown): QueueLimits {
+  const o = plainObject(value, 'limits');
+  knownKeys(o, ['concurrency', 'keyConcurrency', 'rateLimit'], 'limits');
+  const count = (v: unknown, field: string) => (v == null ? null : integer(v, field, 1, MAX_LIMIT));
+  let rateLimit: QueueLimits['rateLimit'] = null;
+  if (o.rateLimit != null) {
+    const r = plainObject(o.rateLimit, 'rateLimit');
+    knownKeys(r, ['limit', 'interval'], 'rateLimit');
+    rateLimit = { limit: integer(r.limit, 'rateLimit.limit', 1, MAX_LIMIT), interval: integer(r.interval, 'rateLimit.interval', 1, MAX_LIMIT) };
+  }
+  return { concurrency: count(o.concurrency, 'concurrency'), keyConcurrency: count(o.keyConcurrency, 'keyConcurrency'), rateLimit };
 }

@@ -25,19 +25,25 @@
  * holds its lock to the end). That answer is live, not of the snapshot, so
  * the claim after it is the first that may use it.
  *
+ * Within a queue, claims go by priority, and FIFO only within one: so each
+ * priority band of a queue has its own floor, and the cursor knows the bands
+ * it has claimed from. (Positions come from the one sequence whatever the
+ * priority, so the same mark serves every band.)
+ *
  * What can still land below a floor — a task given back at shutdown (requeued
  * to the front), a claim that rolled back — is found by a sweep: a claim from
  * the head, every SWEEP_EVERY_MS, at start, after a reconnect and when a
  * server requeues (the sweep channel).
  */
 import { performance } from 'node:perf_hooks';
-import { HEAD, type ClaimMark, type ClaimStart } from '../broker/claim.js';
+import { HEAD, type Band, type ClaimMark, type ClaimStart } from '../broker/claim.js';
 
 /** How often claims start from the head of every queue regardless of the floors. */
 export const SWEEP_EVERY_MS = 10_000;
 
 export class ClaimCursor {
-  readonly #floors = new Map<string, bigint>();
+  /** Per queue, per priority: the floor of that band. */
+  readonly #floors = new Map<string, Map<number, bigint>>();
   /** A mark of an earlier claim, waiting for every transaction older than its id to end. */
   #pending: { drawn: bigint; xid: bigint } | undefined;
   /** A claim's snapshot failed to clear the pending mark: the next claim asks task_seq's lock holders. */
@@ -46,16 +52,21 @@ export class ClaimCursor {
   #cleared: bigint | undefined;
   #lastSweep = Number.NEGATIVE_INFINITY;
 
-  /** Where the next claim starts: the floor of each queue, all at the head when a sweep is due. */
+  /** Where the next claim starts: the known bands of each queue with their floors, all at the head when a sweep is due. */
   next(queues: readonly string[]): ClaimStart {
-    if (performance.now() - this.#lastSweep >= SWEEP_EVERY_MS) {
-      this.#lastSweep = performance.now();
-      this.#floors.clear();
+    const sweep = performance.now() - this.#lastSweep >= SWEEP_EVERY_MS;
+    if (sweep) this.#lastSweep = performance.now();
+    const bands: Band[] = [];
+    for (const queue of queues) {
+      const floors = this.#floors.get(queue);
+      if (floors === undefined) continue;
+      for (const [priority, floor] of floors) {
+        // A sweep keeps the bands (no probe needed to find them again) but drops their floors.
+        if (sweep) floors.set(priority, BigInt(HEAD));
+        bands.push({ queue, priority, floor: sweep ? HEAD : floor.toString() });
+      }
     }
-    return {
-      floors: queues.map((q) => this.#floors.get(q)?.toString() ?? HEAD),
-      olderThan: this.#askHolders && this.#pending ? this.#pending.xid.toString() : null,
-    };
+    return { bands, olderThan: this.#askHolders && this.#pending ? this.#pending.xid.toString() : null };
   }
 
   /** Start the next claim from the head of every queue. */
@@ -66,9 +77,9 @@ export class ClaimCursor {
   /**
    * After a claim asked for `limit` tasks: `mark` is what it read of the
    * sequence and the transactions, `taken` the highest position it took per
-   * queue, `count` how many it took in all.
+   * queue and priority, `count` how many it took in all.
    */
-  claimed(mark: ClaimMark, limit: number, taken: ReadonlyMap<string, bigint>, count: number, queues: readonly string[]): void {
+  claimed(mark: ClaimMark, limit: number, taken: ReadonlyMap<string, ReadonlyMap<number, bigint>>, count: number, queues: readonly string[]): void {
     let safe = this.#cleared;
     this.#cleared = undefined;
     if (this.#pending !== undefined) {
@@ -86,18 +97,27 @@ export class ClaimCursor {
       this.#pending = { drawn: mark.drawn, xid: mark.xid };
       this.#askHolders = false;
     }
+    // A band claimed from is known from now on, even before its floor may rise.
+    for (const [queue, bands] of taken) {
+      const floors = this.#floors.get(queue) ?? new Map<number, bigint>();
+      this.#floors.set(queue, floors);
+      for (const priority of bands.keys()) if (!floors.has(priority)) floors.set(priority, BigInt(HEAD));
+    }
     if (safe === undefined) return;
-    // Fewer than asked: every queue's scan ran out above its floor. Otherwise only the
-    // queues that gave tasks are known to hold nothing unclaimed below what they gave.
+    // Fewer than asked: every band's scan ran out above its floor. Otherwise only the
+    // bands that gave tasks are known to hold nothing unclaimed below what they gave.
     const exhausted = count < limit;
     for (const queue of queues) {
-      // A paused queue was not scanned: nothing is known of it.
-      if (mark.paused.includes(queue)) continue;
-      const top = taken.get(queue);
-      const candidate = exhausted ? safe : top === undefined ? undefined : top < safe ? top : safe;
-      if (candidate === undefined) continue;
-      const floor = this.#floors.get(queue);
-      if (floor === undefined || candidate > floor) this.#floors.set(queue, candidate);
+      // A paused or limited queue was not scanned: nothing is known of it.
+      if (mark.paused.includes(queue) || mark.limited.includes(queue)) continue;
+      const floors = this.#floors.get(queue);
+      if (floors === undefined) continue;
+      const tops = taken.get(queue);
+      for (const [priority, floor] of floors) {
+        const top = tops?.get(priority);
+        const candidate = exhausted ? safe : top === undefined ? undefined : top < safe ? top : safe;
+        if (candidate !== undefined && candidate > floor) floors.set(priority, candidate);
+      }
     }
   }
 }

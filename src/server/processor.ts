@@ -18,7 +18,7 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { durableTransaction, type AnyTransaction, type Db } from '../broker/db.js';
-import { claimFrom, type ClaimedRow } from '../broker/claim.js';
+import { claimFrom, claimLimited, type ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
 import { complete, lockLease, requeue, writeResult } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
@@ -30,7 +30,7 @@ import { Task } from '../model/task.js';
 import { MAX_DURATION_MS } from '../model/validate.js';
 import { Lease } from './lease.js';
 import { leaseKey, Outcomes, type Outcome, type OutcomePolicies } from './outcomes.js';
-import { ClaimCursor } from './cursor.js';
+import { ClaimCursor, SWEEP_EVERY_MS } from './cursor.js';
 import { backoffMs } from '../internal/backoff.js';
 import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
@@ -70,6 +70,10 @@ export class Processor {
   readonly #outcomes: Outcomes;
   readonly #prefetch: Prefetch;
   readonly #cursor = new ClaimCursor();
+  /** This server's queues with limits, as the last claim found them: claimed by claimLimited(). */
+  #limited: readonly string[] = [];
+  /** When the plain claim last said which queues have limits. */
+  #limitsSeenAt = Number.NEGATIVE_INFINITY;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
   #running = 0;
   /** Claimed tasks waiting for a slot (prefetch), in claim order. */
@@ -107,6 +111,7 @@ export class Processor {
   /** Tasks may have landed below the claim cursor's floors (a requeue): the next claim starts from the heads. */
   sweep(): void {
     this.#cursor.sweep();
+    this.#limitsSeenAt = Number.NEGATIVE_INFINITY;
     this.#poke();
   }
 
@@ -196,13 +201,10 @@ export class Processor {
       this.#sleeper.clear();
       const sentAt = performance.now();
       let rows: ClaimedRow[];
+      let retryLimitedIn: number | undefined;
       try {
-        const queues = queueOrder(this.#cfg.queues, this.#cfg.strictPriority);
-        const shares = claimShares(this.#cfg.queues, queues, this.#cfg.strictPriority, free);
-        const claimed = await claimFrom(this.#db, queues, this.#cursor.next(queues), shares, free, this.#cfg.serverId, this.#cfg.leaseDuration);
-        rows = claimed.rows;
+        ({ rows, retryLimitedIn } = await this.#claimRound(free));
         this.#prefetch.claimed(performance.now() - sentAt);
-        this.#cursor.claimed(claimed.mark, free, topPositions(rows), rows.length, queues);
         this.#claimFailures = 0;
         this.#claimErrors.succeeded();
       } catch (err) {
@@ -220,13 +222,83 @@ export class Processor {
       }
       this.#dispatch();
       if (rows.length < free) {
-        // asynq sleeps interval/2 + rand[0, interval) when the queues are empty.
-        await this.#sleep(this.#cfg.taskCheckInterval / 2 + Math.random() * this.#cfg.taskCheckInterval);
+        // asynq sleeps interval/2 + rand[0, interval) when the queues are empty. A queue held
+        // back by its limits is tried again sooner: another server's task may end at any time.
+        const idle = this.#cfg.taskCheckInterval / 2 + Math.random() * this.#cfg.taskCheckInterval;
+        await this.#sleep(retryLimitedIn === undefined ? idle : Math.min(idle, retryLimitedIn));
       } else {
         // Let the other workers that finish in this turn free their slots first: fewer, larger claims.
         await nextTurn();
       }
     }
+  }
+
+  /**
+   * One round of claims for `free` slots. `retryLimitedIn`: a queue's limits
+   * held part of it back, and when to try again.
+   */
+  async #claimRound(free: number): Promise<{ rows: ClaimedRow[]; retryLimitedIn: number | undefined }> {
+    const queues = queueOrder(this.#cfg.queues, this.#cfg.strictPriority);
+    const shares = claimShares(this.#cfg.queues, queues, this.#cfg.strictPriority, free);
+    // Limited queues first, each for its share, so that the others' backlog does not starve them…
+    const first = await this.#claimLimited(queues, shares, free);
+    let rows = first.rows;
+    let retryLimitedIn = first.retryIn;
+    // …then the others, with the plain claim, which also says which queues have limits now.
+    // While every queue had limits, it is skipped but for a look every SWEEP_EVERY_MS (a
+    // change of limits wakes the servers with a sweep, which looks at once).
+    if (this.#limited.length < queues.length || performance.now() - this.#limitsSeenAt >= SWEEP_EVERY_MS) {
+      const claimed = await claimFrom(this.#db, queues, this.#cursor.next(queues), shares, free - rows.length, this.#cfg.serverId, this.#cfg.leaseDuration);
+      this.#cursor.claimed(claimed.mark, free - rows.length, topPositions(claimed.rows), claimed.rows.length, queues);
+      rows = rows.concat(claimed.rows);
+      this.#limited = claimed.mark.limited;
+      this.#limitsSeenAt = performance.now();
+      // …and if they left slots free, whatever more the limits allow.
+      if (rows.length < free && first.satisfied && this.#limited.length > 0) {
+        const more = await this.#claimLimited(
+          queues,
+          queues.map(() => free - rows.length),
+          free - rows.length,
+        );
+        rows = rows.concat(more.rows);
+        retryLimitedIn = more.retryIn;
+      }
+    }
+    return { rows, retryLimitedIn };
+  }
+
+  /**
+   * Claims from this server's limited queues (of `queues`, with their `shares`),
+   * `total` at most. `satisfied`: they gave all they were asked; `retryIn`: a
+   * limit held some back, and when to try again (its rate window's next start,
+   * or a short poll for a slot another server's task frees).
+   */
+  async #claimLimited(
+    queues: readonly string[],
+    shares: readonly number[],
+    total: number,
+  ): Promise<{ rows: ClaimedRow[]; satisfied: boolean; retryIn: number | undefined }> {
+    const names: string[] = [];
+    const wanted: number[] = [];
+    queues.forEach((q, i) => {
+      if (this.#limited.includes(q)) {
+        names.push(q);
+        wanted.push(shares[i]!);
+      }
+    });
+    if (names.length === 0 || total <= 0) return { rows: [], satisfied: true, retryIn: undefined };
+    const { rows, heldBack } = await claimLimited(this.#db, names, wanted, total, this.#cfg.serverId, this.#cfg.leaseDuration);
+    const retryIn = heldBack.length === 0 ? undefined : Math.min(...heldBack.map((h) => h.waitMs ?? LIMITED_POLL_MS));
+    return {
+      rows,
+      satisfied:
+        rows.length >=
+        Math.min(
+          total,
+          wanted.reduce((a, b) => a + b, 0),
+        ),
+      retryIn,
+    };
   }
 
   /** Sleeps `ms`, less if a notification comes or a slot frees (unless `ignoreEarlierWake`, one that came before ends it at once). */
@@ -369,13 +441,21 @@ export class Processor {
   }
 }
 
-/** The highest position claimed in each queue. */
-function topPositions(rows: readonly ClaimedRow[]): Map<string, bigint> {
-  const top = new Map<string, bigint>();
+/**
+ * How soon a queue that its concurrency limits held back is tried again: a
+ * slot frees when any server's task of it ends, and nothing announces that.
+ */
+const LIMITED_POLL_MS = 100;
+
+/** The highest position claimed in each queue, per priority. */
+function topPositions(rows: readonly ClaimedRow[]): Map<string, Map<number, bigint>> {
+  const top = new Map<string, Map<number, bigint>>();
   for (const r of rows) {
     const p = BigInt(r.pending_seq);
-    const t = top.get(r.queue);
-    if (t === undefined || p > t) top.set(r.queue, p);
+    const bands = top.get(r.queue) ?? new Map<number, bigint>();
+    top.set(r.queue, bands);
+    const t = bands.get(r.priority);
+    if (t === undefined || p > t) bands.set(r.priority, p);
   }
   return top;
 }

@@ -1,0 +1,209 @@
+/**
+ * Cluster-wide limits (Inspector.setQueueLimits): concurrency, per-key
+ * concurrency and rate, enforced by the claim. Four server processes claim
+ * at once while the test samples the active tasks from SQL; the bound must
+ * never be exceeded. Then the fairness of the key limit: one tenant's backlog
+ * of 100,000 tasks does not hold another tenant's task back.
+ */
+import assert from 'node:assert/strict';
+import { after, afterEach, before, describe, test } from 'node:test';
+import { Client, Inspector, InvalidOptionError, QueueNotFoundError, Server, Task, ValidationError } from '../src/index.js';
+import { caught, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+
+let db: TestDb;
+let client: Client;
+let inspector: Inspector;
+
+before(async () => {
+  db = await testDb('t_limits');
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
+});
+
+after(async () => {
+  await client.close();
+  await inspector.close();
+  await db.close();
+});
+
+const NONE = { concurrency: null, keyConcurrency: null, rateLimit: null };
+
+describe('setQueueLimits', () => {
+  test('set, shown by getQueueInfo, replaced, cleared by null, by omission and by {}', async () => {
+    await client.enqueue(new Task('t', null, { queue: 'lim' }));
+    assert.deepEqual((await inspector.getQueueInfo('lim')).limits, NONE);
+    await inspector.setQueueLimits('lim', { concurrency: 5, keyConcurrency: 2, rateLimit: { limit: 100, interval: 1000 } });
+    assert.deepEqual((await inspector.getQueueInfo('lim')).limits, { concurrency: 5, keyConcurrency: 2, rateLimit: { limit: 100, interval: 1000 } });
+    await inspector.setQueueLimits('lim', { concurrency: 7, keyConcurrency: null });
+    assert.deepEqual((await inspector.getQueueInfo('lim')).limits, { concurrency: 7, keyConcurrency: null, rateLimit: null });
+    await inspector.setQueueLimits('lim', {});
+    assert.deepEqual((await inspector.getQueueInfo('lim')).limits, NONE);
+  });
+
+  test('bad limits are ValidationErrors naming the field, and change nothing; an unknown queue is QueueNotFoundError', async () => {
+    await client.enqueue(new Task('t', null, { queue: 'lim2' }));
+    await inspector.setQueueLimits('lim2', { concurrency: 3 });
+    const bad: [unknown, string][] = [
+      [{ concurrency: 0 }, 'concurrency'],
+      [{ concurrency: -1 }, 'concurrency'],
+      [{ concurrency: 1.5 }, 'concurrency'],
+      [{ concurrency: '2' }, 'concurrency'],
+      [{ concurrency: 2 ** 31 }, 'concurrency'],
+      [{ keyConcurrency: 0 }, 'keyConcurrency'],
+      [{ rateLimit: { limit: 0, interval: 1000 } }, 'rateLimit.limit'],
+      [{ rateLimit: { limit: 10, interval: 0 } }, 'rateLimit.interval'],
+      [{ rateLimit: { limit: 10 } }, 'rateLimit.interval'],
+      [{ rateLimit: { limit: 10, interval: 2.5 } }, 'rateLimit.interval'],
+      [{ rateLimit: 10 }, 'rateLimit'],
+      [{ rateLimit: { limit: 10, interval: 100, burst: 3 } }, 'rateLimit.burst'],
+      [{ concurency: 3 }, 'limits.concurency'],
+      [null, 'limits'],
+      ['5', 'limits'],
+    ];
+    for (const [limits, field] of bad) {
+      const err = await caught(() => inspector.setQueueLimits('lim2', limits as never));
+      assert.ok(err instanceof ValidationError, `${JSON.stringify(limits)}: ${String(err)}`);
+      assert.ok(err instanceof InvalidOptionError);
+      assert.equal(err.field, field, JSON.stringify(limits));
+    }
+    assert.deepEqual((await inspector.getQueueInfo('lim2')).limits, { ...NONE, concurrency: 3 }, 'unchanged');
+    assert.ok((await caught(() => inspector.setQueueLimits('no-such-queue', { concurrency: 1 }))) instanceof QueueNotFoundError);
+    assert.ok((await caught(() => inspector.setQueueLimits('bad queue', { concurrency: 1 }))) instanceof ValidationError);
+  });
+});
+
+/**
+ * Samples the active tasks of `queue`, as fast as the database answers, until
+ * `done()`: the most active at once, the most active with one key, and the
+ * servers seen holding them.
+ */
+async function sampleActive(queue: string, done: () => Promise<boolean>): Promise<{ max: number; maxPerKey: number; owners: number; samples: number }> {
+  let max = 0;
+  let maxPerKey = 0;
+  const owners = new Set<string>();
+  let samples = 0;
+  for (;;) {
+    const rows = await db.query<{ owner: string; key: string | null }>(
+      `SELECT lease_owner AS owner, concurrency_key AS key FROM {{schema}}.task_states WHERE queue = $1 AND state = 'active'`,
+      [queue],
+    );
+    samples++;
+    max = Math.max(max, rows.length);
+    const perKey = new Map<string | null, number>();
+    for (const r of rows) {
+      owners.add(r.owner);
+      perKey.set(r.key, (perKey.get(r.key) ?? 0) + 1);
+    }
+    for (const n of perKey.values()) maxPerKey = Math.max(maxPerKey, n);
+    if (samples % 20 === 0 && (await done())) return { max, maxPerKey, owners: owners.size, samples };
+  }
+}
+
+const left = (queue: string) => async () =>
+  (await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM {{schema}}.task_states WHERE queue = $1 AND state <> 'completed'`, [queue]))[0]!.n === 0;
+
+describe('four servers at once', () => {
+  const workers: Fixture[] = [];
+
+  before(async () => {
+    // The limits before any task: each server's first claim already sees them.
+    for (const queue of ['conc', 'keyed', 'rated']) await db.query(`INSERT INTO {{schema}}.queues (name) VALUES ($1)`, [queue]);
+    await inspector.setQueueLimits('conc', { concurrency: 3 });
+    await inspector.setQueueLimits('keyed', { keyConcurrency: 2 });
+    await inspector.setQueueLimits('rated', { rateLimit: { limit: 5, interval: 400 } });
+    for (let i = 0; i < 4; i++) {
+      workers.push(spawnFixture('test/fixtures/limits-worker.ts', { DATABASE_URL: db.connectionString, SCHEMA: db.schema, QUEUES: 'conc,keyed,rated' }));
+    }
+    await Promise.all(workers.map((w) => w.next('ready')));
+  });
+
+  after(async () => {
+    for (const w of workers) w.child.kill('SIGTERM');
+    await Promise.all(workers.map((w) => exited(w.child)));
+  });
+
+  test('concurrency 3: never more than 3 active across the 4 servers (24 slots), and every task runs', { timeout: 120_000 }, async () => {
+    await client.enqueueMany(Array.from({ length: 90 }, () => new Task('t', { ms: 15 }, { queue: 'conc', retention: 600_000 })));
+    const { max, owners, samples } = await sampleActive('conc', left('conc'));
+    console.log(`concurrency limit 3: sampled max active ${max} over ${samples} samples, ${owners} servers`);
+    assert.ok(max <= 3, `at most 3 active (saw ${max})`);
+    assert.equal(max, 3, 'the limit is reached: the servers want more than it allows');
+    assert.ok(owners >= 2, `several servers took part (${owners})`);
+    assert.equal((await inspector.getQueueInfo('conc')).completed, 90);
+  });
+
+  test('keyConcurrency 2: never more than 2 active per key, keys side by side', { timeout: 120_000 }, async () => {
+    const keys = ['k0', 'k1', 'k2', 'k3', 'k4'];
+    await client.enqueueMany(
+      Array.from({ length: 100 }, (_, i) => new Task('t', { ms: 15 }, { queue: 'keyed', concurrencyKey: keys[i % keys.length], retention: 600_000 })),
+    );
+    const { max, maxPerKey, samples } = await sampleActive('keyed', left('keyed'));
+    console.log(`key concurrency limit 2: sampled max active per key ${maxPerKey}, in all ${max}, over ${samples} samples`);
+    assert.ok(maxPerKey <= 2, `at most 2 active per key (saw ${maxPerKey})`);
+    assert.equal(maxPerKey, 2);
+    assert.ok(max > 2, 'keys run side by side');
+    assert.equal((await inspector.getQueueInfo('keyed')).completed, 100);
+  });
+
+  test('rate 5 per 400 ms: no span of 400 ms holds more than 5 starts', { timeout: 120_000 }, async () => {
+    await client.enqueueMany(Array.from({ length: 30 }, () => new Task('t', { ms: 1 }, { queue: 'rated', retention: 600_000 })));
+    await waitFor(left('rated'), 60_000, 'the rated tasks');
+    const starts = (
+      await db.query<{ at: number }>(
+        `SELECT (extract(epoch FROM started_at) * 1000)::float8 AS at FROM {{schema}}.task_states WHERE queue = 'rated' ORDER BY started_at`,
+      )
+    ).map((r) => r.at);
+    assert.equal(starts.length, 30);
+    // Any 6 consecutive starts span at least the interval; equivalently no window holds 6.
+    let tightest = Number.POSITIVE_INFINITY;
+    for (let i = 0; i + 5 < starts.length; i++) tightest = Math.min(tightest, starts[i + 5]! - starts[i]!);
+    let most = 0;
+    for (let i = 0; i < starts.length; i++) most = Math.max(most, starts.filter((t) => t >= starts[i]! && t < starts[i]! + 400).length);
+    console.log(`rate limit 5/400 ms: most starts in any 400 ms ${most}; 6 starts spanned at least ${tightest.toFixed(1)} ms`);
+    assert.ok(most <= 5, `at most 5 starts in any 400 ms (saw ${most})`);
+    assert.equal(most, 5, 'the limit is reached');
+    // 30 starts at 5 per 400 ms take at least 5 windows.
+    assert.ok(starts.at(-1)! - starts[0]! >= 5 * 400, 'the starts are spread over the windows');
+  });
+});
+
+describe('fairness of the key limit', () => {
+  const running: Server[] = [];
+  let release = () => {};
+  afterEach(async () => {
+    release();
+    await Promise.all(running.splice(0).map((s) => s.shutdown()));
+  });
+
+  test("one tenant's backlog of 100,000 does not hold another tenant's task back", { timeout: 180_000 }, async () => {
+    await db.query(`INSERT INTO {{schema}}.queues (name) VALUES ('tenants')`);
+    await inspector.setQueueLimits('tenants', { keyConcurrency: 2 });
+    for (let i = 0; i < 100_000; i += 10_000) {
+      await client.enqueueMany(Array.from({ length: 10_000 }, () => new Task('big', null, { queue: 'tenants', concurrencyKey: 'big-tenant' })));
+    }
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const started: string[] = [];
+    const server = new Server({
+      connectionString: db.connectionString,
+      schema: db.schema,
+      logger: false,
+      concurrency: 4,
+      queues: { tenants: 1 },
+      taskCheckInterval: 50,
+    });
+    running.push(server);
+    await server.start(async (task) => {
+      started.push(task.type);
+      // The big tenant's tasks hold their slots: only the other tenant's can still start.
+      if (task.type === 'big') await gate;
+    });
+    await waitFor(() => started.length >= 2, 20_000, "the big tenant's first two tasks");
+    await client.enqueue(new Task('small', null, { queue: 'tenants', concurrencyKey: 'small-tenant' }));
+    await waitFor(() => started.includes('small'), 20_000, "the small tenant's task, behind 99,998 of the big tenant's");
+    const [big] = await db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM {{schema}}.task_states WHERE queue = 'tenants' AND state = 'active' AND concurrency_key = 'big-tenant'`,
+    );
+    assert.equal(big!.n, 2, 'the big tenant held to its 2');
+    assert.equal(started.filter((t) => t === 'big').length, 2);
+  });
+});
