@@ -46,6 +46,8 @@ const FLAGS = [
   '--no-first-run',
 ];
 const XSS_TYPE = '<img src=x onerror=alert(1)>';
+const TENANT_KEY = 'acme <b>corp</b>';
+const TENANT_LIMITS = { concurrency: 5, keyConcurrency: 2, rateLimit: { limit: 100, interval: 1000 } };
 const TOKEN = 'test-token-0123456789';
 const SHOTS = process.env.DASHBOARD_SCREENSHOTS === '1';
 const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
@@ -168,6 +170,13 @@ async function seed(): Promise<void> {
                     ('default', (now() AT TIME ZONE 'UTC')::date, 900, 3), ('default', (now() AT TIME ZONE 'UTC')::date - 2, 1500, 40)`);
   await db.query(`UPDATE {{schema}}.queues SET processed_total = 5000, failed_total = 150 WHERE name = 'default'`);
   await db.query(`UPDATE {{schema}}.queues SET processed_total = 800, failed_total = 31 WHERE name = 'critical'`);
+
+  // Flow control: a queue with every limit, a task with a priority and a concurrency key (markup in it), one without.
+  await client.enqueueMany([
+    new Task('tenant:sync', null, { queue: 'tenants', taskId: 't-high', priority: 42, concurrencyKey: TENANT_KEY }),
+    new Task('tenant:sync', null, { queue: 'tenants', taskId: 't-plain' }),
+  ]);
+  await inspector.setQueueLimits('tenants', TENANT_LIMITS);
 
   // A live server running two tasks of "busy" until they are cancelled or it shuts down.
   server = new Server({ ...conn, queues: { busy: 1 }, concurrency: 2, shutdownTimeout: 500, recoverCutoff: 600_000 });
@@ -1228,11 +1237,67 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
     }
   });
 
+  test('flow control: the queue page shows its limits, the overview marks limited queues, a task page its priority and concurrency key', async () => {
+    const tiles = () => page.locator('[data-tile^="limit-"]').evaluateAll((els) => els.map((e) => [e.getAttribute('data-tile'), e.textContent]));
+    await page.goto(`${base()}/queues/tenants`);
+    assert.deepEqual(await tiles(), [
+      ['limit-concurrency', '5concurrency limit'],
+      ['limit-key-concurrency', '2limit per key'],
+      ['limit-rate', '100 / 1srate limit'],
+    ]);
+    await page.goto(`${base()}/queues/default`);
+    assert.deepEqual(await tiles(), [], 'a queue without limits has no limit tiles');
+
+    await page.goto(base());
+    const marker = page.locator('tr[data-queue="tenants"] [data-limits]');
+    assert.equal(await marker.textContent(), 'limited');
+    assert.equal(await marker.getAttribute('title'), 'concurrency 5 · per key 2 · rate 100 / 1s');
+    assert.equal(await page.locator('table.queues [data-limits]').count(), 1, 'only the limited queue is marked');
+
+    await page.goto(`${base()}/queues/tenants/tasks/t-high`);
+    assert.equal(await page.locator('[data-field="priority"]').textContent(), '42');
+    assert.equal(await page.locator('[data-field="concurrency-key"]').textContent(), TENANT_KEY, 'the key is text');
+    assert.equal(await page.locator('[data-field="concurrency-key"] b').count(), 0);
+    await page.goto(`${base()}/queues/tenants/tasks/t-plain`);
+    assert.equal(await page.locator('[data-field="priority"], [data-field="concurrency-key"]').count(), 0, 'priority 0 and no key: not shown');
+
+    // A change shows on the next load: only the rate left, its interval exact.
+    await inspector.setQueueLimits('tenants', { concurrency: null, keyConcurrency: null, rateLimit: { limit: 10, interval: 90_000 } });
+    try {
+      await page.goto(`${base()}/queues/tenants`);
+      assert.deepEqual(await tiles(), [['limit-rate', '10 / 1m30srate limit']]);
+      // The overview reads every queue at most once a second.
+      await waitFor(
+        async () => {
+          await page.goto(base());
+          return (await marker.getAttribute('title')) === 'rate 10 / 1m30s';
+        },
+        10_000,
+        'the new limits on the overview',
+      );
+      await inspector.setQueueLimits('tenants', { concurrency: null, keyConcurrency: null, rateLimit: null });
+      await page.goto(`${base()}/queues/tenants`);
+      assert.deepEqual(await tiles(), []);
+    } finally {
+      await inspector.setQueueLimits('tenants', TENANT_LIMITS);
+    }
+    assert.deepEqual(cspErrors, []);
+  });
+
   test('phone width: nothing overflows the viewport', async () => {
     const ctx = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: SHOTS ? 2 : 1, isMobile: true });
     const p = await ctx.newPage();
     try {
-      for (const path of ['/', '/queues/default?state=pending', '/queues/low/tasks/xss', '/queues/flow?state=waiting', '/queues/flow/tasks/b', '/servers']) {
+      for (const path of [
+        '/',
+        '/queues/default?state=pending',
+        '/queues/low/tasks/xss',
+        '/queues/flow?state=waiting',
+        '/queues/flow/tasks/b',
+        '/queues/tenants',
+        '/queues/tenants/tasks/t-high',
+        '/servers',
+      ]) {
         await p.goto(`http://127.0.0.1:${port.dash}${path}`);
         const overflow = await p.evaluate<number>('document.documentElement.scrollWidth - window.innerWidth');
         assert.ok(overflow <= 1, `${path} overflows by ${overflow} px`);

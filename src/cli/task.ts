@@ -40,6 +40,14 @@ function taskTable(state: TaskState, tasks: TaskInfo[], now: number): string[] {
   const err = (t: TaskInfo) => (t.lastError === null ? '-' : truncate(t.lastError, 50));
   switch (state) {
     case 'pending':
+      // In the claim's order: higher priority first. The column only when a task on the page has one.
+      if (tasks.some((t) => t.priority !== 0)) {
+        return table(
+          [...head, 'priority', 'retried'],
+          tasks.map((t) => [...base(t), String(t.priority), retried(t)]),
+          { right: [3] },
+        );
+      }
       return table(
         [...head, 'retried'],
         tasks.map((t) => [...base(t), retried(t)]),
@@ -101,6 +109,8 @@ function taskFields(t: TaskInfo): string[] {
     ['timeout', t.timeout === 0 ? '-' : duration(t.timeout)],
     ['deadline', when(t.deadline, now)],
     ['group', t.group ?? '-'],
+    ['priority', String(t.priority)],
+    ['concurrency key', t.concurrencyKey ?? '-'],
     ['retention', duration(t.retention)],
     ['completed at', when(t.completedAt, now)],
     ['result', jsonText(t.result)],

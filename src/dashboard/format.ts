@@ -2,6 +2,8 @@
  * Text the pages show: numbers, durations, instants, payload previews and
  * dumps. Plain strings only: the `html` template escapes them where they land.
  */
+import { formatDuration } from '../model/cron.js';
+import type { QueueLimits } from '../model/inspector-types.js';
 
 /** 1234567 → "1,234,567". */
 export function num(n: number): string {
@@ -76,4 +78,18 @@ export function pretty(value: unknown, maxBytes = 65_536): { kind: 'json' | 'byt
 /** failed / processed as "1.5 %", or "–" when nothing was processed. */
 export function errorRate(failed: number, processed: number): string {
   return processed === 0 ? '–' : `${((100 * failed) / processed).toFixed(processed < 1000 ? 1 : 2)} %`;
+}
+
+/** A rate limit as "100 / 1s" (the interval exact, as `pgasynq queue limit --rate` takes it). */
+export function rateText(rate: NonNullable<QueueLimits['rateLimit']>): string {
+  return `${num(rate.limit)} / ${formatDuration(rate.interval)}`;
+}
+
+/** A queue's limits in one line, "concurrency 5 · per key 2 · rate 100 / 1s"; '' when it has none. */
+export function limitsText(l: QueueLimits): string {
+  const parts: string[] = [];
+  if (l.concurrency !== null) parts.push(`concurrency ${num(l.concurrency)}`);
+  if (l.keyConcurrency !== null) parts.push(`per key ${num(l.keyConcurrency)}`);
+  if (l.rateLimit !== null) parts.push(`rate ${rateText(l.rateLimit)}`);
+  return parts.join(' · ');
 }

@@ -15,7 +15,7 @@ import { MAX_PREVIEW_PAGE_SIZE } from '../inspector-internal.js';
 import type { QueueInfo } from '../model/inspector-types.js';
 import type { TaskState } from '../model/task.js';
 import { historyChart, type DayCounts } from './charts.js';
-import { clip, duration, errorRate, instant, num, preview, relative } from './format.js';
+import { clip, duration, errorRate, instant, limitsText, num, preview, relative } from './format.js';
 import { html, jsonForScript, type Html } from './html.js';
 import { localPath } from './security.js';
 import type { QueueSampler } from './sampler.js';
@@ -258,6 +258,12 @@ export function stateCell(ctx: PageContext, q: QueueInfo, state: TaskState): Htm
   return html`<td class="${cls}" data-col="${state}"><a href="${href(ctx, queuePath(q.queue), { state })}">${num(n)}</a></td>`;
 }
 
+/** A "limited" marker for a queue with limits, which it names on hover; nothing without. */
+function limitedBadge(q: QueueInfo): Html {
+  const text = limitsText(q.limits);
+  return text === '' ? html`` : html` <span class="badge badge-muted" data-limits title="${text}">limited</span>`;
+}
+
 export function pauseForm(ctx: PageContext, q: QueueInfo): Html {
   if (ctx.readOnly) return html``;
   return q.paused
@@ -305,7 +311,7 @@ ${historyChart(history, `processed and failed per day, last ${days} days`)}
 
   const rows = infos.map(
     (q) => html`<tr data-queue="${q.queue}">
-<th scope="row"><a href="${href(ctx, queuePath(q.queue))}">${q.queue}</a>${q.paused ? html` ${badge('paused', 'warn')}` : ''}</th>
+<th scope="row"><a href="${href(ctx, queuePath(q.queue))}">${q.queue}</a>${q.paused ? html` ${badge('paused', 'warn')}` : ''}${limitedBadge(q)}</th>
 ${TAB_STATES.map((s) => stateCell(ctx, q, s))}
 <td class="num" data-col="size">${num(q.size)}</td>
 <td class="num" data-col="latency">${duration(q.latency)}</td>

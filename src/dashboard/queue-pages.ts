@@ -1,12 +1,13 @@
 /** The queue page: a tab per state, its list and actions (the task page is task-page.ts). */
 import type { ServerPreview } from '../broker/inspector-read.js';
 import type { TaskPreview } from '../broker/rows.js';
+import type { QueueInfo } from '../model/inspector-types.js';
 import { isTaskNotFound, isValidationError } from '../model/errors.js';
 import type { Inspector } from '../inspector.js';
 import { listServerPreviews, listTaskPreviews } from '../inspector-internal.js';
 import type { TaskState } from '../model/task.js';
 import { historyChart } from './charts.js';
-import { duration, errorRate, num } from './format.js';
+import { duration, errorRate, num, rateText } from './format.js';
 import { html, type Html } from './html.js';
 import {
   ALLOWED,
@@ -151,6 +152,13 @@ async function searchByType(
   return { tasks: out, scanned };
 }
 
+/** A tile per limit the queue has (Inspector.setQueueLimits); none without limits. */
+function limitTiles(l: QueueInfo['limits']): Html {
+  return html`${l.concurrency === null ? '' : tile('concurrency limit', num(l.concurrency), '', 'limit-concurrency')}${
+    l.keyConcurrency === null ? '' : tile('limit per key', num(l.keyConcurrency), '', 'limit-key-concurrency')
+  }${l.rateLimit === null ? '' : tile('rate limit', rateText(l.rateLimit), '', 'limit-rate')}`;
+}
+
 export async function queuePage(ctx: PageContext, queue: string): Promise<PageResult> {
   const url = ctx.url;
   const stateParam = url.searchParams.get('state');
@@ -264,7 +272,7 @@ ${canAct ? html`<td class="actions">${ops.map((op) => opButton(op, 'one', `${op}
       html`<nav class="crumbs"><a href="${ctx.base}/">Queues</a> / <span>${queue}</span></nav>
 <div class="page-head" data-region id="r-qhead"><h1>${queue} ${info.paused ? badge('paused', 'warn') : ''}</h1><div class="head-actions">${queueActions}</div></div>
 <section class="tiles" data-region id="r-qstats">
-${tile('size', num(info.size), '', 'size')}${tile('latency', duration(info.latency), '', 'latency')}${tile('processed today', num(info.processed), '', 'processed')}${tile('failed today', num(info.failed), info.failed > 0 ? 'tile-bad' : '', 'failed')}${tile('error rate today', errorRate(info.failed, info.processed), '', 'error-rate')}${tile('processed, all time', num(info.processedTotal), '', 'processed-total')}${tile('failed, all time', num(info.failedTotal), '', 'failed-total')}${tile('groups', num(info.groups), '', 'groups')}
+${tile('size', num(info.size), '', 'size')}${tile('latency', duration(info.latency), '', 'latency')}${tile('processed today', num(info.processed), '', 'processed')}${tile('failed today', num(info.failed), info.failed > 0 ? 'tile-bad' : '', 'failed')}${tile('error rate today', errorRate(info.failed, info.processed), '', 'error-rate')}${tile('processed, all time', num(info.processedTotal), '', 'processed-total')}${tile('failed, all time', num(info.failedTotal), '', 'failed-total')}${tile('groups', num(info.groups), '', 'groups')}${limitTiles(info.limits)}
 </section>
 <section class="card chart-card" data-region id="r-qhistory"><div class="card-head"><h2>Processed per day (UTC), last 14 days</h2></div>${historyChart([...history].reverse(), `processed and failed per day in ${queue}`, { width: 1400, height: 170 })}</section>
 <section class="card">

@@ -100,6 +100,8 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
     ['Timeout', t.timeout === 0 ? 'none (deadline only)' : duration(t.timeout)],
     ['Deadline', t.deadline ? html`${instant(t.deadline)} (${relative(t.deadline, now)})` : 'none'],
     ['Group', t.group ?? '–'],
+    ...(t.priority === 0 ? [] : [['Priority', html`<span data-field="priority">${t.priority}</span>`] as [string, Html]]),
+    ...(t.concurrencyKey === null ? [] : [['Concurrency key', html`<code data-field="concurrency-key">${t.concurrencyKey}</code>`] as [string, Html]]),
     ...(t.state === 'waiting' ? [['Waiting for', `${num(t.waitingFor)} of ${num(t.dependsOn.length)} dependencies`] as [string, string]] : []),
     ['Retention', t.retention === 0 ? 'none (deleted when done)' : duration(t.retention)],
   ]);

@@ -68,6 +68,20 @@ export function parseDuration(text: string): number | null {
   return Math.round(total);
 }
 
+/** ms as parseDuration reads it back, exactly: 1000 → "1s", 1500 → "1s500ms", 5_400_000 → "1h30m", 0 → "0ms". */
+export function formatDuration(ms: number): string {
+  if (!Number.isSafeInteger(ms) || ms < 0) return `${ms}ms`;
+  let rest = ms;
+  let out = '';
+  for (const unit of ['h', 'm', 's', 'ms'] as const) {
+    const size = UNIT_MS[unit] as number;
+    const n = Math.floor(rest / size);
+    rest -= n * size;
+    if (n > 0) out += `${n}${unit}`;
+  }
+  return out === '' ? '0ms' : out;
+}
+
 /**
  * Parses `spec` (validated: a bad spec or zone throws InvalidCronSpecError,
  * a ValidationError naming `cronspec` or `location`).
