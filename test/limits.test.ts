@@ -167,6 +167,48 @@ describe('four servers at once', () => {
   });
 });
 
+describe('a running server', () => {
+  const running: Server[] = [];
+  afterEach(async () => {
+    await Promise.all(running.splice(0).map((s) => s.shutdown()));
+  });
+
+  test('limits set, changed and cleared while it runs take effect at its next claim', { timeout: 60_000 }, async () => {
+    await db.query(`INSERT INTO {{schema}}.queues (name) VALUES ('live')`);
+    let release = () => {};
+    let gate = Promise.resolve();
+    const server = new Server({
+      connectionString: db.connectionString,
+      schema: db.schema,
+      logger: false,
+      concurrency: 4,
+      queues: { live: 1 },
+      taskCheckInterval: 50,
+    });
+    running.push(server);
+    await server.start(async (task) => {
+      if (task.type === 'gated') await gate;
+      else await new Promise((r) => setTimeout(r, 10));
+    });
+    await inspector.setQueueLimits('live', { concurrency: 1 });
+    await client.enqueueMany(Array.from({ length: 20 }, () => new Task('short', null, { queue: 'live' })));
+    const limited = await sampleActive('live', left('live'));
+    assert.equal(limited.max, 1, `one at a time (saw ${limited.max})`);
+    // Raised to 2, then cleared: each time the tasks held at the gate fill what is allowed.
+    gate = new Promise((resolve) => (release = resolve));
+    await inspector.setQueueLimits('live', { concurrency: 2 });
+    await client.enqueueMany(Array.from({ length: 8 }, () => new Task('gated', null, { queue: 'live' })));
+    const active = async () =>
+      (await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM {{schema}}.task_states WHERE queue = 'live' AND state = 'active'`))[0]!.n;
+    await waitFor(async () => (await active()) === 2, 10_000, 'two active');
+    await inspector.setQueueLimits('live', {});
+    // Four run and the server holds more ahead of its slots (prefetch): all are active.
+    await waitFor(async () => (await active()) >= 4, 10_000, 'more than two active once the limit is gone');
+    release();
+    await waitFor(left('live'), 20_000, 'every task');
+  });
+});
+
 describe('fairness of the key limit', () => {
   const running: Server[] = [];
   let release = () => {};
