@@ -18,9 +18,10 @@
  * --shared: on DATABASE_URL (the machine's shared server) instead of a throwaway cluster.
  */
 import pg from 'pg';
-import { Client, Inspector, Server, Task, migrate, type QueueLimits } from '../src/index.js';
+import { Client, Inspector, Task, migrate, type QueueLimits } from '../src/index.js';
 import { startBenchCluster } from './lib/cluster.js';
-import { DATABASE_URL, median, now, parseArgs, sleep } from './lib/common.js';
+import { drain } from './lib/drain.js';
+import { DATABASE_URL, median, parseArgs } from './lib/common.js';
 
 const args = parseArgs(process.argv.slice(2));
 const N = Number(args.n ?? 50_000);
@@ -52,16 +53,7 @@ async function runOnce(url: string, admin: pg.Pool, shape: Shape): Promise<numbe
   await inspector.setQueueLimits('default', LIMITS[shape]);
   await inspector.close();
   await admin.query(`VACUUM ANALYZE ${SCHEMA}.task_states, ${SCHEMA}.task_inputs`);
-  const server = new Server({ connectionString: url, schema: SCHEMA, concurrency: CONCURRENCY, logger: false });
-  const d0 = now();
-  await server.start(() => {});
-  for (;;) {
-    const { rows } = await admin.query<{ left: boolean }>(`SELECT EXISTS (SELECT 1 FROM ${SCHEMA}.task_states) AS left`);
-    if (!rows[0]!.left) break;
-    await sleep(10);
-  }
-  const drainMs = now() - d0;
-  await server.shutdown();
+  const drainMs = await drain(url, admin, SCHEMA, CONCURRENCY);
   return (N / drainMs) * 1000;
 }
 
