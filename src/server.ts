@@ -4,11 +4,11 @@
  *
  *   start:    schema check → unserved-queue lookup → notifier (LISTEN, awaited) → heartbeater (registers
  *             the server) → recoverer → forwarder → processor → janitor →
- *             aggregator → healthchecker → stats timer
+ *             aggregator → healthchecker and horizon watch → stats timer
  *   shutdown: stats timer → forwarder → processor (stops claiming, gives back
  *             held tasks, waits up to shutdownTimeout, then aborts and requeues)
- *             → its batched writes flushed → recoverer, janitor, aggregator and
- *             healthchecker together → notifier → stats flush → heartbeater
+ *             → its batched writes flushed → recoverer, janitor, aggregator,
+ *             healthchecker and horizon watch together → notifier → stats flush → heartbeater
  *             (last, so leases are extended while handlers finish) → server row
  *             → pool
  *
@@ -28,6 +28,7 @@ import { FailureRun, type Logger } from './internal/logger.js';
 import { ServeMux, type Handler } from './mux.js';
 import { Forwarder } from './server/forwarder.js';
 import { Healthchecker } from './server/healthcheck.js';
+import { HorizonWatch } from './server/horizon-watch.js';
 import { Heartbeater } from './server/heartbeater.js';
 import { Janitor } from './server/janitor.js';
 import { Aggregator } from './server/aggregator.js';
@@ -123,7 +124,8 @@ export class Server {
       processor.sweep();
       forwarder.wake();
     });
-    return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker };
+    const horizonWatch = new HorizonWatch(this.#db, log.child({ component: 'horizon' }), cfg.healthCheckInterval);
+    return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker, horizonWatch };
   }
 
   /**
@@ -155,6 +157,7 @@ export class Server {
     p.janitor.start();
     p.aggregator?.start();
     p.healthchecker?.start();
+    p.horizonWatch.start();
     const flushErrors = new FailureRun(this.#log, 'stats flush failed', 'stats flush succeeded again');
     this.#statsTimer = setInterval(
       () =>
@@ -263,7 +266,7 @@ export class Server {
     dbg('flushed');
     await p.processor.flushed();
     dbg('maint');
-    await Promise.all([p.recoverer.stop(), p.janitor.stop(), p.aggregator?.stop(), p.healthchecker?.stop()]);
+    await Promise.all([p.recoverer.stop(), p.janitor.stop(), p.aggregator?.stop(), p.healthchecker?.stop(), p.horizonWatch.stop()]);
     dbg('notifier');
     await p.notifier.stop();
     dbg('stats');
