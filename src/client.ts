@@ -56,7 +56,9 @@ export class Client {
     this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
     const logger = resolveLogger(opts);
     this.#log = logger.child({ component: 'client' });
-    this.#db = new Db(opts, 'pgasynq:client', { logger });
+    // Enqueues are acknowledged on COMMIT: on a pool of its own, the Client's sessions commit
+    // durably whatever the database's synchronous_commit default (see Db's durableCommit).
+    this.#db = new Db(opts, 'pgasynq:client', { durableCommit: true, logger });
   }
 
   /** Enqueues one task. Options given here override those of the Task. */

@@ -155,13 +155,27 @@ export class Db {
    * (synchronous_commit = off). Only for a pool we create, and only for the
    * server, whose claims, completions and heartbeats may be lost in a PostgreSQL
    * crash without breaking at-least-once: a lost claim or completion re-runs the
-   * task. Enqueues (Client) and durableTransaction() always wait for the flush.
+   * task. durableTransaction() always waits for the flush.
+   *
+   * `durableCommit`: the pool's sessions commit waiting for the flush
+   * (synchronous_commit = on) whatever the database or role default says: for
+   * the Client, whose enqueue is acknowledged to the caller on COMMIT and must
+   * survive a PostgreSQL crash after that (a database set to `off` would
+   * otherwise lose the last acknowledged enqueues in a crash). A plain enqueue
+   * is one autocommitted statement: a startup option costs nothing per call,
+   * where SET LOCAL would cost a transaction and two round trips more. Only for
+   * a pool we create: on a pool of yours, or in your transaction (`tx`), your
+   * sessions' settings apply.
    *
    * `logger`: the owner's, already resolved. `health`: log connection failures
    * (first of a run at once, then with backoff) and the recovery, for owners
    * that retry in the background rather than reject to a caller.
    */
-  constructor(opts: ConnectionOptions, applicationName = 'pgasynq', session: { asyncCommit?: boolean; logger?: Logger; health?: boolean } = {}) {
+  constructor(
+    opts: ConnectionOptions,
+    applicationName = 'pgasynq',
+    session: { asyncCommit?: boolean; durableCommit?: boolean; logger?: Logger; health?: boolean } = {},
+  ) {
     this.schema = schemaName(opts.schema ?? DEFAULT_SCHEMA);
     if (opts.preparedStatements !== undefined && typeof opts.preparedStatements !== 'boolean') {
       throw new ConfigError('preparedStatements', `must be a boolean (got ${typeof opts.preparedStatements})`);
@@ -183,7 +197,7 @@ export class Db {
         keepAlive: true,
         // A host that drops packets would otherwise hang a connect until the OS gives up.
         connectionTimeoutMillis: 10_000,
-        ...(session.asyncCommit ? { options: '-c synchronous_commit=off' } : {}),
+        ...(session.asyncCommit || session.durableCommit ? { options: startupOptions(session.asyncCommit ? 'off' : 'on') } : {}),
       });
       this.#ownsPool = true;
     }
@@ -280,6 +294,16 @@ export class Db {
     this.#closed = true;
     if (this.#ownsPool) await this.pool.end();
   }
+}
+
+/**
+ * The startup packet's `options` for a pool we create: the user's PGOPTIONS (pg reads it only
+ * when no `options` is given, so it would be dropped) followed by our synchronous_commit, which
+ * wins as the later `-c`. An `options` parameter in the connection string replaces all of this
+ * (pg lets the connection string win): then that string's settings apply.
+ */
+function startupOptions(synchronousCommit: 'on' | 'off'): string {
+  return [process.env.PGOPTIONS, `-c synchronous_commit=${synchronousCommit}`].filter((o) => o !== undefined && o.trim() !== '').join(' ');
 }
 
 const GUARDED = Symbol('pgasynq.guarded');
