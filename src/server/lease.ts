@@ -94,7 +94,10 @@ export class Lease implements LeaseKey {
     if (this.#state === 'released' || this.#state === 'lost') return;
     clearTimeout(this.#trustTimer);
     const remaining = sentAt + this.#trustMs - performance.now();
-    this.#trustTimer = setTimeout(() => this.lose(), Math.max(0, remaining));
+    // Already past: lost now, not on a timer — the handler of a claim that came back this
+    // late must not start in the meantime.
+    if (remaining <= 0) return this.lose();
+    this.#trustTimer = setTimeout(() => this.lose(), remaining);
     this.#trustTimer.unref();
   }
 

@@ -136,11 +136,18 @@ export class Processor {
     await this.#giveBackHeld();
   }
 
-  /** Returns the held (never started) tasks to the front of pending, fenced, without using a retry. */
+  /** Returns the held (never started) tasks to the front of pending. */
   async #giveBackHeld(): Promise<void> {
-    const held = this.#held.splice(0);
-    if (held.length === 0) return;
-    const leases = held.map((h) => h.lease);
+    await this.#giveBack(this.#held.splice(0).map((h) => h.lease));
+  }
+
+  /**
+   * Returns never-started tasks to the front of pending without using a retry,
+   * fenced by their lease tokens: a lease this worker no longer trusts may
+   * still be its own in the database, and if it is not, nothing is written.
+   */
+  async #giveBack(leases: Lease[]): Promise<void> {
+    if (leases.length === 0) return;
     try {
       await requeue(this.#db, leases);
     } catch (err) {
@@ -310,6 +317,13 @@ export class Processor {
   #dispatch(): void {
     while (this.#running < this.#cfg.concurrency && this.#held.length > 0) {
       const { row, lease, claimedAt } = this.#held.shift()!;
+      // Its lease stopped being trusted before it started (a claim whose reply came late, a
+      // stalled database while it was held): nothing has run, so give it back rather than
+      // start a handler the recoverer may hand to another worker, or spend a retry on it.
+      if (lease.lost) {
+        void this.#giveBack([lease]);
+        continue;
+      }
       this.#running++;
       void this.#run(row, lease, claimedAt);
     }
