@@ -26,6 +26,8 @@ import {
 import { Db } from '../src/broker/db.js';
 import { claim } from '../src/broker/claim.js';
 import { queueOrder } from '../src/server/queues.js';
+import { FailureRun } from '../src/internal/logger.js';
+import { backoffMs } from '../src/internal/backoff.js';
 import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -760,6 +762,73 @@ describe('logging', () => {
       [{ queue: 'emails', pending: 2, level: LEVEL.warn, component: 'server' }],
     );
     assert.deepEqual(warned.servedQueues, ['default', 'email', 'served-elsewhere']);
+  });
+});
+
+describe('failure runs', () => {
+  test('failures that alternate with successes (a full max_connections) log one line per gap, not one per turn', async () => {
+    const log = captureLog('info');
+    const run = new FailureRun(log.logger, 'database unreachable; retrying in the background', 'database reachable again');
+    for (let i = 0; i < 200; i++) {
+      run.failed(new Error('sorry, too many clients already'));
+      run.succeeded();
+    }
+    // Within the first gap (1 s): the first failure and its recovery only.
+    assert.deepEqual(
+      log.lines.map((l) => l.msg),
+      ['database unreachable; retrying in the background', 'database reachable again'],
+    );
+    assert.equal(log.lines[0]!.failures, 1);
+    // Flapping on for a little over the gap: one more pair, counting the whole run.
+    let turns = 200;
+    const until = performance.now() + 1100;
+    while (performance.now() < until) {
+      run.failed(new Error('sorry, too many clients already'));
+      run.succeeded();
+      turns++;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.equal(log.lines.length, 4);
+    assert.ok((log.lines[2]!.failures as number) > 200 && (log.lines[2]!.failures as number) <= turns, 'the same run, counted whole');
+  });
+
+  test('a failure long after the last success starts a new run, logged at once', async () => {
+    const log = captureLog('info');
+    const run = new FailureRun(log.logger, 'down', 'up');
+    run.failed(new Error('x'));
+    run.succeeded();
+    await new Promise((r) => setTimeout(r, 1050));
+    run.failed(new Error('y'));
+    assert.deepEqual(
+      log.lines.map((l) => [l.msg, l.failures]),
+      [
+        ['down', 1],
+        ['up', 1],
+        ['down', 1],
+      ],
+    );
+  });
+
+  test('backoff: exponential with jitter in [½, 1] of its ceiling, capped', () => {
+    assert.equal(
+      backoffMs(0, 100, 5000, () => 0),
+      50,
+    );
+    assert.equal(
+      backoffMs(0, 100, 5000, () => 1),
+      100,
+    );
+    assert.equal(
+      backoffMs(3, 100, 5000, () => 1),
+      800,
+    );
+    assert.equal(
+      backoffMs(30, 100, 5000, () => 0),
+      2500,
+    );
+    const draws = new Set(Array.from({ length: 50 }, () => backoffMs(2, 100, 5000)));
+    assert.ok(draws.size > 40, 'processes that fail together retry apart');
+    for (const d of draws) assert.ok(d >= 200 && d <= 400);
   });
 });
 

@@ -103,10 +103,17 @@ export class FailureRun {
   readonly #level: 'warn' | 'error';
   readonly #message: string;
   readonly #recovered: string;
+  /** Failures since the last success. */
   #failures = 0;
+  /** Failures of the whole run, across the moments it stopped. */
+  #total = 0;
   #since = 0;
-  #lastLine = 0;
+  #lastLine = Number.NEGATIVE_INFINITY;
   #gap = FIRST_GAP_MS;
+  /** When the last success ended a stretch of failures. */
+  #endedAt = Number.NEGATIVE_INFINITY;
+  /** A failure line was written that no recovery line has answered yet. */
+  #open = false;
 
   constructor(log: Logger, message: string, recovered: string, level: 'warn' | 'error' = 'warn') {
     this.#log = log;
@@ -120,26 +127,37 @@ export class FailureRun {
     return this.#failures > 0;
   }
 
-  /** Counts a failure; logs it if it is the first of the run or the gap has passed. */
+  /**
+   * Counts a failure; logs it if it is the first of the run or the gap has
+   * passed. Failures that start again within the gap of a success belong to
+   * the same run (a database that refuses some connections and takes others
+   * succeeds and fails by turns): they keep its gap, so such flapping logs a
+   * line per gap, not one per turn.
+   */
   failed(err: unknown, fields: object = {}): void {
     const now = performance.now();
-    this.#failures++;
-    if (this.#failures === 1) {
+    if (this.#failures === 0 && now - this.#endedAt >= this.#gap) {
       this.#since = now;
       this.#gap = FIRST_GAP_MS;
-    } else if (now - this.#lastLine < this.#gap) {
-      return;
-    } else {
-      this.#gap = Math.min(this.#gap * 2, MAX_GAP_MS);
+      this.#lastLine = Number.NEGATIVE_INFINITY;
+      this.#total = 0;
     }
+    this.#failures++;
+    this.#total++;
+    if (now - this.#lastLine < this.#gap) return;
+    if (this.#lastLine !== Number.NEGATIVE_INFINITY) this.#gap = Math.min(this.#gap * 2, MAX_GAP_MS);
     this.#lastLine = now;
-    this.#log[this.#level]({ ...fields, err, failures: this.#failures, downMs: Math.round(now - this.#since) }, this.#message);
+    this.#open = true;
+    this.#log[this.#level]({ ...fields, err, failures: this.#total, downMs: Math.round(now - this.#since) }, this.#message);
   }
 
-  /** Ends a run of failures, if one was going on, with one `info` line. */
+  /** Ends a stretch of failures; one `info` line if a failure line since the last one says so. */
   succeeded(fields: object = {}): void {
     if (this.#failures === 0) return;
-    this.#log.info({ ...fields, failures: this.#failures, downMs: Math.round(performance.now() - this.#since) }, this.#recovered);
     this.#failures = 0;
+    this.#endedAt = performance.now();
+    if (!this.#open) return;
+    this.#open = false;
+    this.#log.info({ ...fields, failures: this.#total, downMs: Math.round(this.#endedAt - this.#since) }, this.#recovered);
   }
 }
