@@ -274,6 +274,11 @@ DECLARE
   n integer;
   taken integer := 0;
 BEGIN
+  -- A limited claim commits durably, whatever the server's sessions do (they commit
+  -- asynchronously: a lost claim only runs a task again). A claim lost in a crash after
+  -- its worker started the tasks would no longer count them: other servers would start
+  -- more than the limits allow while they still run. Local to this transaction.
+  PERFORM set_config('synchronous_commit', 'on', true);
   -- In one order, so that claims of several limited queues never deadlock.
   PERFORM pg_advisory_xact_lock(hashtext('pgasynq limits ' || schema_name), k)
   FROM (SELECT DISTINCT hashtext(x) AS k FROM unnest(queue_names) x ORDER BY 1) locks;
