@@ -209,6 +209,28 @@ describe('recoverer', () => {
     assert.equal((await taskRow(taken)).retried, 1, 'recovered once');
   });
 
+  test('a row locked by a running transaction is skipped, not waited for, and rescued once it is free', { timeout: 30_000 }, async () => {
+    await reset();
+    const busy = await activeTask(0, 5, "now() - interval '1 minute'");
+    const free = await activeTask(0, 5, "now() - interval '1 minute'");
+    // A ctx.transaction in the middle of a long statement holds the row (no idle timeout ends it).
+    const holder = await broker.pool.connect();
+    try {
+      await holder.query('BEGIN');
+      await holder.query(`SELECT 1 FROM "${db.schema}".task_states s JOIN "${db.schema}".task_inputs i USING (seq) WHERE i.id = $1 FOR UPDATE OF s`, [busy]);
+      const t0 = performance.now();
+      assert.deepEqual(await recoverer(30_000).runOnce(), { retried: 1, archived: 0 });
+      assert.ok(performance.now() - t0 < 5000, 'not held up by the locked row');
+      assert.equal((await taskRow(free)).state, 'retry');
+      assert.equal((await taskRow(busy)).state, 'active');
+      await holder.query('ROLLBACK');
+    } finally {
+      holder.release();
+    }
+    assert.deepEqual(await recoverer(30_000).runOnce(), { retried: 1, archived: 0 });
+    assert.equal((await taskRow(busy)).state, 'retry');
+  });
+
   test('several recoverers at once recover each task exactly once', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueueMany(Array.from({ length: 250 }, (_, i) => new Task('orphan', i, { maxRetry: 5, processIn: 3_600_000 })));

@@ -102,7 +102,8 @@ export interface Recovery {
  * Moves each task to retry (after its delay) or to the archive, as decided,
  * if it is still active under the same lease and still recoverable: a
  * heartbeat that extended it meanwhile, or another recoverer that took it
- * first, leaves it out (the row lock makes the second writer re-check).
+ * first, leaves it out (the row lock makes the second writer re-check); a
+ * row locked right now is left for the next tick.
  * Resolves to the seqs moved, each with whether it was archived.
  */
 export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bounds: RecoveryBounds): Promise<{ seq: string; archived: boolean }[]> {
@@ -119,6 +120,11 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
                 ${sorted.map((r) => r.archive)}::bool[], ${sorted.map((r) => r.delayMs)}::float8[])
       AS h(seq, token, archive, delay_ms)
     WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
+      -- A row locked by a ctx.transaction that is still running (a busy statement, which
+      -- no idle timeout ends) is skipped, not waited for: the next tick tries it again,
+      -- and the rest of the batch is rescued now.
+      AND s.seq = ANY(ARRAY(SELECT l.seq FROM ${db.table('task_states')} l WHERE l.seq = ANY(${sorted.map((r) => r.seq)}::bigint[])
+                            ORDER BY l.seq FOR UPDATE SKIP LOCKED))
     RETURNING s.seq::text AS seq, h.archive AS archived`);
 }
 
