@@ -1,6 +1,6 @@
 /**
  * F01 worker-kill9-mid-task (plan §5.2): workers die abruptly (SIGKILL) while
- * holding tasks, three times, on random workers, each respawned 2 s later.
+ * holding tasks, five times, on random workers, each respawned 2 s later.
  * Their tasks must be rescued within the bound and run elsewhere; nothing is
  * lost, the transactional effect happens once, attempts stay ≤ maxRetry + 1.
  */
@@ -9,17 +9,19 @@ import { after, test } from 'node:test';
 import { assertInvariants, BOUND_S, createHarness, recordFigures, sleep, waitFor, type Child, type Harness } from './harness.js';
 
 const MAX_RETRY = 3;
-const KILLS = 3;
+const KILLS = 5;
+/** Enough load that every kill lands while the producer is still running (25 tasks/s). */
+const TASKS = 100 * KILLS;
 let h: Harness | undefined;
 after(() => h?.teardown());
 
-test('F01 worker-kill9-mid-task: SIGKILL a busy worker 3 times; nothing lost, effects once, rescued within B', { timeout: 180_000 }, async () => {
+test(`F01 worker-kill9-mid-task: SIGKILL a busy worker ${KILLS} times; nothing lost, effects once, rescued within B`, { timeout: 180_000 }, async () => {
   h = await createHarness('f01');
   const harness = h;
   const started = await Promise.all(['w1', 'w2', 'w3'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 100, sleepMax: 500 })));
   const live = new Map<string, Child>(started.map((w) => [w.name, w]));
   h.startSampler();
-  const producer = await h.spawnProducer({ count: 300, rate: 25, maxRetry: MAX_RETRY, scheduled: 0.2 });
+  const producer = await h.spawnProducer({ count: TASKS, rate: 25, maxRetry: MAX_RETRY, scheduled: 0.2 });
 
   const recoveries: Promise<number>[] = [];
   const respawns: Promise<void>[] = [];

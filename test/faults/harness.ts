@@ -159,6 +159,8 @@ export class Child {
       } catch {
         return;
       }
+      // When the harness read it, on its own clock: against a child's hostNow, the child's skew.
+      e.receivedAt = Date.now();
       this.events.push(e);
       if (e.event === 'metrics') this.metrics = e as unknown as WorkerMetrics;
       for (const w of [...this.#waiters]) {
@@ -223,6 +225,8 @@ export interface SpawnSpec {
   name: string;
   role: 'worker' | 'producer';
   env: Record<string, string>;
+  /** A command put in front of node (`ip netns exec <ns>`, which execs in place: the pid stays node's). */
+  wrap?: string[];
 }
 
 export interface WorkerOptions {
@@ -233,6 +237,10 @@ export interface WorkerOptions {
   ignoreAbort?: boolean;
   /** Wait for the ready line (default true). */
   waitReady?: boolean;
+  /** More environment for the process (a preloaded libfaketime, say). */
+  env?: Record<string, string>;
+  /** A command to run the worker under, one that execs it in place (netns.ts: `ip netns exec <ns>`). */
+  wrap?: string[];
 }
 
 export interface ProducerOptions {
@@ -247,6 +255,8 @@ export interface ProducerOptions {
   /** Each task's handler sleeps a duration drawn from [msMin, msMax] ms. */
   msMin?: number;
   msMax?: number;
+  /** More environment for the process (CLIENT_POOL=user, say). */
+  env?: Record<string, string>;
 }
 
 /** What check() finds (plan §5.1, I1–I5). */
@@ -403,7 +413,8 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
   const spawnChild = async (spec: SpawnSpec, waitReady: boolean): Promise<Child> => {
     const script = join(HERE, 'children', `${spec.role}.ts`);
     const errFd = openSync(join(logDir, `${spec.name}.stderr.log`), 'a');
-    const proc = spawn(process.execPath, ['--import', 'tsx', script], {
+    const args = [...(spec.wrap ?? []), process.execPath, '--import', 'tsx', script];
+    const proc = spawn(args.shift() ?? process.execPath, args, {
       cwd: REPO,
       env: { ...process.env, NODE_TEST_CONTEXT: undefined, DATABASE_URL: connectionString, SCHEMA: schema, ...spec.env },
       stdio: ['ignore', 'pipe', errFd],
@@ -446,7 +457,8 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         SLEEP_MAX: String(opts.sleepMax ?? 800),
       };
       if (opts.ignoreAbort) env.IGNORE_ABORT = '1';
-      return spawnChild({ name: workerName, role: 'worker', env }, opts.waitReady ?? true);
+      Object.assign(env, opts.env);
+      return spawnChild({ name: workerName, role: 'worker', env, ...(opts.wrap ? { wrap: opts.wrap } : {}) }, opts.waitReady ?? true);
     },
 
     spawnProducer(opts, producerName = 'producer') {
@@ -463,6 +475,7 @@ export async function createHarness(name: string, clusterOptions: ClusterOptions
         env.MS_MIN = String(opts.msMin);
         env.MS_MAX = String(opts.msMax ?? opts.msMin);
       }
+      Object.assign(env, opts.env);
       return spawnChild({ name: producerName, role: 'producer', env }, true);
     },
 

@@ -58,9 +58,15 @@ export function exitOnUncaughtException(): void {
 /**
  * The oracle's own connections, tagged `harness:oracle:${tag}` when a tag is
  * given: not `pgasynq:*`, so terminating the library's sessions spares them.
+ * On ORACLE_DATABASE_URL when set (the library's DATABASE_URL may go through a
+ * fault-injecting proxy that the oracle must not suffer), else DATABASE_URL.
  */
 export function oraclePool(max: number, tag?: string): pg.Pool {
-  const pool = new pg.Pool({ connectionString: env('DATABASE_URL'), max, ...(tag === undefined ? {} : { application_name: `harness:oracle:${tag}` }) });
+  const pool = new pg.Pool({
+    connectionString: env('ORACLE_DATABASE_URL') || env('DATABASE_URL'),
+    max,
+    ...(tag === undefined ? {} : { application_name: `harness:oracle:${tag}` }),
+  });
   pool.on('error', () => {});
   return pool;
 }
@@ -98,9 +104,10 @@ export const tryRecordExec = (w: OracleWriter, ctx: TaskContext, attempt: string
  * The business effect, inside the completion's transaction (exactly once, or
  * the test fails): an h_effects row with the lease token the row is locked
  * under. A completion refused with LeaseExpiredError also gets a 'fenced'
- * h_exec row.
+ * h_exec row. `holdMs` keeps the transaction open that long after the insert;
+ * `onHold` is called just before that hold (the effect is written, not committed).
  */
-export async function commitEffect(w: OracleWriter, ctx: TaskContext, attempt: string): Promise<void> {
+export async function commitEffect(w: OracleWriter, ctx: TaskContext, attempt: string, holdMs = 0, onHold?: () => void): Promise<void> {
   const lostBefore = ctx.signal.aborted && ctx.signal.reason instanceof LeaseExpiredError;
   try {
     await ctx.transaction(async (trx: Transaction<any>) => {
@@ -111,6 +118,11 @@ export async function commitEffect(w: OracleWriter, ctx: TaskContext, attempt: s
       }>`SELECT lease_token FROM ${sql.id(w.schema, 'tasks')} WHERE queue = ${ctx.queue} AND id = ${ctx.taskId}`.execute(trx);
       await sql`INSERT INTO ${sql.id(w.schema, 'h_effects')} (task_id, lease_token, attempt, worker)
                 VALUES (${ctx.taskId}, ${rows[0]?.lease_token ?? null}, ${attempt}, ${w.worker})`.execute(trx);
+      // holdMs: the handler works on inside its transaction before the library completes and commits it.
+      if (holdMs > 0) {
+        onHold?.();
+        await delay(holdMs);
+      }
     });
   } catch (err) {
     // 'local': the worker knew its lease was gone and wrote nothing (R5);
@@ -168,7 +180,8 @@ export async function startAndReport(
   everyMs: number,
 ) {
   await server.start(handler);
-  say({ event: 'ready', worker, serverId: server.id });
+  // hostNow: the host clock as this process sees it (a test may skew it).
+  say({ event: 'ready', worker, serverId: server.id, hostNow: Date.now() });
   setInterval(() => say(metrics()), everyMs).unref();
 }
 
@@ -192,11 +205,11 @@ export function shutdownOnSigterm(server: Server, shutdownTimeoutMs: number | un
   });
 }
 
-/** The event loop's longest delay (ms) since it was watched or reset. */
-export function watchLoopLag(): { maxMs(): number; reset(): void } {
+/** The event loop's longest delay (ms) since it was watched or reset, and its 99th percentile. */
+export function watchLoopLag(): { maxMs(): number; p99Ms(): number; reset(): void } {
   const lag = monitorEventLoopDelay({ resolution: 20 });
   lag.enable();
-  return { maxMs: () => Math.round(lag.max / 1e6), reset: () => lag.reset() };
+  return { maxMs: () => Math.round(lag.max / 1e6), p99Ms: () => Math.round(lag.percentile(99) / 1e6), reset: () => lag.reset() };
 }
 
 /** This process's open file descriptors (-1 without /proc). */

@@ -15,12 +15,15 @@
  *   MS_MIN, MS_MAX  when set, each task's payload is {ms} drawn from this range
  *   SCHEDULED   share of tasks (0–1) enqueued with processIn 0.5–2 s; their due time
  *               (TaskInfo.nextProcessAt, database clock) goes to h_sched for I6
+ *   CLIENT_POOL=user  the Client enqueues through a pg.Pool of this process (as a user's app
+ *               may pass one), whose sessions keep the database's settings
  *
  * stdout: {"event":"ready"}, {"event":"error","id","code","message"} for every
  * rejected enqueue (never a silent drop), {"event":"done","acked","errors"}.
  * SIGTERM: stop, fsync the log, print done, exit 0.
  */
 import { randomUUID } from 'node:crypto';
+import pg from 'pg';
 import { Client, Task } from '../../../src/index.js';
 import { AckLog, delay, env, errorFields, exitOnUnhandledRejection, exitWhenParentDies, oraclePool, runPaced, say, stopOnSigterm } from './kit.js';
 
@@ -36,7 +39,9 @@ const scheduledShare = Number(env('SCHEDULED', '0'));
 exitWhenParentDies();
 exitOnUnhandledRejection();
 
-const client = new Client({ connectionString: env('DATABASE_URL'), schema: env('SCHEMA') });
+const userPool = env('CLIENT_POOL') === 'user' ? new pg.Pool({ connectionString: env('DATABASE_URL'), max: inflight }) : undefined;
+userPool?.on('error', () => {});
+const client = new Client(userPool ? { pool: userPool, schema: env('SCHEMA') } : { connectionString: env('DATABASE_URL'), schema: env('SCHEMA') });
 const oracle = oraclePool(2);
 const acks = new AckLog(env('ACK_FILE'));
 const stopped = stopOnSigterm();
@@ -68,4 +73,5 @@ await runPaced({ count, rate, inflight, t0: performance.now(), stopped }, one);
 acks.close();
 say({ event: 'done', acked, errors });
 await client.close().catch(() => {});
+await userPool?.end().catch(() => {});
 process.exit(0);

@@ -1,0 +1,140 @@
+/**
+ * F08 half-open-listener (plan §5.2, R10).
+ *
+ * Injected: the worker's LISTEN connection (listenConnectionString) goes
+ * through the harness's TCP proxy (proxy.ts); its other connections are
+ * direct. With a poll interval P = 2 s, a producer of 1 short task every
+ * 200 ms and one idle worker, the proxy blackholes the existing listener
+ * flow: it forwards nothing either way and sends no FIN and no RST, so no
+ * socket event tells the worker, and TCP itself stays healthy (the proxy's
+ * kernel acknowledges). New connections through the proxy still work.
+ *
+ * Must hold: the notifier's health ping notices within 10·P + P (plan
+ * F08) and the worker listens again on a new session (a new `LISTEN` backend
+ * of `pgasynq:listener` in pg_stat_activity; the old one stays, as the
+ * server never hears of the client's end either); meanwhile polling picks
+ * every task up (no task waits longer than the poll bound, 1.5·P + 2 s as in
+ * F07); after the reconnect pickup is back at notify level (p99 ≤ P/2);
+ * I1–I5.
+ *
+ * If the ping never notices, the test says so (detection_s null), ends the
+ * outage by resetting the flow (RST: the worker's listener gets an error and
+ * reconnects) so that the after phase is still measured, and fails.
+ */
+import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, test } from 'node:test';
+import { assertInvariants, createHarness, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { blackhole, reset, TcpProxy } from './proxy.js';
+
+const MAX_RETRY = 3;
+const P_MS = 2000;
+/** The plan's detection bound: the health ping runs every 10·P and waits P for its answer. */
+const DETECT_BOUND_S = (11 * P_MS) / 1000;
+let h: Harness | undefined;
+let proxy: TcpProxy | undefined;
+after(async () => {
+  await h?.teardown();
+  await proxy?.close();
+});
+
+test(
+  'F08 half-open-listener: the LISTEN flow is blackholed; the health ping notices, the worker listens again, polling covers the gap',
+  { timeout: 180_000 },
+  async () => {
+    h = await createHarness('f08');
+    const harness = h;
+    proxy = await TcpProxy.start({ targetHost: '127.0.0.1', targetPort: h.cluster.port });
+    const w1 = await h.spawnWorker('w1', { concurrency: 4, profile: { taskCheckInterval: P_MS }, env: { LISTEN_URL: proxy.dsn(h.connectionString) } });
+    const listeners = () =>
+      harness.query<{ pid: number; backend_start: Date }>(
+        "SELECT pid, backend_start FROM pg_stat_activity WHERE application_name = 'pgasynq:listener' AND query LIKE 'LISTEN%' ORDER BY backend_start",
+      );
+    const [first] = await waitFor(async () => ((await listeners()).length === 1 ? listeners() : undefined), 20_000, 'the LISTEN session');
+    // The startup probe's connection went through the proxy too, and has closed: one flow is left.
+    await waitFor(() => proxy!.open.length === 1, 10_000, 'one open flow through the proxy (the listener)');
+    h.startSampler();
+    const producer = await h.spawnProducer({ count: 260, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
+    await sleep(8000);
+
+    const tBlack = await h.dbNow();
+    const t0 = performance.now();
+    const holed = proxy.setMode(blackhole(), { future: false });
+    let detectionS: number | null = null;
+    let reconnected: { pid: number; backend_start: Date } | undefined;
+    try {
+      reconnected = await waitFor(async () => (await listeners()).find((l) => l.pid !== first!.pid), DETECT_BOUND_S * 1000 + 5000, 'a new LISTEN session', 100);
+      detectionS = Math.round((performance.now() - t0) / 100) / 10;
+    } catch {
+      // Not noticed: end the outage the loud way, so that what follows is still measured.
+      for (const c of holed) c.setMode(reset());
+      reconnected = await waitFor(async () => (await listeners()).find((l) => l.pid !== first!.pid), 20_000, 'a new LISTEN session after the reset', 100);
+    }
+    const outageS = Math.round((performance.now() - t0) / 100) / 10;
+    const tBack = await h.dbNow();
+    const stale = (await listeners()).some((l) => l.pid === first!.pid);
+    await producer.exited;
+    await h.waitDrained(60_000);
+    await sleep(700);
+    await h.stopSampler();
+
+    const phases = await h.query<{ phase: string; n: number; p50: number; p99: number; max: number }>(
+      `SELECT phase, count(*)::int AS n,
+            round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::float8 AS p50,
+            round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::float8 AS p99, round(max(ms))::float8 AS max
+     FROM (SELECT CASE WHEN t.enqueued_at < $1::timestamptz - interval '0.5 second' THEN 'before'
+                       -- enqueued just before the blackhole: their NOTIFY may have been in flight when it began
+                       WHEN t.enqueued_at < $1 THEN 'edge'
+                       WHEN t.enqueued_at < $2 THEN 'during'
+                       WHEN t.enqueued_at < $2::timestamptz + interval '1 second' THEN 'reconnect'
+                       ELSE 'after' END AS phase,
+                  extract(epoch FROM min(x.at) - t.enqueued_at) * 1000 AS ms
+           FROM {{schema}}.tasks t JOIN {{schema}}.h_exec x ON x.task_id = t.id AND x.phase = 'start'
+           GROUP BY t.id, t.enqueued_at) l
+     GROUP BY phase`,
+      [tBlack, tBack],
+    );
+    const by = Object.fromEntries(phases.map((p) => [p.phase, p]));
+    // The slowest pickups, with when their task was enqueued (s from the blackhole).
+    const slowest = await h.query<{ ms: number; at_s: number }>(
+      `SELECT round(extract(epoch FROM min(x.at) - t.enqueued_at) * 1000)::float8 AS ms, round(extract(epoch FROM t.enqueued_at - $1::timestamptz)::numeric, 1)::float8 AS at_s
+       FROM {{schema}}.tasks t JOIN {{schema}}.h_exec x ON x.task_id = t.id AND x.phase = 'start' GROUP BY t.id, t.enqueued_at ORDER BY 1 DESC LIMIT 12`,
+      [tBlack],
+    );
+    const c = await h.check({ maxRetry: MAX_RETRY });
+    const fmt = (p: string) => (by[p] ? `${by[p].p50}/${by[p].p99}/${by[p].max} ms (n=${by[p].n})` : '-');
+    const fig = h.figures('F08 half-open-listener', c, {
+      recovery_s: detectionS,
+      detection_s: detectionS,
+      detection_bound_s: DETECT_BOUND_S,
+      outage_s: outageS,
+      polled_during_outage: by.during?.n ?? 0,
+      pickup_ms: by,
+      stale_listener_left: stale,
+      slowest_pickups: slowest,
+      notes:
+        `P = ${P_MS / 1000} s, 1 task / 200 ms, 1 idle worker whose listenConnectionString goes through the proxy; blackholed ${holed.length} flow(s) ` +
+        (detectionS === null
+          ? `and the worker did NOT notice within ${DETECT_BOUND_S + 5} s (bound ${DETECT_BOUND_S} s): the flow was then reset (RST) and the listener reconnected, ${outageS} s after the blackhole; `
+          : `and a new LISTEN session was up ${detectionS} s later (bound ${DETECT_BOUND_S} s); `) +
+        `${by.during?.n ?? 0} tasks enqueued during the outage were picked up by polling; pickup p50/p99/max before ${fmt('before')}, edge ${fmt('edge')}, ` +
+        `during ${fmt('during')}, reconnect ${fmt('reconnect')}, after ${fmt('after')}; the old listener backend ${stale ? 'is still there (the server never heard of its end)' : 'is gone'}`,
+    });
+    recordFigures(fig);
+    writeFileSync(join(h.logDir, 'figures.jsonl'), `${JSON.stringify(fig)}\n`);
+    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
+    assert.equal(holed.length, 1, 'one flow (the listener) was blackholed');
+    assert.ok(by.before && by.before.n >= 20 && by.before.p99 <= P_MS / 2, `notify-level pickup before the fault (${fmt('before')})`);
+    assert.ok(by.during && by.during.n >= 5, `tasks enqueued during the outage (${fmt('during')})`);
+    assert.ok(by.after && by.after.n >= 10, `tasks enqueued after the reconnect (${fmt('after')})`);
+    for (const p of phases) assert.ok(p.max <= 1.5 * P_MS + 2000, `${p.phase}: no task waited past the polling bound (${p.max} ms)`);
+    assert.ok(by.after.p99 <= P_MS / 2, `pickup p99 after the reconnect ${by.after.p99} ms is notify-level (≤ P/2)`);
+    assert.ok(reconnected !== undefined, 'the worker listens on a new session');
+    assert.ok(
+      detectionS !== null && detectionS <= DETECT_BOUND_S,
+      `the health ping noticed the half-open listener within ${DETECT_BOUND_S} s (noticed: ${detectionS === null ? 'never' : `${detectionS} s`})`,
+    );
+    void w1;
+  },
+);
