@@ -67,6 +67,12 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   n integer;
 BEGIN
+  -- A release commits durably, whatever the server's sessions do (they commit
+  -- asynchronously: a lost completion only runs a task again). A crash that erased a
+  -- completion after its dependent had been released and started would release the
+  -- dependent a second time, its first run having seen results that are gone.
+  -- Local to this transaction; only completions of tasks with dependents pay for it.
+  PERFORM set_config('synchronous_commit', 'on', true);
   PERFORM 1 FROM {{schema}}.task_states s
   WHERE s.seq IN (SELECT t.dependent_seq FROM {{schema}}.task_dependencies t WHERE t.dependency_seq = ANY (deps) AND t.outcome IS NULL)
   ORDER BY s.seq
@@ -120,6 +126,8 @@ DECLARE
   e record;
   d record;
 BEGIN
+  -- Durable, as settle_completed(): `run` dependents are released here.
+  PERFORM set_config('synchronous_commit', 'on', true);
   WHILE n <= cardinality(work) LOOP
     FOR e IN
       SELECT t.dependent_seq, t.on_failure, t.dependency_queue, t.dependency_id
