@@ -1,0 +1,344 @@
+/**
+ * F32 workflows-under-faults: fan-in graphs (GROUPS groups of FANIN
+ * dependencies, one dependent each) and chains (each link depends on the one
+ * before), enqueued while 4 worker processes run them. Workers are killed -9
+ * while they hold the last dependencies of a waiting dependent (respawned 2 s
+ * later), and PostgreSQL is crashed (`pg_ctl -m immediate stop`, down
+ * DOWN_MS, start) while a dependent waits only for dependencies that are
+ * running: completions, and the releases they carry, are cut mid-flight.
+ *
+ * Half the fan-in dependencies complete through ctx.transaction (`tx`, an
+ * h_effects row in the completion's own transaction), half through the
+ * batched completion (`plain`); dependents and chain links are `tx`. Two
+ * triggers of the test's own log, in the transaction that makes the change:
+ * every completion (wf_done: the task, its transaction id, the time) and every
+ * way out of `waiting` (wf_rel: the dependent, the new state, the transaction
+ * id). A release lost with a crashed transaction is lost with its log row; a
+ * release that commits twice shows as two rows.
+ *
+ * Checked after the drain, for every dependent: released exactly once (one
+ * wf_rel row, to pending), in the transaction that completed one of its
+ * dependencies; every execution of it (h_exec start) began after every one
+ * of its dependencies had completed (wf_done, inside their completing
+ * transactions); its effect committed once; nothing left waiting; every
+ * dependency completed once, every edge settled as completed; and I1–I5 of
+ * the harness (nothing lost, effects once, attempts bounded, nothing stuck).
+ *
+ * An execution start here is the dependent's h_exec 'start' row, committed
+ * with synchronous_commit = on as the handler's first act: it writes out the
+ * WAL before it, so the release and claim it follows are durable by then. A
+ * dependent whose handler started on a batched completion (committed
+ * asynchronously by the Server) that a crash then erased leaves no such row
+ * when the crash comes first, and this test cannot see it; F32b looks for it
+ * from the handlers' own lines, with a control.
+ */
+import assert from 'node:assert/strict';
+import { appendFileSync } from 'node:fs';
+import { after, test } from 'node:test';
+import { Client, Task, TaskIdConflictError } from '../../src/index.js';
+import { assertInvariants, createHarness, ORACLE_BOUND_S, recordFigures, sleep, waitFor, type Child, type Harness } from './harness.js';
+
+const MAX_RETRY = 8;
+const GROUPS = 20;
+const FANIN = 30;
+const CHAINS = 4;
+const CHAIN_LEN = 8;
+const KILLS = 3;
+const CRASHES = 2;
+const DOWN_MS = 3000;
+/** One enqueueMany call (a group, or a chain) every UNIT_MS. */
+const UNIT_MS = 900;
+const RETENTION = 3_600_000;
+/** Each ctx.transaction stays open this long before it completes its task: kills and crashes land inside completing transactions more often. */
+const TX_HOLD_MS = 100;
+
+let h: Harness | undefined;
+let client: Client | undefined;
+after(async () => {
+  await client?.close().catch(() => {});
+  await h?.teardown();
+});
+
+const ORACLE_SQL = `
+CREATE TABLE {{schema}}.wf_done (seq bigint NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+  at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE {{schema}}.wf_rel (seq bigint NOT NULL, state text NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+  at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION {{schema}}.wf_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_ARGV[0] = 'done' THEN
+    INSERT INTO {{schema}}.wf_done (seq) VALUES (NEW.seq);
+  ELSE
+    INSERT INTO {{schema}}.wf_rel (seq, state) VALUES (NEW.seq, NEW.state);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER wf_done AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
+  WHEN (NEW.state = 'completed' AND OLD.state IS DISTINCT FROM 'completed') EXECUTE FUNCTION {{schema}}.wf_log('done');
+CREATE TRIGGER wf_rel AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
+  WHEN (OLD.state = 'waiting' AND NEW.state IS DISTINCT FROM 'waiting') EXECUTE FUNCTION {{schema}}.wf_log('rel');`;
+
+interface Unit {
+  name: string;
+  tasks: Task[];
+}
+
+/** The graph: every (dependent, dependency) edge, and the units to enqueue, groups and chains interleaved. */
+function buildGraph(): { units: Unit[]; edges: [string, string][]; dependents: string[] } {
+  const edges: [string, string][] = [];
+  const groups: Unit[] = [];
+  const ms = (min: number, max: number) => ({ ms: min + Math.random() * (max - min) });
+  const opts = (taskId: string, dependsOn?: string[]) => ({ taskId, maxRetry: MAX_RETRY, retention: RETENTION, ...(dependsOn ? { dependsOn } : {}) });
+  for (let g = 0; g < GROUPS; g++) {
+    const deps = Array.from({ length: FANIN }, (_, i) => `g${g}-d${i}`);
+    const fin = `g${g}-fin`;
+    for (const d of deps) edges.push([fin, d]);
+    groups.push({
+      name: `group ${g}`,
+      tasks: [...deps.map((id, i) => new Task(i % 2 === 0 ? 'tx' : 'plain', ms(50, 250), opts(id))), new Task('tx', ms(50, 150), opts(fin, deps))],
+    });
+  }
+  const chains: Unit[] = [];
+  for (let c = 0; c < CHAINS; c++) {
+    const links = Array.from({ length: CHAIN_LEN }, (_, k) => `c${c}-${k}`);
+    for (let k = 1; k < CHAIN_LEN; k++) edges.push([links[k]!, links[k - 1]!]);
+    chains.push({ name: `chain ${c}`, tasks: links.map((id, k) => new Task('tx', ms(200, 500), opts(id, k === 0 ? undefined : [links[k - 1]!]))) });
+  }
+  // A chain after every 5 groups: chain links are released all through the run.
+  const units: Unit[] = [];
+  for (let i = 0; i < groups.length; i++) {
+    if (i % 5 === 0 && chains.length > 0) units.push(chains.shift()!);
+    units.push(groups[i]!);
+  }
+  units.push(...chains);
+  return { units, edges, dependents: [...new Set(edges.map(([d]) => d))] };
+}
+
+test(
+  'F32 workflows under faults: kill -9 and PostgreSQL crashes during fan-in releases; each dependent released once, never early',
+  { timeout: 240_000 },
+  async () => {
+    h = await createHarness('f32');
+    const harness = h;
+    await h.query(ORACLE_SQL);
+    const workers = await Promise.all(
+      ['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 50, sleepMax: 250, env: { TX_HOLD_MS: String(TX_HOLD_MS) } })),
+    );
+    const live = new Map<string, Child>(workers.map((w) => [w.name, w]));
+    h.startSampler();
+    const t0 = performance.now();
+    const { units, edges, dependents } = buildGraph();
+
+    // The driver: one unit every UNIT_MS, each retried through the outages until the database has it.
+    // Ids go to the acknowledgement log only once enqueueMany resolved (or a retry found them all there).
+    client = new Client({ connectionString: h.connectionString, schema: h.schema });
+    const enqueuer = client;
+    let enqueueErrors = 0;
+    let enqueueConflicts = 0;
+    let driverDone = false;
+    const driver = (async () => {
+      for (const unit of units) {
+        const ids = unit.tasks.map((t) => t.options.taskId!);
+        for (;;) {
+          try {
+            await enqueuer.enqueueMany(unit.tasks);
+            break;
+          } catch (err) {
+            if (err instanceof TaskIdConflictError) {
+              // An earlier try committed without its reply: enqueueMany is all or nothing, so all of it is there.
+              const { n } = await harness.one<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = ANY($1)', [ids]);
+              assert.equal(n, ids.length, `${unit.name}: a conflict means the whole unit committed`);
+              enqueueConflicts++;
+              break;
+            }
+            enqueueErrors++;
+            await sleep(250);
+          }
+        }
+        appendFileSync(harness.ackFile, `${ids.join('\n')}\n`);
+        await sleep(UNIT_MS);
+      }
+      driverDone = true;
+    })();
+
+    // A worker holding a dependency of a waiting dependent that has at most 3 left (the next releases), never the last live one.
+    const nearRelease = async (): Promise<{ victim: Child; held: number } | undefined> => {
+      if (live.size < 2) return undefined;
+      const rows = await harness
+        .query<{ owner: string; held: number }>(
+          `SELECT s.lease_owner AS owner, count(*)::int AS held
+           FROM {{schema}}.task_states s
+           JOIN {{schema}}.task_dependencies d ON d.dependency_seq = s.seq AND d.outcome IS NULL
+           JOIN {{schema}}.task_states w ON w.seq = d.dependent_seq AND w.state = 'waiting' AND w.waiting_for <= 3
+           WHERE s.state = 'active' AND s.lease_owner IS NOT NULL GROUP BY 1`,
+        )
+        .catch(() => []);
+      const busy = [...live.values()].flatMap((w) => {
+        const r = rows.find((x) => x.owner === w.serverId);
+        return r ? [{ victim: w, held: r.held }] : [];
+      });
+      return busy[Math.floor(Math.random() * busy.length)];
+    };
+    // Dependents waiting only for dependencies that are running now (at most 2): their release is in flight.
+    const releasesInFlight = async (): Promise<number> =>
+      (
+        await harness
+          .query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM {{schema}}.task_states w
+             WHERE w.state = 'waiting' AND w.waiting_for <= 2 AND NOT EXISTS (
+               SELECT 1 FROM {{schema}}.task_dependencies d JOIN {{schema}}.task_states s ON s.seq = d.dependency_seq
+               WHERE d.dependent_seq = w.seq AND d.outcome IS NULL AND s.state <> 'active')`,
+          )
+          .catch(() => [{ n: 0 }])
+      )[0]!.n;
+
+    const faults: ('kill' | 'crash')[] = ['kill', 'crash', 'kill', 'crash', 'kill'];
+    assert.equal(faults.filter((f) => f === 'kill').length, KILLS);
+    assert.equal(faults.filter((f) => f === 'crash').length, CRASHES);
+    const respawns: Promise<void>[] = [];
+    const heldAtKill: number[] = [];
+    const inFlightAtCrash: number[] = [];
+    const restartMs: number[] = [];
+    for (const fault of faults) {
+      await sleep(1500 + Math.random() * 1500);
+      if (fault === 'kill') {
+        const { victim, held } = await waitFor(nearRelease, 30_000, 'a worker holding the last dependencies of a dependent', 20);
+        live.delete(victim.name);
+        h.signal(victim, 'SIGKILL');
+        heldAtKill.push(held);
+        respawns.push(
+          sleep(2000).then(async () => {
+            const again = await harness.respawn(victim);
+            live.set(again.name, again);
+          }),
+        );
+      } else {
+        const n = await waitFor(releasesInFlight, 30_000, 'a release in flight', 20);
+        h.cluster.crash();
+        inFlightAtCrash.push(n);
+        await sleep(DOWN_MS);
+        const t1 = performance.now();
+        h.cluster.start();
+        restartMs.push(Math.round(performance.now() - t1));
+        await waitFor(() => harness.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
+      }
+    }
+    const faultsBeforeLastUnit = !driverDone;
+    await driver;
+    await Promise.all(respawns);
+    await h.waitDrained(120_000);
+    await sleep(700); // the workers' last metrics lines
+    await h.stopSampler();
+    const wallS = Math.round((performance.now() - t0) / 1000);
+
+    const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['tx'] });
+    // Per dependent: its releases, whether one came in a completing transaction of its dependencies,
+    // its executions and those that began before its last dependency completed, its effects.
+    const per = await h.query<{
+      id: string;
+      state: string;
+      releases: number;
+      released_to: string[];
+      release_in_completing_tx: boolean;
+      deps: number;
+      deps_done: number;
+      starts: number;
+      early_starts: number;
+      effects: number;
+      waiting_for: number | null;
+    }>(
+      `WITH e AS (SELECT * FROM unnest($1::text[], $2::text[]) AS e(dependent, dependency)),
+       ds AS (SELECT e.dependent, t.seq, (SELECT max(x.at) FROM {{schema}}.wf_done x WHERE x.seq = t.seq) AS done_at,
+                     (SELECT count(*) FROM {{schema}}.wf_done x WHERE x.seq = t.seq) AS done_n
+              FROM e JOIN {{schema}}.tasks t ON t.id = e.dependency)
+       SELECT t.id, t.state, t.waiting_for,
+         (SELECT count(*)::int FROM {{schema}}.wf_rel r WHERE r.seq = t.seq) AS releases,
+         ARRAY(SELECT r.state FROM {{schema}}.wf_rel r WHERE r.seq = t.seq ORDER BY r.at) AS released_to,
+         EXISTS (SELECT 1 FROM {{schema}}.wf_rel r JOIN {{schema}}.wf_done x ON x.xid = r.xid
+                 WHERE r.seq = t.seq AND x.seq IN (SELECT ds.seq FROM ds WHERE ds.dependent = t.id)) AS release_in_completing_tx,
+         (SELECT count(*)::int FROM ds WHERE ds.dependent = t.id) AS deps,
+         (SELECT count(*)::int FROM ds WHERE ds.dependent = t.id AND ds.done_n = 1) AS deps_done,
+         (SELECT count(DISTINCT x.attempt)::int FROM {{schema}}.h_exec x WHERE x.task_id = t.id AND x.phase = 'start') AS starts,
+         (SELECT count(*)::int FROM {{schema}}.h_exec x WHERE x.task_id = t.id AND x.phase = 'start'
+            AND x.at <= (SELECT max(ds.done_at) FROM ds WHERE ds.dependent = t.id)) AS early_starts,
+         (SELECT count(*)::int FROM {{schema}}.h_effects f WHERE f.task_id = t.id) AS effects
+       FROM {{schema}}.tasks t WHERE t.id = ANY($3::text[]) ORDER BY t.id`,
+      [edges.map(([d]) => d), edges.map(([, x]) => x), dependents],
+    );
+    const g = await h.one<{ double_completions: number; completed: number; logged: number; unsettled: number; failed_edges: number; redone: number }>(
+      `SELECT (SELECT count(*)::int FROM (SELECT seq FROM {{schema}}.wf_done GROUP BY 1 HAVING count(*) > 1) d) AS double_completions,
+              (SELECT count(*)::int FROM {{schema}}.tasks WHERE state = 'completed') AS completed,
+              (SELECT count(DISTINCT seq)::int FROM {{schema}}.wf_done) AS logged,
+              (SELECT count(*)::int FROM {{schema}}.task_dependencies WHERE outcome IS NULL) AS unsettled,
+              (SELECT count(*)::int FROM {{schema}}.task_dependencies WHERE outcome IS DISTINCT FROM 'completed') AS failed_edges,
+              (SELECT count(*)::int FROM (SELECT task_id FROM {{schema}}.h_exec WHERE phase = 'end' GROUP BY 1 HAVING count(*) > 1) r) AS redone`,
+    );
+    const doubleReleases = per.filter((d) => d.releases > 1);
+    const neverReleased = per.filter((d) => d.releases === 0);
+    const wrongRelease = per.filter((d) => d.released_to.some((s) => s !== 'pending'));
+    const outsideCompletion = per.filter((d) => d.releases > 0 && !d.release_in_completing_tx);
+    const early = per.filter((d) => d.early_starts > 0);
+    const notRun = per.filter((d) => d.state !== 'completed' || d.effects !== 1);
+    const depsNotDone = per.filter((d) => d.deps_done !== d.deps);
+    const stuckBound = ORACLE_BOUND_S + DOWN_MS / 1000 + Math.max(...restartMs) / 1000 + 1;
+    const figures = h.figures('F32 workflows under faults', c, {
+      dependents: per.length,
+      edges: edges.length,
+      double_releases: doubleReleases.length,
+      never_released: neverReleased.length,
+      released_outside_completion: outsideCompletion.length,
+      early_starts_dependents: early.length,
+      dependents_rerun: per.filter((d) => d.starts > 1).length,
+      double_completions: g.double_completions,
+      completions_redone: g.redone,
+      unsettled_edges: g.unsettled,
+      kills: KILLS,
+      held_near_release_at_kill: heldAtKill,
+      crashes: CRASHES,
+      releases_in_flight_at_crash: inFlightAtCrash,
+      restart_ms: restartMs,
+      enqueue_errors: enqueueErrors,
+      enqueue_conflicts: enqueueConflicts,
+      faults_before_last_unit: faultsBeforeLastUnit,
+      stuck_bound_s: stuckBound,
+      wall_s: wallS,
+      notes:
+        `${GROUPS} fan-ins of ${FANIN} (half tx, half batched) + ${CHAINS} chains of ${CHAIN_LEN}, one unit per ${UNIT_MS} ms; 4 workers x 4, ctx.transaction held ${TX_HOLD_MS} ms; ` +
+        `SIGKILL ${KILLS}x a worker holding the last dependencies of a dependent (respawn 2 s), crash ${CRASHES}x with a release in flight ` +
+        `(${DOWN_MS / 1000} s down); releases and completions logged by triggers in their own transactions`,
+    });
+    recordFigures(figures);
+    console.log(JSON.stringify({ ...figures, notes: undefined }));
+    const show = (rows: typeof per) =>
+      rows
+        .slice(0, 5)
+        .map((d) => JSON.stringify(d))
+        .join('; ');
+    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, stuckBoundS: stuckBound, unexpected: h.unexpectedExits() }), []);
+    assert.equal(per.length, GROUPS + CHAINS * (CHAIN_LEN - 1), 'every dependent exists');
+    assert.equal(c.tasks, GROUPS * (FANIN + 1) + CHAINS * CHAIN_LEN, 'every task enqueued once');
+    assert.equal(doubleReleases.length, 0, `dependents released twice: ${show(doubleReleases)}`);
+    assert.equal(neverReleased.length, 0, `dependents never released: ${show(neverReleased)}`);
+    assert.equal(wrongRelease.length, 0, `dependents released to a state other than pending: ${show(wrongRelease)}`);
+    assert.equal(outsideCompletion.length, 0, `releases not in a transaction that completed a dependency: ${show(outsideCompletion)}`);
+    assert.equal(early.length, 0, `dependents started before their last dependency completed: ${show(early)}`);
+    assert.equal(notRun.length, 0, `dependents not completed with exactly one committed effect: ${show(notRun)}`);
+    assert.equal(depsNotDone.length, 0, `dependents with a dependency not completed exactly once: ${show(depsNotDone)}`);
+    assert.ok(
+      per.every((d) => d.waiting_for === 0),
+      'every dependent counted every dependency down',
+    );
+    assert.equal(g.double_completions, 0, 'no task completed twice');
+    assert.equal(g.logged, g.completed, 'every completion was logged in its transaction');
+    assert.equal(g.failed_edges, 0, 'every edge settled as completed');
+    assert.equal(c.states.completed, c.tasks, 'every task completed');
+    assert.ok(
+      heldAtKill.every((n) => n > 0),
+      'every victim held a dependency near its release',
+    );
+    assert.ok(
+      inFlightAtCrash.every((n) => n > 0),
+      'every crash came with a release in flight',
+    );
+  },
+);
