@@ -29,10 +29,6 @@ const COMMAND_ONLY = new Set<string>([
   // fixed (RESULTS.md, finding 9); nothing is lost or duplicated in them.
   'f08-half-open-listener.test.ts',
   'f27-slow-db.test.ts',
-  // Crash-timing counterparts of F32 and F33 (a control and the library's pool, about 2 min
-  // each): the regression tests of the durable release and the durable limited claim.
-  'f32b-workflows-lost-release.test.ts',
-  'f33b-limits-lost-claims.test.ts',
 ]);
 
 const files =
