@@ -8,7 +8,7 @@ import { after, before, test } from 'node:test';
 import pg from 'pg';
 import { Server } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
-import { captureLog, testDb, waitFor, type TestDb } from './helpers.js';
+import { captureLog, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
 
 let db: TestDb;
 before(async () => {
@@ -33,7 +33,7 @@ test('a snapshot held past a minute is named by pid in one warning, and its end 
     await holder.query('SELECT count(*) FROM pg_class');
     const pid = (await holder.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
     await server.server.start(() => {});
-    const mine = (l: { pid?: unknown }) => l.pid === pid;
+    const mine = (l: LogLine) => l.pid === pid;
     const warning = await waitFor(() => server.log.lines.find((l) => l.component === 'horizon' && l.level === 40 && mine(l)), 20_000, 'the warning');
     assert.match(String(warning.msg), new RegExp(`^xmin horizon held by pid ${pid} for \\d+ s: dead tasks cannot be vacuumed`));
     assert.equal(warning.name, 'monthly-report');

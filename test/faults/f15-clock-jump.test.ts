@@ -60,7 +60,7 @@ test('F15 clock-jump-during-run: a worker whose wall clock jumps +1 h and -1 h m
      WHERE a.phase = 'abort' AND a.detail = 'flaky'`,
     [RETRY_DELAY_MS],
   );
-  const [{ n: jumpyStarts }] = await h.query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.h_exec WHERE phase = 'start' AND worker LIKE 'jumpy:%'");
+  const { n: jumpyStarts } = await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.h_exec WHERE phase = 'start' AND worker LIKE 'jumpy:%'");
   const rescued = h.metricSum('recovered');
   const leasesLost = h.metricSum('leasesLost');
   recordFigures(
