@@ -379,6 +379,48 @@ describe('ctx.transaction', () => {
     await server.shutdown();
   });
 
+  test('a transaction that outlasts the trust window commits: the row lock held the task, nothing was aborted or lost', { timeout: 30_000 }, async () => {
+    await reset();
+    const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
+    const aborted = deferred<boolean>();
+    // Trust is 667 ms of the 1 s lease; the statement runs 1.5 s, past the lease itself (the recoverer skips the locked row).
+    const server = await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        await sql`SELECT pg_sleep(1.5)`.execute(trx);
+        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+      });
+      aborted.resolve(ctx.signal.aborted);
+    });
+    assert.equal(await aborted.promise, false);
+    await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
+    assert.equal((await taskRow(info.id)).retried, 0);
+    assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
+    assert.equal(server.metrics().leasesLost, 0);
+    assert.equal(server.metrics().recovered, 0);
+  });
+
+  test('a transaction PostgreSQL ended past its trust fails with LeaseExpiredError, the connection error as its cause', { timeout: 30_000 }, async () => {
+    await reset();
+    const info = await client.enqueue(new Task('charge'), { maxRetry: 3, retention: 60_000 });
+    const outcome = deferred<unknown>();
+    const server = await startServer(async (_t, ctx) => {
+      if (ctx.retryCount > 0) return;
+      await ctx
+        .transaction(async (trx) => {
+          // Past the 667 ms trust, the session ends, as PostgreSQL ends a frozen worker's idle one.
+          await sql`SELECT pg_sleep(1)`.execute(trx);
+          await sql`SELECT pg_terminate_backend(pg_backend_pid())`.execute(trx);
+        })
+        .catch((err: unknown) => outcome.resolve(err));
+    });
+    const err = await outcome.promise;
+    assert.ok(err instanceof LeaseExpiredError, `the handler saw ${String(err)}`);
+    assert.equal((err.cause as { code?: string } | undefined)?.code, '57P01', `cause: ${String(err.cause)}`);
+    // Not a failed attempt of the handler's: the recoverer's rescue runs it again.
+    await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
+    assert.equal(server.metrics().recovered, 1);
+  });
+
   test('a user error inside the transaction rolls it back and fails the task', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });

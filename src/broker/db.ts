@@ -368,7 +368,8 @@ async function inTransaction<T>(db: Db, fn: (trx: AnyTransaction) => Promise<T>,
   const tries = 1 + ((db.pool as { options?: { max?: number } }).options?.max ?? 10);
   for (let attempt = 1; ; attempt++) {
     let entered = false;
-    let thrownByFn = false;
+    // What `fn` threw: a ROLLBACK that fails on a dead connection would otherwise replace it.
+    let thrownByFn: { err: unknown } | undefined;
     try {
       return await db.kysely.transaction().execute(async (trx) => {
         await prelude?.(trx);
@@ -376,12 +377,12 @@ async function inTransaction<T>(db: Db, fn: (trx: AnyTransaction) => Promise<T>,
         try {
           return await fn(trx);
         } catch (err) {
-          thrownByFn = true;
+          thrownByFn = { err };
           throw err;
         }
       });
     } catch (err) {
-      if (thrownByFn) throw err;
+      if (thrownByFn) throw thrownByFn.err;
       if (!entered && attempt < tries && isTransientConnectionError(err)) continue;
       throw db.failed(err);
     }

@@ -5,6 +5,7 @@
  * missed while the connection was down.
  */
 import { randomUUID } from 'node:crypto';
+import net from 'node:net';
 import pg from 'pg';
 import * as pgListen from 'pg-listen';
 import type { Options as ListenOptions, Subscriber } from 'pg-listen';
@@ -166,6 +167,15 @@ class EmbeddedNotifier extends ListenerRegistry implements Notifier {
  * connect probes that LISTEN works there (probeListen); behind a
  * transaction-pooling proxy it does not, so the notifier warns once and
  * stays off: the server polls every taskCheckInterval instead.
+ *
+ * A connection that died without a FIN or RST (a dropped route, a NAT or
+ * firewall that forgot the flow) gives no socket event, and a health query on
+ * it never settles, so the notifier pings itself: every 10·P it sends a
+ * NOTIFY on a channel only it listens to, through the pool, and if that does
+ * not arrive within P of its commit it destroys the listener's socket. The
+ * socket's error makes pg-listen connect and LISTEN again, after which the
+ * subscribers sweep, as after any reconnect. P is the poll interval, at
+ * least 1 s: polling covers the gap, so a ping needs no finer grain.
  */
 class PgNotifier extends ListenerRegistry implements Notifier {
   readonly #db: Db;
@@ -178,6 +188,13 @@ class PgNotifier extends ListenerRegistry implements Notifier {
   #stopped = false;
   /** Whether LISTEN was found to work on this connection (decided once). */
   #listenWorks: boolean | undefined;
+  /** The listening connection's socket (the latest pg-listen opened): what a failed ping destroys. */
+  #socket: net.Socket | undefined;
+  /** A channel only this notifier listens to, for its pings (hex digits only). */
+  readonly #pingChannel = `pgasynq_ping_${randomUUID().replaceAll('-', '')}`;
+  #pingTimer: NodeJS.Timeout | undefined;
+  /** Resolves the running ping when its nonce arrives. */
+  #pingHeard: { nonce: string; heard: () => void } | undefined;
 
   constructor(db: Db, logger: Logger, opts: NotifierOptions) {
     super();
@@ -206,6 +223,46 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     // a connection that only listens, and a pooling proxy may refuse the parameter.
     delete (base as { options?: unknown }).options;
     return { ...base, application_name: 'pgasynq:listener' };
+  }
+
+  /** The ping's wait for its own notification, and its period (10 of them). */
+  get #pingTimeout(): number {
+    return Math.max(this.#opts.pollInterval ?? 1000, 1000);
+  }
+
+  #schedulePing(): void {
+    clearTimeout(this.#pingTimer);
+    if (this.#stopped) return;
+    this.#pingTimer = setTimeout(() => void this.#ping(), 10 * this.#pingTimeout);
+    this.#pingTimer.unref();
+  }
+
+  /**
+   * One health ping. A pool that cannot send it says nothing about the
+   * listener (the database is down, and the listener will hear of it). The
+   * wait starts once the NOTIFY has committed, and on timeout gives pending
+   * I/O one more turn of the event loop, so that a loop held up by a busy
+   * process does not read as a dead connection.
+   */
+  async #ping(): Promise<void> {
+    const nonce = randomUUID();
+    const heard = new Promise<boolean>((resolve) => (this.#pingHeard = { nonce, heard: () => resolve(true) }));
+    try {
+      await this.#db.pool.query('SELECT pg_notify($1, $2)', [this.#pingChannel, nonce]);
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => setImmediate(() => resolve(false)), this.#pingTimeout)));
+      const arrived = await Promise.race([heard, late]);
+      clearTimeout(timer);
+      if (!arrived && !this.#stopped && this.#pingHeard?.nonce === nonce) {
+        this.#logger.warn({ timeoutMs: this.#pingTimeout }, 'listener did not hear its own ping: reconnecting it (polling meanwhile)');
+        this.#socket?.destroy(new Error('listener ping timed out'));
+      }
+    } catch {
+      // No verdict: see above.
+    } finally {
+      if (this.#pingHeard?.nonce === nonce) this.#pingHeard = undefined;
+      this.#schedulePing();
+    }
   }
 
   /** Probes once; false (after one warning) when LISTEN cannot work on this connection. */
@@ -244,10 +301,13 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     }
     // pg-listen's defaults are wrong for a server: it gives up after 3 s without a
     // database and JSON-parses every payload. Never give up; payloads are plain text.
-    const subscriber = createSubscriber(config, {
+    // Our own socket, so that a ping that fails can end it (pg-listen keeps its client to
+    // itself); the ping also replaces pg-listen's health query, which has no timeout.
+    const stream = (): net.Socket => (this.#socket = new net.Socket());
+    const subscriber = createSubscriber({ ...config, stream }, {
       retryTimeout: Number.POSITIVE_INFINITY,
       retryInterval: (n: number) => backoffMs(n, 100, 5000),
-      paranoidChecking: 10_000,
+      paranoidChecking: false,
       parse: (s: string) => s,
       serialize: (s: unknown) => String(s),
     });
@@ -256,9 +316,12 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     for (const channel of this.listeners.keys()) {
       subscriber.notifications.on(channel, (payload: unknown) => this.deliver(channel, String(payload ?? '')));
     }
+    subscriber.notifications.on(this.#pingChannel, (payload: unknown) => {
+      if (this.#pingHeard?.nonce === String(payload)) this.#pingHeard.heard();
+    });
     try {
       await subscriber.connect();
-      for (const channel of this.listeners.keys()) await subscriber.listenTo(channel);
+      for (const channel of [...this.listeners.keys(), this.#pingChannel]) await subscriber.listenTo(channel);
     } catch (err) {
       subscriber.close().catch(() => {});
       this.#retry(err, attempt);
@@ -276,6 +339,7 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     });
     this.#failures.succeeded();
     this.connected();
+    this.#schedulePing();
   }
 
   #retry(err: unknown, attempt: number): void {
@@ -287,6 +351,7 @@ class PgNotifier extends ListenerRegistry implements Notifier {
   async stop(): Promise<void> {
     this.#stopped = true;
     clearTimeout(this.#retryTimer);
+    clearTimeout(this.#pingTimer);
     const s = this.#subscriber;
     this.#subscriber = undefined;
     if (s) await s.close().catch(() => {});

@@ -6,6 +6,7 @@
  * Modes: idle → running (start) → stopping (stop) → idle. start() while running
  * and stop() while idle are no-ops; stop() twice returns the same promise.
  */
+import { performance } from 'node:perf_hooks';
 import { isTransientConnectionError } from './db-errors.js';
 import { FailureRun, type Logger } from './logger.js';
 import { backoffMs } from './backoff.js';
@@ -16,6 +17,12 @@ export interface TickerOptions {
   interval: () => number;
   /** Run the first tick at start rather than after one interval. */
   immediate?: boolean;
+  /**
+   * Count the interval from each tick's start rather than its end, so that a
+   * slow tick does not stretch the period (heartbeats: a lease's trust runs
+   * from when its last extension was sent).
+   */
+  fromStart?: boolean;
 }
 
 export class Ticker {
@@ -59,11 +66,13 @@ export class Ticker {
     while (this.#running) {
       await this.#sleeper.sleep(delay);
       if (!this.#running) break;
+      const startedAt = performance.now();
       try {
         const requested = await this.#tick();
         this.#failures = 0;
         this.#errors.succeeded();
-        delay = Math.min(this.#opts.interval(), typeof requested === 'number' ? Math.max(0, requested) : Number.POSITIVE_INFINITY);
+        const interval = this.#opts.fromStart ? Math.max(0, this.#opts.interval() - (performance.now() - startedAt)) : this.#opts.interval();
+        delay = Math.min(interval, typeof requested === 'number' ? Math.max(0, requested) : Number.POSITIVE_INFINITY);
       } catch (err) {
         // A lost database is retried with backoff; the server keeps running and says so
         // (once for all components, in the Db's health log).

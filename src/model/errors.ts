@@ -137,8 +137,9 @@ export class ServerClosedError extends PgasynqError {
 /** The worker no longer holds the task's lease: whatever it writes about the task is dropped. */
 export class LeaseExpiredError extends PgasynqError {
   readonly code = 'ERR_LEASE_EXPIRED';
-  constructor() {
-    super('task lease expired');
+  /** `cause`: the error that ended the work, when the lost lease explains it (a session PostgreSQL ended). */
+  constructor(options?: { cause?: unknown }) {
+    super('task lease expired', options);
   }
 }
 

@@ -1,7 +1,8 @@
 /**
- * The heartbeater: every `heartbeatInterval` it extends, in one statement,
- * the lease of every task this server still runs, and refreshes the server's
- * row. A lease missing from the answer was lost (recovered, or claimed again
+ * The heartbeater: every `heartbeatInterval`, counted from the start of the
+ * previous beat, it extends in one statement the lease of every task this
+ * server still runs, and beside it (on another connection, so a lease never
+ * waits for it) refreshes the server's row. A lease missing from the answer was lost (recovered, or claimed again
  * elsewhere): its handler is aborted with LeaseExpiredError. A cancellation
  * mark seen here aborts the handler too, in case its NOTIFY was lost.
  */
@@ -30,7 +31,7 @@ export class Heartbeater {
     this.#server = server;
     this.#leaseDuration = opts.leaseDuration;
     this.#interval = opts.heartbeatInterval;
-    this.#ticker = new Ticker(logger, () => this.runOnce(), { interval: () => this.#interval, immediate: true });
+    this.#ticker = new Ticker(logger, () => this.runOnce(), { interval: () => this.#interval, immediate: true, fromStart: true });
   }
 
   start(): void {
@@ -41,8 +42,13 @@ export class Heartbeater {
     return this.#ticker.stop();
   }
 
-  /** One beat: extend leases, then refresh the server row. */
+  /** One beat: extend leases and refresh the server row, side by side. */
   async runOnce(): Promise<void> {
+    const results = await Promise.allSettled([this.#extendLeases(), upsertServer(this.#db, this.#server(), this.#interval * 3)]);
+    for (const r of results) if (r.status === 'rejected') throw r.reason;
+  }
+
+  async #extendLeases(): Promise<void> {
     // A lease inside ctx.transaction is locked by that transaction, which no one else can take from it.
     const held = [...this.#processor.leases.values()].filter((l) => l.heartbeats);
     if (held.length > 0) {
@@ -65,6 +71,5 @@ export class Heartbeater {
         this.#logger.warn({ lost }, 'fenced heartbeat: leases lost');
       }
     }
-    await upsertServer(this.#db, this.#server(), this.#interval * 3);
   }
 }

@@ -434,9 +434,13 @@ export class Processor {
       committed = true;
       return result;
     } catch (err) {
-      if (err instanceof LeaseExpiredError) {
+      // Past its trust, a failed transaction is a lost lease whatever ended it (PostgreSQL
+      // ends a session idle in a transaction for a lease's length): say so, not the symptom.
+      const lost = err instanceof LeaseExpiredError ? err : lease.untrusted ? new LeaseExpiredError({ cause: err }) : undefined;
+      if (lost) {
         this.#outcomes.fenced(lease, 'transaction');
         lease.lose();
+        throw lost;
       }
       throw err;
     } finally {
