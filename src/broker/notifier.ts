@@ -304,13 +304,16 @@ class PgNotifier extends ListenerRegistry implements Notifier {
     // Our own socket, so that a ping that fails can end it (pg-listen keeps its client to
     // itself); the ping also replaces pg-listen's health query, which has no timeout.
     const stream = (): net.Socket => (this.#socket = new net.Socket());
-    const subscriber = createSubscriber({ ...config, stream }, {
-      retryTimeout: Number.POSITIVE_INFINITY,
-      retryInterval: (n: number) => backoffMs(n, 100, 5000),
-      paranoidChecking: false,
-      parse: (s: string) => s,
-      serialize: (s: unknown) => String(s),
-    });
+    const subscriber = createSubscriber(
+      { ...config, stream },
+      {
+        retryTimeout: Number.POSITIVE_INFINITY,
+        retryInterval: (n: number) => backoffMs(n, 100, 5000),
+        paranoidChecking: false,
+        parse: (s: string) => s,
+        serialize: (s: unknown) => String(s),
+      },
+    );
     subscriber.events.on('error', (err: Error) => this.#failures.failed(err));
     subscriber.events.on('reconnect', (n: number) => this.#logger.debug({ attempt: n }, 'listener reconnecting'));
     for (const channel of this.listeners.keys()) {
