@@ -14,6 +14,7 @@ import { DatabaseClock } from '../src/internal/clock.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
+import { startCommitProxy } from './faults/commit-proxy.js';
 import { deferred, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -419,6 +420,42 @@ describe('ctx.transaction', () => {
     // Not a failed attempt of the handler's: the recoverer's rescue runs it again.
     await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
     assert.equal(server.metrics().recovered, 1);
+  });
+
+  test('a COMMIT whose reply was lost after it committed: ctx.transaction returns, the task completes once', { timeout: 30_000 }, async () => {
+    await reset();
+    // Drops the reply to the COMMIT of the transaction that completes the task, and resets the socket.
+    const proxy = await startCommitProxy({
+      targetPort: Number(new URL(db.connectionString).port || 5432),
+      p: 1,
+      match: /SET state = 'completed', completed_at/,
+    });
+    try {
+      const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
+      const outcome = deferred<unknown>();
+      const server = new Server({ connectionString: proxy.url(db.connectionString), schema: db.schema, logger: false, ...fast });
+      running.push(server);
+      await server.start(async (_t, ctx) => {
+        await ctx
+          .transaction(async (trx) => {
+            await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+            return 'charged';
+          })
+          .then(
+            (value) => outcome.resolve(value),
+            (err: unknown) => outcome.resolve(err),
+          );
+      });
+      assert.equal(await outcome.promise, 'charged');
+      assert.equal(proxy.cuts.filter((c) => c.kind === 'explicit').length, 1, 'the COMMIT reply was cut');
+      await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
+      assert.equal((await taskRow(info.id)).retried, 0);
+      assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
+      assert.deepEqual([server.metrics().leasesLost, server.metrics().fencedWrites], [0, 0]);
+      await server.shutdown();
+    } finally {
+      await proxy.close();
+    }
   });
 
   test('a user error inside the transaction rolls it back and fails the task', { timeout: 30_000 }, async () => {

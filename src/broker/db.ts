@@ -2,6 +2,7 @@
  * Connection setup: the pool, the Kysely instance over it, and the quoted
  * schema that every statement of the broker is written against.
  */
+import { performance } from 'node:perf_hooks';
 import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
 import pg from 'pg';
 import { ConfigError } from '../model/errors.js';
@@ -397,25 +398,69 @@ export function transaction<T>(db: Db, fn: (trx: AnyTransaction) => Promise<T>):
 /**
  * A transaction whose commit waits for the WAL flush whatever the session says: for users'
  * writes. `prelude` runs first, as part of the setup that is retried once on a dead connection.
+ *
+ * A COMMIT whose reply never came (the connection broke after the server got it) may have
+ * committed: when `fn` had finished and the transaction then failed, its fate is read from
+ * PostgreSQL by transaction id (`txid_status`), and a committed one returns `fn`'s value as
+ * if the reply had come. The caller sees an error only for a transaction that did not commit,
+ * or whose fate stayed unknown for `idleLimitMs` (the server then ends the session itself).
  */
-export function durableTransaction<T>(
+export async function durableTransaction<T>(
   db: Db,
   fn: (trx: AnyTransaction) => Promise<T>,
   idleLimitMs?: number,
   prelude?: (trx: AnyTransaction) => Promise<void>,
 ): Promise<T> {
-  return inTransaction(db, fn, async (trx) => {
-    if (!db.embedded) {
-      // One round trip for both settings, local to this transaction. A holder that stalls
-      // (frozen, its event loop blocked) would otherwise keep its rows locked, and the
-      // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
-      const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
-      await db.run(
-        sql`SELECT set_config('synchronous_commit', 'on', true),
-                         set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true)`,
-        trx,
-      );
+  let xid: string | undefined;
+  let finished: { value: T } | undefined;
+  try {
+    return await inTransaction(
+      db,
+      async (trx) => {
+        const value = await fn(trx);
+        finished = { value };
+        return value;
+      },
+      async (trx) => {
+        if (!db.embedded) {
+          // One round trip for both settings, local to this transaction, and its id. A holder that
+          // stalls (frozen, its event loop blocked) would otherwise keep its rows locked, and the
+          // recoverer skips locked rows: PostgreSQL ends such a session after idleLimitMs.
+          const idle = idleLimitMs === undefined ? null : String(Math.ceil(idleLimitMs));
+          const [row] = await db.run(
+            sql<{ xid: string }>`SELECT set_config('synchronous_commit', 'on', true),
+                         set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true),
+                         txid_current()::text AS xid`,
+            trx,
+          );
+          xid = row?.xid;
+        }
+        await prelude?.(trx);
+      },
+    );
+  } catch (err) {
+    if (finished === undefined || xid === undefined || !isTransientConnectionError(err)) throw err;
+    if ((await commitStatus(db, xid, idleLimitMs ?? 10_000)) !== 'committed') throw err;
+    db.logger.warn({ xid }, "the COMMIT's reply was lost; the transaction committed");
+    return finished.value;
+  }
+}
+
+/**
+ * What became of transaction `xid`, asked on another connection until it is decided or
+ * `waitMs` has passed: a server that has not yet noticed its client is gone still holds
+ * the transaction open ('in progress'), and a database that restarts answers nothing.
+ */
+async function commitStatus(db: Db, xid: string, waitMs: number): Promise<'committed' | 'aborted' | 'unknown'> {
+  const until = performance.now() + waitMs;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const [row] = await db.run(sql<{ status: string | null }>`SELECT txid_status(${xid}::bigint) AS status`);
+      if (row?.status === 'committed' || row?.status === 'aborted') return row.status;
+    } catch {
+      // Not reachable yet: ask again.
     }
-    await prelude?.(trx);
-  });
+    if (performance.now() >= until) return 'unknown';
+    await new Promise((resolve) => setTimeout(resolve, Math.min(50 * attempt, 1000)));
+  }
 }

@@ -19,17 +19,10 @@ const HERE = fileURLToPath(new URL('.', import.meta.url));
 const PER_TEST_TIMEOUT_MS = 300_000;
 
 /**
- * Faults kept out of CI (too long for its budget, or failing a plan bound on
- * a known gap): run when named, or with FAULTS_ALL=1; their figures are in
- * RESULTS.md.
+ * Faults kept out of CI (too long for its budget): run when named, or with
+ * FAULTS_ALL=1; their figures are in RESULTS.md.
  */
-const COMMAND_ONLY = new Set<string>([
-  'f20-long-transaction.test.ts',
-  // These two fail their plan bounds until the listener ping and the heartbeat cadence are
-  // fixed (RESULTS.md, finding 9); nothing is lost or duplicated in them.
-  'f08-half-open-listener.test.ts',
-  'f27-slow-db.test.ts',
-]);
+const COMMAND_ONLY = new Set<string>(['f20-long-transaction.test.ts']);
 
 const files =
   process.argv.length > 2
