@@ -38,7 +38,7 @@ let client: Client;
 
 before(async () => {
   db = await testDb(SCHEMA);
-  client = new Client({ connectionString: db.connectionString, schema: SCHEMA });
+  client = new Client({ connectionString: db.connectionString, schema: db.schema });
 });
 
 after(async () => {
@@ -659,7 +659,7 @@ describe('transactional enqueue (tx)', () => {
       assert.equal(many.length, 2);
       assert.equal(await row('tx_q', info.id), undefined, 'not visible from another connection before COMMIT');
       assert.equal(await countIn('tx_q'), 0);
-      const inside = await conn.query(`SELECT count(*)::int AS n FROM "${SCHEMA}".tasks WHERE queue = 'tx_q'`);
+      const inside = await conn.query(`SELECT count(*)::int AS n FROM "${db.schema}".tasks WHERE queue = 'tx_q'`);
       assert.equal(inside.rows[0].n, 3, 'visible inside the transaction');
       await conn.query('COMMIT');
       assert.equal((await mustRow(info)).state, 'pending');
@@ -728,8 +728,8 @@ describe('NOTIFY', () => {
     listener = new pg.Client({ connectionString: db.connectionString });
     await listener.connect();
     listener.on('notification', (m) => notes.push({ channel: m.channel, payload: m.payload }));
-    await listener.query(`LISTEN ${SCHEMA}_tasks`);
-    await listener.query(`LISTEN ${SCHEMA}_delayed`);
+    await listener.query(`LISTEN ${db.schema}_tasks`);
+    await listener.query(`LISTEN ${db.schema}_delayed`);
   });
 
   after(async () => {
@@ -744,7 +744,7 @@ describe('NOTIFY', () => {
   let barriers = 0;
   const barrier = async () => {
     const marker = `barrier:${++barriers}`;
-    await db.query('SELECT pg_notify($1, $2)', [`${SCHEMA}_tasks`, marker]);
+    await db.query('SELECT pg_notify($1, $2)', [`${db.schema}_tasks`, marker]);
     await waitFor(() => notes.some((n) => n.payload === marker), 5_000, 'the barrier notification');
   };
 
@@ -760,18 +760,18 @@ describe('NOTIFY', () => {
       new Task('notify:t', 2, { queue: 'nq_a' }),
       new Task('notify:t', 3, { queue: 'nq_b' }),
     ]);
-    await waitFor(() => on(`${SCHEMA}_tasks`, 'nq_').length >= 2, 5_000, 'two notifications');
+    await waitFor(() => on(`${db.schema}_tasks`, 'nq_').length >= 2, 5_000, 'two notifications');
     await barrier(); // any extra (per-task) notification has arrived by now
-    assert.deepEqual(on(`${SCHEMA}_tasks`, 'nq_'), ['nq_a', 'nq_b']);
-    assert.deepEqual(on(`${SCHEMA}_delayed`, 'nq_'), []);
+    assert.deepEqual(on(`${db.schema}_tasks`, 'nq_'), ['nq_a', 'nq_b']);
+    assert.deepEqual(on(`${db.schema}_delayed`, 'nq_'), []);
   });
 
   test('a scheduled task notifies on the delayed channel', async () => {
     await client.enqueue(new Task('notify:later'), { queue: 'nd_c', processIn: 60_000 });
-    await waitFor(() => on(`${SCHEMA}_delayed`, 'nd_').length >= 1, 5_000, 'a delayed notification');
+    await waitFor(() => on(`${db.schema}_delayed`, 'nd_').length >= 1, 5_000, 'a delayed notification');
     await barrier();
-    assert.deepEqual(on(`${SCHEMA}_delayed`, 'nd_'), ['nd_c']);
-    assert.deepEqual(on(`${SCHEMA}_tasks`, 'nd_'), []);
+    assert.deepEqual(on(`${db.schema}_delayed`, 'nd_'), ['nd_c']);
+    assert.deepEqual(on(`${db.schema}_tasks`, 'nd_'), []);
   });
 
   test('with tx, the notification comes at COMMIT, and never after ROLLBACK', async () => {
@@ -783,14 +783,14 @@ describe('NOTIFY', () => {
       await conn.query('BEGIN');
       await client.enqueue(new Task('notify:tx'), { tx: conn, queue: 'nt_ok' });
       await barrier();
-      assert.deepEqual(on(`${SCHEMA}_tasks`, 'nt_'), [], 'nothing before COMMIT');
+      assert.deepEqual(on(`${db.schema}_tasks`, 'nt_'), [], 'nothing before COMMIT');
       await conn.query('COMMIT');
     } finally {
       conn.release();
     }
-    await waitFor(() => on(`${SCHEMA}_tasks`, 'nt_').length >= 1, 5_000, 'notification after commit');
+    await waitFor(() => on(`${db.schema}_tasks`, 'nt_').length >= 1, 5_000, 'notification after commit');
     await barrier();
-    assert.deepEqual(on(`${SCHEMA}_tasks`, 'nt_'), ['nt_ok']);
+    assert.deepEqual(on(`${db.schema}_tasks`, 'nt_'), ['nt_ok']);
   });
 });
 
@@ -805,7 +805,7 @@ describe('bad input: ValidationError naming the field, nothing written, no SQL s
   before(() => {
     pool = new pg.Pool({ connectionString: db.connectionString, max: 2 });
     pool.on('acquire', () => acquired++);
-    bad = new Client({ pool, schema: SCHEMA });
+    bad = new Client({ pool, schema: db.schema });
   });
 
   after(async () => {
@@ -971,7 +971,7 @@ describe('bad input: ValidationError naming the field, nothing written, no SQL s
 // ---------------------------------------------------------------------------
 describe('closed client', () => {
   test('enqueue and enqueueMany after close() → ClientClosedError', async () => {
-    const c = new Client({ connectionString: db.connectionString, schema: SCHEMA });
+    const c = new Client({ connectionString: db.connectionString, schema: db.schema });
     await c.enqueue(new Task('closed:before'), { queue: 'closed_q' });
     await c.close();
     const before = await counts();
@@ -1037,7 +1037,7 @@ describe('accepted safely', () => {
 });
 
 describe('a schema that was never migrated, a database that does not exist', () => {
-  const NEVER = `${SCHEMA}_never`;
+  const NEVER = `${SCHEMA}${process.env.TEST_SCHEMA_SUFFIX ?? ''}_never`;
   const notMigrated = (err: unknown): boolean => {
     assert.ok(err instanceof FailedPreconditionError, String(err));
     assert.match(
@@ -1097,15 +1097,15 @@ describe('durability of an acknowledged enqueue', () => {
     await db.query(`CREATE TABLE {{schema}}.commit_settings (id text, synchronous_commit text, work_mem text);
       CREATE FUNCTION {{schema}}.note_commit_settings() RETURNS trigger LANGUAGE plpgsql AS $$
       BEGIN
-        INSERT INTO ${`"${SCHEMA}"`}.commit_settings VALUES (NEW.id, current_setting('synchronous_commit'), current_setting('work_mem'));
+        INSERT INTO ${`"${db.schema}"`}.commit_settings VALUES (NEW.id, current_setting('synchronous_commit'), current_setting('work_mem'));
         RETURN NEW;
       END $$;
       CREATE TRIGGER note_commit_settings AFTER INSERT ON {{schema}}.task_inputs FOR EACH ROW EXECUTE FUNCTION {{schema}}.note_commit_settings()`);
     const saved = process.env.PGOPTIONS;
     process.env.PGOPTIONS = '-c synchronous_commit=off -c work_mem=12345kB';
-    const own = new Client({ connectionString: db.connectionString, schema: SCHEMA });
+    const own = new Client({ connectionString: db.connectionString, schema: db.schema });
     const yours = new pg.Pool({ connectionString: db.connectionString, max: 1 });
-    const onYours = new Client({ pool: yours, schema: SCHEMA });
+    const onYours = new Client({ pool: yours, schema: db.schema });
     try {
       const a = await own.enqueue(new Task('durable:own'));
       const b = await onYours.enqueue(new Task('durable:yours'));

@@ -1,5 +1,5 @@
 /**
- * The processor: claims pending tasks into free worker slots, runs their
+ * The processor: claims pending tasks (claimer.ts) into free worker slots, runs their
  * handlers with their context (signal, logger, writeResult, transaction),
  * and hands each outcome to outcomes.ts, which records it with one fenced
  * write.
@@ -18,7 +18,7 @@
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
 import { durableTransaction, type AnyTransaction, type Db } from '../broker/db.js';
-import { claimFrom, claimLimited, type ClaimedRow } from '../broker/claim.js';
+import type { ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
 import { complete, lockLease, requeue, writeResult } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
@@ -30,11 +30,10 @@ import { Task } from '../model/task.js';
 import { MAX_DURATION_MS } from '../model/validate.js';
 import { Lease } from './lease.js';
 import { leaseKey, Outcomes, type Outcome, type OutcomePolicies } from './outcomes.js';
-import { ClaimCursor, SWEEP_EVERY_MS } from './cursor.js';
 import { backoffMs } from '../internal/backoff.js';
 import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
-import { claimShares, queueOrder } from './queues.js';
+import { Claimer } from './claimer.js';
 import type { StatsCollector } from './stats.js';
 
 export interface ProcessorConfig extends OutcomePolicies {
@@ -69,11 +68,7 @@ export class Processor {
   /** Writes what became of each attempt. */
   readonly #outcomes: Outcomes;
   readonly #prefetch: Prefetch;
-  readonly #cursor = new ClaimCursor();
-  /** This server's queues with limits, as the last claim found them: claimed by claimLimited(). */
-  #limited: readonly string[] = [];
-  /** When the plain claim last said which queues have limits. */
-  #limitsSeenAt = Number.NEGATIVE_INFINITY;
+  readonly #claimer: Claimer;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
   #running = 0;
   /** Claimed tasks waiting for a slot (prefetch), in claim order. */
@@ -96,6 +91,7 @@ export class Processor {
     // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
     this.#prefetch = new Prefetch(cfg.prefetch, cfg.concurrency, Math.min(1000, 50 * cfg.concurrency));
     this.#outcomes = new Outcomes(db, logger, cfg, stats, this.counters);
+    this.#claimer = new Claimer(db, cfg);
   }
 
   get busy(): number {
@@ -110,8 +106,7 @@ export class Processor {
 
   /** Tasks may have landed below the claim cursor's floors (a requeue): the next claim starts from the heads. */
   sweep(): void {
-    this.#cursor.sweep();
-    this.#limitsSeenAt = Number.NEGATIVE_INFINITY;
+    this.#claimer.sweep();
     this.#poke();
   }
 
@@ -210,7 +205,7 @@ export class Processor {
       let rows: ClaimedRow[];
       let retryLimitedIn: number | undefined;
       try {
-        ({ rows, retryLimitedIn } = await this.#claimRound(free));
+        ({ rows, retryLimitedIn } = await this.#claimer.claim(free));
         this.#prefetch.claimed(performance.now() - sentAt);
         this.#claimFailures = 0;
         this.#claimErrors.succeeded();
@@ -238,74 +233,6 @@ export class Processor {
         await nextTurn();
       }
     }
-  }
-
-  /**
-   * One round of claims for `free` slots. `retryLimitedIn`: a queue's limits
-   * held part of it back, and when to try again.
-   */
-  async #claimRound(free: number): Promise<{ rows: ClaimedRow[]; retryLimitedIn: number | undefined }> {
-    const queues = queueOrder(this.#cfg.queues, this.#cfg.strictPriority);
-    const shares = claimShares(this.#cfg.queues, queues, this.#cfg.strictPriority, free);
-    // Limited queues first, each for its share, so that the others' backlog does not starve them…
-    const first = await this.#claimLimited(queues, shares, free);
-    let rows = first.rows;
-    let retryLimitedIn = first.retryIn;
-    // …then the others, with the plain claim, which also says which queues have limits now.
-    // While every queue had limits, it is skipped but for a look every SWEEP_EVERY_MS (a
-    // change of limits wakes the servers with a sweep, which looks at once).
-    if (this.#limited.length < queues.length || performance.now() - this.#limitsSeenAt >= SWEEP_EVERY_MS) {
-      const claimed = await claimFrom(this.#db, queues, this.#cursor.next(queues), shares, free - rows.length, this.#cfg.serverId, this.#cfg.leaseDuration);
-      this.#cursor.claimed(claimed.mark, free - rows.length, topPositions(claimed.rows), claimed.rows.length, queues);
-      rows = rows.concat(claimed.rows);
-      this.#limited = claimed.mark.limited;
-      this.#limitsSeenAt = performance.now();
-      // …and if they left slots free, whatever more the limits allow.
-      if (rows.length < free && first.satisfied && this.#limited.length > 0) {
-        const more = await this.#claimLimited(
-          queues,
-          queues.map(() => free - rows.length),
-          free - rows.length,
-        );
-        rows = rows.concat(more.rows);
-        retryLimitedIn = more.retryIn;
-      }
-    }
-    return { rows, retryLimitedIn };
-  }
-
-  /**
-   * Claims from this server's limited queues (of `queues`, with their `shares`),
-   * `total` at most. `satisfied`: they gave all they were asked; `retryIn`: a
-   * limit held some back, and when to try again (its rate window's next start,
-   * or a short poll for a slot another server's task frees).
-   */
-  async #claimLimited(
-    queues: readonly string[],
-    shares: readonly number[],
-    total: number,
-  ): Promise<{ rows: ClaimedRow[]; satisfied: boolean; retryIn: number | undefined }> {
-    const names: string[] = [];
-    const wanted: number[] = [];
-    queues.forEach((q, i) => {
-      if (this.#limited.includes(q)) {
-        names.push(q);
-        wanted.push(shares[i]!);
-      }
-    });
-    if (names.length === 0 || total <= 0) return { rows: [], satisfied: true, retryIn: undefined };
-    const { rows, heldBack } = await claimLimited(this.#db, names, wanted, total, this.#cfg.serverId, this.#cfg.leaseDuration);
-    const retryIn = heldBack.length === 0 ? undefined : Math.min(...heldBack.map((h) => h.waitMs ?? LIMITED_POLL_MS));
-    return {
-      rows,
-      satisfied:
-        rows.length >=
-        Math.min(
-          total,
-          wanted.reduce((a, b) => a + b, 0),
-        ),
-      retryIn,
-    };
   }
 
   /** Sleeps `ms`, less if a notification comes or a slot frees (unless `ignoreEarlierWake`, one that came before ends it at once). */
@@ -457,23 +384,4 @@ export class Processor {
   flushed(): Promise<void> {
     return this.#outcomes.flushed();
   }
-}
-
-/**
- * How soon a queue that its concurrency limits held back is tried again: a
- * slot frees when any server's task of it ends, and nothing announces that.
- */
-const LIMITED_POLL_MS = 100;
-
-/** The highest position claimed in each queue, per priority. */
-function topPositions(rows: readonly ClaimedRow[]): Map<string, Map<number, bigint>> {
-  const top = new Map<string, Map<number, bigint>>();
-  for (const r of rows) {
-    const p = BigInt(r.pending_seq);
-    const bands = top.get(r.queue) ?? new Map<number, bigint>();
-    top.set(r.queue, bands);
-    const t = bands.get(r.priority);
-    if (t === undefined || p > t) bands.set(r.priority, p);
-  }
-  return top;
 }
