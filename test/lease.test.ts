@@ -99,6 +99,32 @@ describe('lease', () => {
     assert.equal(other.abortReason, undefined);
   });
 
+  test('a monotonic clock that stepped back while an extension was out loses the lease, never extends it', () => {
+    const sentAt = performance.now();
+    const lease = held(60_000);
+    const real = performance.now.bind(performance);
+    // The clock now reads 10 s before the extension was sent.
+    performance.now = () => real() - 10_000 - (real() - sentAt);
+    try {
+      lease.extended(sentAt);
+    } finally {
+      performance.now = real;
+    }
+    assert.equal(lease.state, 'lost');
+    assert.ok(lease.abortReason instanceof LeaseExpiredError);
+    // The same at claim: a lease whose claim was sent "after" now is never trusted.
+    performance.now = () => real() - 10_000;
+    let late: Lease;
+    try {
+      late = new Lease(key, 60_000, real());
+    } finally {
+      performance.now = real;
+    }
+    assert.equal(late.state, 'lost');
+    lease.release();
+    late.release();
+  });
+
   test('trust that runs out inside ctx.transaction aborts nothing; the lease is lost only if the transaction does not commit', async () => {
     const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
     // Commits: the row lock kept the task, so the handler was never aborted.

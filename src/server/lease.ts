@@ -104,7 +104,12 @@ export class Lease implements LeaseKey {
   extended(sentAt: number): void {
     if (this.#state === 'released' || this.#state === 'lost') return;
     clearTimeout(this.#trustTimer);
-    const remaining = sentAt + this.#trustMs - performance.now();
+    const now = performance.now();
+    // A monotonic clock that stepped back (a broken VM clock source, a faked clock) would
+    // stretch the trust by the step: the worker cannot tell how long it really waited, so
+    // the lease is lost, never extended.
+    if (now < sentAt) return this.lose();
+    const remaining = sentAt + this.#trustMs - now;
     // Already past: lost now, not on a timer — the handler of a claim that came back this
     // late must not start in the meantime.
     if (remaining <= 0) return this.#trustEnded();

@@ -12,6 +12,9 @@
  * timer of the process (heartbeats included) for the hour. The database then
  * sees the lease expire and the recoverer hands the task on; the frozen
  * worker's late writes are refused by the lease token (F03 shows that case).
+ * What the worker's own code does with such a step — an extension or claim
+ * whose reply comes back "before" it was sent loses the lease rather than
+ * stretching its trust by the step — is tested in test/lease.test.ts.
  */
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
