@@ -124,34 +124,6 @@ describe('lease', () => {
     lease.release();
     late.release();
   });
-
-  test('trust that runs out inside ctx.transaction aborts nothing; the lease is lost only if the transaction does not commit', async () => {
-    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-    // Commits: the row lock kept the task, so the handler was never aborted.
-    const committing = held(20);
-    committing.beginTransaction();
-    await sleep(60);
-    assert.equal(committing.state, 'transaction');
-    assert.equal(committing.abortReason, undefined);
-    assert.equal(committing.untrusted, true);
-    committing.endTransaction(true);
-    assert.equal(committing.state, 'committed');
-    assert.equal(committing.abortReason, undefined);
-    // Rolls back: the row is free again and the lease past its trust, so it is lost at once.
-    const rolling = held(20);
-    rolling.beginTransaction();
-    await sleep(60);
-    rolling.endTransaction(false);
-    assert.equal(rolling.state, 'lost');
-    assert.ok(rolling.abortReason instanceof LeaseExpiredError);
-    // Within its trust, a rolled-back transaction leaves the lease held and trusted.
-    const quick = held();
-    quick.beginTransaction();
-    quick.endTransaction(false);
-    assert.equal(quick.state, 'held');
-    assert.equal(quick.untrusted, false);
-    for (const l of [committing, rolling, quick]) l.release();
-  });
 });
 
 describe('database clock (tests move it instead of sleeping)', () => {

@@ -7,10 +7,9 @@
  * for `trustMs` from when that extension was *sent* (monotonic clock): if no
  * later extension succeeds by then, the handler is aborted with
  * LeaseExpiredError before any other server can have claimed the task.
- * Inside ctx.transaction the trust may run out without harm: the transaction
- * holds the row locked, so nobody else can take the task, and its COMMIT is
- * fenced by the token. The lease is then lost only if the transaction does
- * not commit.
+ * Inside ctx.transaction too: the transaction's row lock keeps the task only
+ * while its session lives, and a worker cut off from the database cannot see
+ * whether it still does (nor has it the lock before its BEGIN got through).
  *
  *   held ──beginTransaction──▶ transaction ──endTransaction──▶ held | committed
  *   held ──settle──▶ settled                      (the outcome is being written)
@@ -41,8 +40,6 @@ export class Lease implements LeaseKey {
   #onAbort: ((reason: Error) => void) | undefined;
   #trustTimer: NodeJS.Timeout | undefined;
   readonly #trustMs: number;
-  /** The trust ran out while ctx.transaction held the row: lost unless it commits. */
-  #trustRanOut = false;
 
   constructor(key: LeaseKey, trustMs: number, claimSentAt: number) {
     this.queue = key.queue;
@@ -60,11 +57,6 @@ export class Lease implements LeaseKey {
   /** The database no longer gives this worker the task: write nothing more about it. */
   get lost(): boolean {
     return this.#state === 'lost';
-  }
-
-  /** The worker stopped trusting this lease: lost, or ctx.transaction outlived its trust window. */
-  get untrusted(): boolean {
-    return this.#state === 'lost' || this.#trustRanOut;
   }
 
   /** Whether the heartbeater should extend it. */
@@ -112,14 +104,9 @@ export class Lease implements LeaseKey {
     const remaining = sentAt + this.#trustMs - now;
     // Already past: lost now, not on a timer — the handler of a claim that came back this
     // late must not start in the meantime.
-    if (remaining <= 0) return this.#trustEnded();
-    this.#trustTimer = setTimeout(() => this.#trustEnded(), remaining);
+    if (remaining <= 0) return this.lose();
+    this.#trustTimer = setTimeout(() => this.lose(), remaining);
     this.#trustTimer.unref();
-  }
-
-  #trustEnded(): void {
-    if (this.#state === 'transaction') this.#trustRanOut = true;
-    else this.lose();
   }
 
   /**
@@ -155,7 +142,6 @@ export class Lease implements LeaseKey {
     if (this.#state !== 'transaction') return;
     this.#state = committed ? 'committed' : 'held';
     if (committed) clearTimeout(this.#trustTimer);
-    else if (this.#trustRanOut) this.lose();
   }
 
   /** The handler returned or threw: its outcome is being written. */

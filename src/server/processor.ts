@@ -361,9 +361,9 @@ export class Processor {
       committed = true;
       return result;
     } catch (err) {
-      // Past its trust, a failed transaction is a lost lease whatever ended it (PostgreSQL
-      // ends a session idle in a transaction for a lease's length): say so, not the symptom.
-      const lost = err instanceof LeaseExpiredError ? err : lease.untrusted ? new LeaseExpiredError({ cause: err }) : undefined;
+      // Once the lease is lost, a failed transaction failed for that, whatever ended it
+      // (PostgreSQL ends a session idle in a transaction for a lease's length): say so.
+      const lost = err instanceof LeaseExpiredError ? err : lease.abortReason instanceof LeaseExpiredError ? new LeaseExpiredError({ cause: err }) : undefined;
       if (lost) {
         this.#outcomes.fenced(lease, 'transaction');
         lease.lose();

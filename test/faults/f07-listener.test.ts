@@ -29,7 +29,7 @@ test('F07 listener-terminated: LISTEN sessions killed; polling covers the gap, t
     )[0]!.n;
   await waitFor(async () => (await listeners()) === workers.length, 20_000, 'both LISTEN sessions');
   h.startSampler();
-  const producer = await h.spawnProducer({ count: 100, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
+  const producer = await h.spawnProducer({ count: 150, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
   await sleep(5000);
   // 1. One termination: how long until the LISTEN sessions are back?
   const tKill = await h.dbNow();
