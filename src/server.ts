@@ -108,6 +108,7 @@ export class Server {
       }),
       cfg,
     );
+    processor.onSlowClaim = () => heartbeater.wake();
     const recoverer = new Recoverer(this.#db, log.child({ component: 'recoverer' }), cfg, stats);
     const janitor = new Janitor(this.#db, log.child({ component: 'janitor' }), cfg);
     // Groups: only with an aggregator, and only the server's own queues.

@@ -42,6 +42,11 @@ export class Heartbeater {
     return this.#ticker.stop();
   }
 
+  /** Beats now (or right after the running beat), then every interval from then. */
+  wake(): void {
+    this.#ticker.wake();
+  }
+
   /** One beat: extend leases and refresh the server row, side by side. */
   async runOnce(): Promise<void> {
     const results = await Promise.allSettled([this.#extendLeases(), upsertServer(this.#db, this.#server(), this.#interval * 3)]);

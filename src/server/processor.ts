@@ -47,6 +47,7 @@ export interface ProcessorConfig extends OutcomePolicies {
   leaseDuration: number;
   /** How long after a successful extension was sent the worker still trusts its lease. */
   leaseTrust: number;
+  heartbeatInterval: number;
 }
 
 /** Counters a test or a metrics endpoint may read. */
@@ -61,6 +62,11 @@ export class Processor {
   /** Leases of the tasks this server runs (held or running), by seq. */
   readonly leases = new Map<string, Lease>();
   readonly counters: ProcessorCounters = { claimed: 0, fencedWrites: 0, leasesLost: 0 };
+  /**
+   * Called after a claim whose reply was slow (over a quarter of the heartbeat interval):
+   * its leases' trust runs from the claim's send, and the regular beat could come too late.
+   */
+  onSlowClaim: (() => void) | undefined;
   readonly #db: Db;
   readonly #logger: Logger;
   readonly #cfg: ProcessorConfig;
@@ -204,9 +210,11 @@ export class Processor {
       const sentAt = performance.now();
       let rows: ClaimedRow[];
       let retryLimitedIn: number | undefined;
+      let roundTrip = 0;
       try {
         ({ rows, retryLimitedIn } = await this.#claimer.claim(free));
-        this.#prefetch.claimed(performance.now() - sentAt);
+        roundTrip = performance.now() - sentAt;
+        this.#prefetch.claimed(roundTrip);
         this.#claimFailures = 0;
         this.#claimErrors.succeeded();
       } catch (err) {
@@ -223,6 +231,7 @@ export class Processor {
         this.#held.push({ row, lease, claimedAt: sentAt });
       }
       this.#dispatch();
+      if (rows.length > 0 && roundTrip > this.#cfg.heartbeatInterval / 4) this.onSlowClaim?.();
       if (rows.length < free) {
         // asynq sleeps interval/2 + rand[0, interval) when the queues are empty. A queue held
         // back by its limits is tried again sooner: another server's task may end at any time.
