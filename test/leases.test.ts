@@ -410,10 +410,11 @@ describe('ctx.transaction', () => {
       p: 1,
       match: /SET state = 'completed', completed_at/,
     });
+    let server: Server | undefined;
     try {
       const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
       const outcome = deferred<unknown>();
-      const server = new Server({ connectionString: proxy.url(db.connectionString), schema: db.schema, logger: false, ...fast });
+      server = new Server({ connectionString: proxy.url(db.connectionString), schema: db.schema, logger: false, ...fast });
       running.push(server);
       await server.start(async (_t, ctx) => {
         await ctx
@@ -431,9 +432,11 @@ describe('ctx.transaction', () => {
       await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
       assert.equal((await taskRow(info.id)).retried, 0);
       assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
-      assert.deepEqual([server.metrics().leasesLost, server.metrics().fencedWrites], [0, 0]);
-      await server.shutdown();
+      // (Its lease may count as lost if the lookup outlasted the 667 ms trust: the row lock kept the task.)
+      assert.equal(server.metrics().fencedWrites, 0);
     } finally {
+      // The server first: the proxy's close waits for the connections through it.
+      await server?.shutdown();
       await proxy.close();
     }
   });
