@@ -17,7 +17,8 @@
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
-import { durableTransaction, type AnyTransaction, type Db } from '../broker/db.js';
+import { type AnyTransaction, type Db } from '../broker/db.js';
+import { durableTransaction } from '../broker/transaction.js';
 import type { ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
 import { complete, lockLease, requeue, writeResult } from '../broker/leases.js';
@@ -210,7 +211,7 @@ export class Processor {
       const sentAt = performance.now();
       let rows: ClaimedRow[];
       let retryLimitedIn: number | undefined;
-      let roundTrip = 0;
+      let roundTrip: number;
       try {
         ({ rows, retryLimitedIn } = await this.#claimer.claim(free));
         roundTrip = performance.now() - sentAt;
