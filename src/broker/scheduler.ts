@@ -12,7 +12,8 @@
 import { sql } from 'kysely';
 import { DuplicateTaskError, TaskIdConflictError } from '../model/errors.js';
 import type { TaskRecord } from '../model/task.js';
-import { transaction, type Db } from './db.js';
+import { type Db } from './db.js';
+import { transaction } from './transaction.js';
 import { insertTasks } from './enqueue.js';
 
 /** Events kept per entry (asynq keeps about 1,000); older ones are deleted as new ones come. */
