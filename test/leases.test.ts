@@ -257,24 +257,26 @@ describe('heartbeats', () => {
     const info = await client.enqueue(new Task('long'));
     let aborted = false;
     const release = deferred();
-    // Leases of 2 s, extended every 200 ms; the recoverer runs every 200 ms with a 300 ms cutoff.
+    // Leases of 6 s, extended every 200 ms; the recoverer runs every 200 ms with a 300 ms cutoff.
+    // The worker trusts a lease 5 s past its last extension, so a loaded machine (the whole
+    // suite runs in parallel on two cores) cannot make it give the task up on its own.
     const server = await startServer(
       async (_t, ctx) => {
         ctx.signal.addEventListener('abort', () => (aborted = true));
         await release.promise;
       },
-      { leaseDuration: 2000, heartbeatInterval: 200, clock },
+      { leaseDuration: 6000, heartbeatInterval: 200, clock },
     );
     await waitFor(async () => (await taskRow(info.id))?.state === 'active', 10_000, 'task claimed');
-    // Three lease durations pass on the database's clock, 700 ms at a time, each step once a
+    // Three lease durations pass on the database's clock, 2 s at a time, each step once a
     // heartbeat has extended the lease past it: the task is never recovered.
     for (let step = 0; step < 9; step++) {
-      clock.advance(700);
+      clock.advance(2000);
       await waitFor(
         async () =>
           (
             await db.query(
-              "SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = $1 AND state = 'active' AND lease_expires_at > now() + ($2::float8 + 1500) * interval '1 millisecond'",
+              "SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = $1 AND state = 'active' AND lease_expires_at > now() + ($2::float8 + 5500) * interval '1 millisecond'",
               [info.id, clock.offsetMs],
             )
           )[0]!.n === 1,
@@ -295,11 +297,16 @@ describe('heartbeats', () => {
     const reason = deferred<unknown>();
     const release = deferred();
     let resultError: unknown;
-    const server = await startServer(async (_t, ctx) => {
-      ctx.signal.addEventListener('abort', () => reason.resolve(ctx.signal.reason));
-      await release.promise;
-      await ctx.writeResult('too late').catch((err) => (resultError = err));
-    });
+    // No one extends the thief's lease: a recoverer with the fast cutoff could take the task
+    // back before the test reads it on a loaded machine, so this one waits a minute.
+    const server = await startServer(
+      async (_t, ctx) => {
+        ctx.signal.addEventListener('abort', () => reason.resolve(ctx.signal.reason));
+        await release.promise;
+        await ctx.writeResult('too late').catch((err) => (resultError = err));
+      },
+      { recoverCutoff: 60_000 },
+    );
     const row = await waitFor(async () => {
       const r = await taskRow(info.id);
       return r?.state === 'active' ? r : undefined;
