@@ -36,6 +36,7 @@ import assert from 'node:assert/strict';
 import { appendFileSync } from 'node:fs';
 import { after, test } from 'node:test';
 import { Client, Task, TaskIdConflictError } from '../../src/index.js';
+import { crashAndRestart, killAndRespawn, WORKFLOW_LOG_SQL } from './crashes.js';
 import { assertInvariants, createHarness, ORACLE_BOUND_S, recordFigures, sleep, waitFor, type Child, type Harness } from './harness.js';
 
 const MAX_RETRY = 8;
@@ -58,25 +59,6 @@ after(async () => {
   await client?.close().catch(() => {});
   await h?.teardown();
 });
-
-const ORACLE_SQL = `
-CREATE TABLE {{schema}}.wf_done (seq bigint NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE TABLE {{schema}}.wf_rel (seq bigint NOT NULL, state text NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE FUNCTION {{schema}}.wf_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF TG_ARGV[0] = 'done' THEN
-    INSERT INTO {{schema}}.wf_done (seq) VALUES (NEW.seq);
-  ELSE
-    INSERT INTO {{schema}}.wf_rel (seq, state) VALUES (NEW.seq, NEW.state);
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE TRIGGER wf_done AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (NEW.state = 'completed' AND OLD.state IS DISTINCT FROM 'completed') EXECUTE FUNCTION {{schema}}.wf_log('done');
-CREATE TRIGGER wf_rel AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (OLD.state = 'waiting' AND NEW.state IS DISTINCT FROM 'waiting') EXECUTE FUNCTION {{schema}}.wf_log('rel');`;
 
 interface Unit {
   name: string;
@@ -120,7 +102,7 @@ test(
   async () => {
     h = await createHarness('f32');
     const harness = h;
-    await h.query(ORACLE_SQL);
+    await h.query(WORKFLOW_LOG_SQL);
     const workers = await Promise.all(
       ['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 50, sleepMax: 250, env: { TX_HOLD_MS: String(TX_HOLD_MS) } })),
     );
@@ -203,24 +185,12 @@ test(
       await sleep(1500 + Math.random() * 1500);
       if (fault === 'kill') {
         const { victim, held } = await waitFor(nearRelease, 30_000, 'a worker holding the last dependencies of a dependent', 20);
-        live.delete(victim.name);
-        h.signal(victim, 'SIGKILL');
         heldAtKill.push(held);
-        respawns.push(
-          sleep(2000).then(async () => {
-            const again = await harness.respawn(victim);
-            live.set(again.name, again);
-          }),
-        );
+        respawns.push(killAndRespawn(harness, victim, live));
       } else {
         const n = await waitFor(releasesInFlight, 30_000, 'a release in flight', 20);
-        h.cluster.crash();
         inFlightAtCrash.push(n);
-        await sleep(DOWN_MS);
-        const t1 = performance.now();
-        h.cluster.start();
-        restartMs.push(Math.round(performance.now() - t1));
-        await waitFor(() => harness.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
+        restartMs.push(await crashAndRestart(harness, DOWN_MS));
       }
     }
     const faultsBeforeLastUnit = !driverDone;

@@ -50,6 +50,7 @@ import { appendFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, test } from 'node:test';
 import { Client, Task } from '../../src/index.js';
+import { crashWithWalHeld, nextHandlerStart, WORKFLOW_LOG_SQL } from './crashes.js';
 import { assertInvariants, createHarness, recordFigures, sleep, waitFor, type Harness } from './harness.js';
 
 const MAX_RETRY = 10;
@@ -67,32 +68,10 @@ afterEach(async () => {
   client = h = undefined;
 });
 
-const ORACLE_SQL = `
-CREATE TABLE {{schema}}.wf_done (seq bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE TABLE {{schema}}.wf_rel (seq bigint NOT NULL, state text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE FUNCTION {{schema}}.wf_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF TG_ARGV[0] = 'done' THEN
-    INSERT INTO {{schema}}.wf_done (seq) VALUES (NEW.seq);
-  ELSE
-    INSERT INTO {{schema}}.wf_rel (seq, state) VALUES (NEW.seq, NEW.state);
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE TRIGGER wf_done AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (NEW.state = 'completed' AND OLD.state IS DISTINCT FROM 'completed') EXECUTE FUNCTION {{schema}}.wf_log('done');
-CREATE TRIGGER wf_rel AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (OLD.state = 'waiting' AND NEW.state IS DISTINCT FROM 'waiting') EXECUTE FUNCTION {{schema}}.wf_log('rel');`;
-
-/** The pid of PostgreSQL's WAL writer (a new one after each restart). */
-async function walWriterPid(harness: Harness): Promise<number> {
-  return (await harness.one<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")).pid;
-}
-
 async function run(name: string, workerEnv: Record<string, string>) {
   h = await createHarness(name);
   const harness = h;
-  await h.query(ORACLE_SQL);
+  await h.query(WORKFLOW_LOG_SQL);
   client = new Client({ connectionString: h.connectionString, schema: h.schema });
   // Every group up front, each group's dependencies due UNIT_MS after the last group's (the first once the workers are up).
   const first = Date.now() + 6000;
@@ -110,28 +89,14 @@ async function run(name: string, workerEnv: Record<string, string>) {
   await Promise.all(['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 4, env })));
   await waitFor(() => Date.now() > first, 30_000, 'the first group due');
 
-  // The next dependent handler start (after now), as a worker says it: its release and claim committed just before.
-  const nextStart = (timeoutMs: number) => {
-    const armed = Date.now();
-    const workers = harness.children.filter((w) => w.role === 'worker' && w.alive);
-    return Promise.any(
-      workers.map((w) => w.waitEvent((e) => e.event === 'started' && e.at >= armed && String(e.taskId).endsWith('-fin'), timeoutMs, 'a dependent start')),
-    );
-  };
   const restartMs: number[] = [];
   let untargeted = 0;
   for (let i = 0; i < CRASHES; i++) {
     await sleep(1500 + Math.random() * 1000);
-    const walWriter = await walWriterPid(harness);
-    process.kill(walWriter, 'SIGSTOP');
-    await nextStart(15_000).catch(() => untargeted++);
-    process.kill(walWriter, 'SIGKILL');
-    h.cluster.crash();
-    await sleep(DOWN_MS);
-    const t0 = performance.now();
-    h.cluster.start();
-    restartMs.push(Math.round(performance.now() - t0));
-    await waitFor(() => harness.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
+    // As soon as a dependent's handler started: its release and claim committed just before.
+    const crash = await crashWithWalHeld(harness, DOWN_MS, () => nextHandlerStart(harness, (id) => id.endsWith('-fin'), 15_000));
+    restartMs.push(crash.restartMs);
+    if (!crash.targeted) untargeted++;
   }
   await h.waitDrained(120_000);
   await sleep(700);

@@ -45,6 +45,7 @@ import { appendFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { Client, Inspector, Task } from '../../src/index.js';
+import { crashAndRestart, killAndRespawn } from './crashes.js';
 import { assertInvariants, createHarness, ORACLE_BOUND_S, recordFigures, sleep, waitFor, type Child, type Harness } from './harness.js';
 
 const MAX_RETRY = 8;
@@ -218,24 +219,12 @@ test(
           'a worker holding 2 limited tasks',
           50,
         );
-        live.delete(victim.name);
-        h.signal(victim, 'SIGKILL');
         heldAtKill.push(held);
-        respawns.push(
-          sleep(2000).then(async () => {
-            const again = await harness.respawn(victim);
-            live.set(again.name, again);
-          }),
-        );
+        respawns.push(killAndRespawn(harness, victim, live));
       } else {
         const { n } = await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.task_states WHERE state = 'active'");
-        h.cluster.crash();
         activeAtCrash.push(n);
-        await sleep(DOWN_MS);
-        const t1 = performance.now();
-        h.cluster.start();
-        restartMs.push(Math.round(performance.now() - t1));
-        await waitFor(() => harness.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
+        restartMs.push(await crashAndRestart(harness, DOWN_MS));
         reconnectedAt.push(performance.now());
       }
     }

@@ -52,7 +52,8 @@ import { appendFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, test } from 'node:test';
 import { Client, Inspector, Task } from '../../src/index.js';
-import { assertInvariants, createHarness, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { crashWithWalHeld, nextHandlerStart } from './crashes.js';
+import { assertInvariants, createHarness, recordFigures, sleep, type Harness } from './harness.js';
 
 const MAX_RETRY = 10;
 const CONC = 3;
@@ -95,11 +96,6 @@ interface Execution {
   phantom: boolean;
 }
 
-/** The pid of PostgreSQL's WAL writer (a new one after each restart). */
-async function walWriterPid(harness: Harness): Promise<number> {
-  return (await harness.one<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")).pid;
-}
-
 async function run(name: string, workerEnv: Record<string, string>) {
   h = await createHarness(name);
   const harness = h;
@@ -117,12 +113,6 @@ async function run(name: string, workerEnv: Record<string, string>) {
   const env = { QUEUES: JSON.stringify({ conc: 1, rated: 1 }), PREFETCH: '0', REPORT_EXEC: '1', ...workerEnv };
   await Promise.all(['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 4, profile: PROFILE, env })));
 
-  // The next handler start (after now) of a task `match` accepts, as a worker says it: its claim committed just before.
-  const nextStart = (match: (taskId: string) => boolean, timeoutMs: number) => {
-    const armed = Date.now();
-    const workers = harness.children.filter((w) => w.role === 'worker' && w.alive);
-    return Promise.any(workers.map((w) => w.waitEvent((e) => e.event === 'started' && e.at >= armed && match(e.taskId), timeoutMs, 'a handler start')));
-  };
   const restartMs: number[] = [];
   const crashedAt: number[] = [];
   let untargeted = 0;
@@ -130,17 +120,12 @@ async function run(name: string, workerEnv: Record<string, string>) {
     await sleep(2000 + Math.random() * 1000);
     const queue = i % 2 === 0 ? 'conc' : 'rated';
     // Right after a handler of `queue` started (any queue's after 10 s): its claim committed a moment ago, maybe not yet flushed.
-    const walWriter = await walWriterPid(harness);
-    process.kill(walWriter, 'SIGSTOP');
-    await nextStart((id) => id.startsWith(`${queue}-`), 10_000).catch(() => nextStart(() => true, 10_000).catch(() => untargeted++));
-    crashedAt.push(Date.now());
-    process.kill(walWriter, 'SIGKILL');
-    h.cluster.crash();
-    await sleep(DOWN_MS);
-    const t0 = performance.now();
-    h.cluster.start();
-    restartMs.push(Math.round(performance.now() - t0));
-    await waitFor(() => harness.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
+    const crash = await crashWithWalHeld(harness, DOWN_MS, () =>
+      nextHandlerStart(harness, (id) => id.startsWith(`${queue}-`), 10_000).catch(() => nextHandlerStart(harness, () => true, 10_000)),
+    );
+    crashedAt.push(crash.crashedAt);
+    restartMs.push(crash.restartMs);
+    if (!crash.targeted) untargeted++;
   }
   await h.waitDrained(120_000);
   await sleep(700);
