@@ -28,6 +28,7 @@ import { claim } from '../src/broker/claim.js';
 import { queueOrder } from '../src/server/queues.js';
 import { FailureRun } from '../src/internal/logger.js';
 import { backoffMs } from '../src/internal/backoff.js';
+import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
 import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -952,6 +953,31 @@ describe('a database that cannot be used', () => {
     } finally {
       for (const s of sockets) s.destroy();
       await new Promise((r) => proxy.close(r));
+    }
+  });
+
+  test('a server shut down while its listener cannot reconnect stops trying: nothing connects after the shutdown', { timeout: 30_000 }, async () => {
+    await reset();
+    const target = new URL(db.connectionString);
+    const proxy = await TcpProxy.start({ targetHost: target.hostname, targetPort: Number(target.port || 5432) });
+    try {
+      const log = captureLog('info');
+      const server = new Server({ connectionString: proxy.dsn(db.connectionString), schema: db.schema, logger: log.logger, taskCheckInterval: 50 });
+      running.push(server);
+      await server.start(() => {});
+      let attempts = 0;
+      proxy.server.on('connection', () => attempts++);
+      // From now on every connection is reset: the listener loses its own and cannot get another.
+      proxy.setMode(resetEveryConnection());
+      await waitFor(() => attempts > 0, 10_000, 'a reconnection attempt');
+      await log.find('listener cannot connect; polling for work until it can');
+      await server.shutdown();
+      const atShutdown = attempts;
+      // The listener's retries came every 0.1–0.4 s by then: two seconds would show the next.
+      await new Promise((r) => setTimeout(r, 2000));
+      assert.equal(attempts, atShutdown, 'no connection attempt after the shutdown');
+    } finally {
+      await proxy.close();
     }
   });
 });

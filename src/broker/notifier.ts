@@ -299,23 +299,24 @@ class PgNotifier extends ListenerRegistry implements Notifier {
       this.connected();
       return;
     }
-    // pg-listen's defaults are wrong for a server: it gives up after 3 s without a
-    // database and JSON-parses every payload. Never give up; payloads are plain text.
+    // Reconnecting is ours, not pg-listen's: its loop never looks at close(), so a server
+    // shut down while the database was away kept retrying (and held its process open)
+    // forever. With retryLimit 1 pg-listen gives up at once when the connection is lost,
+    // and says so with an 'error'; this notifier then opens a new subscriber on its own
+    // backoff, which stop() ends. Payloads are plain text, not JSON.
     // Our own socket, so that a ping that fails can end it (pg-listen keeps its client to
     // itself); the ping also replaces pg-listen's health query, which has no timeout.
     const stream = (): net.Socket => (this.#socket = new net.Socket());
     const subscriber = createSubscriber(
       { ...config, stream },
       {
-        retryTimeout: Number.POSITIVE_INFINITY,
-        retryInterval: (n: number) => backoffMs(n, 100, 5000),
+        retryLimit: 1,
         paranoidChecking: false,
         parse: (s: string) => s,
         serialize: (s: unknown) => String(s),
       },
     );
-    subscriber.events.on('error', (err: Error) => this.#failures.failed(err));
-    subscriber.events.on('reconnect', (n: number) => this.#logger.debug({ attempt: n }, 'listener reconnecting'));
+    subscriber.events.on('error', (err: Error) => this.#lost(subscriber, err));
     for (const channel of this.listeners.keys()) {
       subscriber.notifications.on(channel, (payload: unknown) => this.deliver(channel, String(payload ?? '')));
     }
@@ -335,14 +336,18 @@ class PgNotifier extends ListenerRegistry implements Notifier {
       return;
     }
     this.#subscriber = subscriber;
-    // pg-listen re-LISTENs on reconnect, then emits 'connected'.
-    subscriber.events.on('connected', () => {
-      this.#failures.succeeded();
-      this.connected();
-    });
     this.#failures.succeeded();
     this.connected();
     this.#schedulePing();
+  }
+
+  /** The listening connection of `subscriber` is gone: close it, and connect a new one (polling covers the gap). */
+  #lost(subscriber: Subscriber, err: Error): void {
+    subscriber.close().catch(() => {});
+    if (subscriber !== this.#subscriber) return;
+    this.#subscriber = undefined;
+    clearTimeout(this.#pingTimer);
+    this.#retry(new Error('the listening connection was lost', { cause: err }), 0);
   }
 
   #retry(err: unknown, attempt: number): void {
