@@ -172,10 +172,14 @@ class EmbeddedNotifier extends ListenerRegistry implements Notifier {
  * firewall that forgot the flow) gives no socket event, and a health query on
  * it never settles, so the notifier pings itself: every 10·P it sends a
  * NOTIFY on a channel only it listens to, through the pool, and if that does
- * not arrive within P of its commit it destroys the listener's socket. The
- * socket's error makes pg-listen connect and LISTEN again, after which the
- * subscribers sweep, as after any reconnect. P is the poll interval, at
- * least 1 s: polling covers the gap, so a ping needs no finer grain.
+ * not arrive within P of its commit it destroys the listener's socket. P is
+ * the poll interval, at least 1 s: polling covers the gap, so a ping needs no
+ * finer grain.
+ *
+ * A lost connection (the socket's error, a terminated session) is replaced
+ * by a new subscriber, on this notifier's backoff, never by pg-listen's own
+ * loop (which would go on after stop()); the subscribers sweep after every
+ * reconnect.
  */
 class PgNotifier extends ListenerRegistry implements Notifier {
   readonly #db: Db;
