@@ -22,7 +22,7 @@
  */
 import { sql, type RawBuilder } from 'kysely';
 import type { TaskRecord } from '../model/task.js';
-import { type Db } from './db.js';
+import type { Db } from './db.js';
 import { transaction } from './transaction.js';
 import { insertTasks } from './enqueue.js';
 import { compareSeq } from './rows.js';

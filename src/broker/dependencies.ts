@@ -8,7 +8,7 @@ import { sql } from 'kysely';
 import { decodePayload } from '../model/payload.js';
 import { taskName, type TaskInfo, type TaskRecord, type TaskRef, type TaskState } from '../model/task.js';
 import { planDependencies, storedDependencies, type StoredDependency } from '../model/workflow.js';
-import { type Db, type Transactional } from './db.js';
+import type { Db, Transactional } from './db.js';
 import { durableTransaction } from './transaction.js';
 import { insertTasks } from './enqueue.js';
 

@@ -13,7 +13,7 @@
 import { sql } from 'kysely';
 import { TaskIdConflictError } from '../model/errors.js';
 import { taskName, type TaskInfo, type TaskRecord } from '../model/task.js';
-import { type Db, type Transactional } from './db.js';
+import type { Db, Transactional } from './db.js';
 import { durableTransaction } from './transaction.js';
 import { insertWithDependencies } from './dependencies.js';
 import { toJsonRows } from './enqueue.js';

@@ -12,7 +12,7 @@
 import { sql } from 'kysely';
 import { DuplicateTaskError, TaskIdConflictError } from '../model/errors.js';
 import type { TaskRecord } from '../model/task.js';
-import { type Db } from './db.js';
+import type { Db } from './db.js';
 import { transaction } from './transaction.js';
 import { insertTasks } from './enqueue.js';
 

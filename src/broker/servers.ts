@@ -3,7 +3,7 @@
  */
 import { sql } from 'kysely';
 import type { ServerInfo } from '../model/inspector-types.js';
-import { type Db } from './db.js';
+import type { Db } from './db.js';
 import { transaction } from './transaction.js';
 
 /** What a server writes of itself: its ServerInfo but for what the database knows (start time, workers). */

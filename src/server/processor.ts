@@ -17,7 +17,7 @@
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { performance } from 'node:perf_hooks';
-import { type AnyTransaction, type Db } from '../broker/db.js';
+import type { AnyTransaction, Db } from '../broker/db.js';
 import { durableTransaction } from '../broker/transaction.js';
 import type { ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
