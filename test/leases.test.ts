@@ -4,11 +4,12 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { selectTask } from '../src/broker/enqueue.js';
 import { claim } from '../src/broker/claim.js';
-import { complete, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
+import { complete, completeHeld, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
 import { DatabaseClock } from '../src/internal/clock.js';
 import { Recoverer } from '../src/server/recoverer.js';
@@ -357,6 +358,68 @@ describe('ctx.transaction', () => {
     const [row] = await serverSession.run(sql<{ synchronous_commit: string }>`SHOW synchronous_commit`);
     await serverSession.close();
     assert.equal(row?.synchronous_commit, 'off');
+  });
+
+  test("the library's statements inside ctx.transaction are prepared once per connection; the handler's are sent as written", { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueue(new Task('prepared'));
+    const seen = deferred<string[]>();
+    await startServer(async (_t, ctx) => {
+      await ctx.transaction(async (trx) => {
+        const { rows } = await sql<{ name: string }>`SELECT name FROM pg_prepared_statements ORDER BY name`.execute(trx);
+        seen.resolve(rows.map((r) => r.name));
+      });
+    });
+    const names = await seen.promise;
+    // The transaction's opening and its lease lock ran before the handler's code, on this session.
+    for (const statement of ['durable-begin', 'lock-lease'])
+      assert.ok(names.includes(`pgasynq:${db.schema}:${statement}`), `${statement} in ${names.join(', ')}`);
+    assert.ok(
+      names.every((n) => n.startsWith('pgasynq:')),
+      `only pgasynq's statements are named: ${names.join(', ')}`,
+    );
+  });
+
+  test('a named statement in a Kysely transaction runs as one prepared statement, planned from its cache', { timeout: 30_000 }, async () => {
+    const counts = await broker.kysely.transaction().execute(async (trx) => {
+      for (let i = 0; i < 3; i++) await broker.run(sql`SELECT count(*) FROM ${broker.table('task_states')} WHERE seq = ${String(i)}::bigint`, trx, 'probe');
+      return broker.run(
+        sql<{
+          name: string;
+          runs: number;
+        }>`SELECT name, (generic_plans + custom_plans)::int AS runs FROM pg_prepared_statements WHERE name LIKE 'pgasynq:%probe'`,
+        trx,
+      );
+    });
+    assert.deepEqual(counts, [{ name: `pgasynq:${db.schema}:probe`, runs: 3 }]);
+  });
+
+  test('the completion inside ctx.transaction runs from a generic plan, never planned afresh per task', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueueMany(Array.from({ length: 12 }, (_, i) => new Task('generic', {}, { retention: i % 2 === 0 ? 60_000 : 0 })));
+    // One connection, so every completion below runs on the session the counts are read from.
+    const one = new pg.Pool({ connectionString: db.connectionString, max: 1 });
+    const session = new Db({ pool: one, schema: db.schema });
+    try {
+      for (const row of await claim(session, ['default'], 12, 'me', 30_000)) {
+        const done = await session.kysely
+          .transaction()
+          .execute((trx) => completeHeld(session, trx, { seq: row.seq, token: row.lease_token, keep: row.retention_ms > 0 }));
+        assert.equal(done, true);
+      }
+      const plans = await session.run(
+        sql<{ name: string; generic: number; custom: number }>`SELECT name, generic_plans::int AS generic, custom_plans::int AS custom
+          FROM pg_prepared_statements WHERE name LIKE 'pgasynq:%:complete%' ORDER BY name`,
+      );
+      assert.deepEqual(plans, [
+        { name: `pgasynq:${db.schema}:complete`, generic: 6, custom: 0 },
+        { name: `pgasynq:${db.schema}:complete-delete`, generic: 6, custom: 0 },
+      ]);
+      assert.equal((await db.query("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'completed'"))[0]?.n, 6);
+    } finally {
+      await session.close();
+      await one.end();
+    }
   });
 
   test('a lost lease rolls the transaction back: nothing of it commits', { timeout: 30_000 }, async () => {

@@ -2,7 +2,7 @@
  * Connection setup: the pool, the Kysely instance over it, and the quoted
  * schema that every statement of the broker is written against.
  */
-import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
+import { Kysely, PostgresDialect, sql, type PostgresPool, type PostgresPoolClient, type RawBuilder, type Transaction } from 'kysely';
 import pg from 'pg';
 import { ConfigError } from '../model/errors.js';
 import { schemaName } from '../model/validate.js';
@@ -58,6 +58,9 @@ export const CONNECTION_OPTION_KEYS = [
 ] as const satisfies readonly (keyof ConnectionOptions)[];
 
 export const DEFAULT_SCHEMA = 'pgasynq';
+
+/** How many texts one named statement may take before run() stops preparing its new ones. */
+const MAX_STATEMENT_FORMS = 4;
 
 /** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */
 /**
@@ -148,6 +151,8 @@ export class Db {
   readonly #prepare: boolean;
   /** Set for long-running owners (servers, schedulers): logs runs of connection failures and the recovery. */
   readonly #health: FailureRun | undefined;
+  /** The text of each statement run() prepares, to its name on every connection. */
+  readonly #prepared = new Map<string, string>();
   #closed = false;
 
   /**
@@ -207,7 +212,7 @@ export class Db {
     this.#health = session.health
       ? new FailureRun(this.logger.child({ component: 'database' }), 'database unreachable; retrying in the background', 'database reachable again')
       : undefined;
-    this.kysely = new Kysely({ dialect: new PostgresDialect({ pool: this.pool }) });
+    this.kysely = new Kysely({ dialect: new PostgresDialect({ pool: this.preparesStatements ? preparingPool(this.pool, this.#prepared) : this.pool }) });
     if (opts.clock !== undefined && !(opts.clock instanceof DatabaseClock)) throw new ConfigError('clock', 'must be a DatabaseClock');
     this.clock = opts.clock ?? new DatabaseClock();
     this.channels = {
@@ -263,21 +268,45 @@ export class Db {
   }
 
   async #run<R>(query: RawBuilder<R>, tx?: Transactional, name?: string): Promise<R[]> {
-    const prepared = this.#prepare ? name : undefined;
-    if (tx === undefined && prepared !== undefined && this.embedded === undefined) {
-      const compiled = query.compile(this.kysely);
-      const result = await this.pool.query({ name: `pgasynq:${this.schema}:${prepared}`, text: compiled.sql, values: compiled.parameters as unknown[] });
-      return result.rows as R[];
+    const prepared = this.preparesStatements ? name : undefined;
+    if (tx !== undefined && isKyselyExecutor(tx)) {
+      // Kysely sends the text alone; preparingPool() names it on the connection.
+      if (prepared !== undefined) this.#statementName(query.compile(this.kysely).sql, prepared);
+      return (await query.execute(tx)).rows;
     }
-    if (tx === undefined) return (await query.execute(this.kysely)).rows;
-    if (isKyselyExecutor(tx)) return (await query.execute(tx)).rows;
+    if (prepared === undefined) {
+      if (tx === undefined) return (await query.execute(this.kysely)).rows;
+      const compiled = query.compile(this.kysely);
+      return (await tx.query(compiled.sql, compiled.parameters as unknown[])).rows as R[];
+    }
     const compiled = query.compile(this.kysely);
-    const text = compiled.sql;
-    const values = compiled.parameters as unknown[];
-    const result = await (prepared === undefined || this.embedded !== undefined
-      ? tx.query(text, values)
-      : (tx as pg.PoolClient).query({ name: `pgasynq:${this.schema}:${prepared}`, text, values }));
+    const statement = { name: this.#statementName(compiled.sql, prepared), text: compiled.sql, values: compiled.parameters as unknown[] };
+    const result = await (tx === undefined ? this.pool.query(statement) : (tx as pg.PoolClient).query(statement));
     return result.rows as R[];
+  }
+
+  /**
+   * The prepared statement's name for this text: one per text, as pg requires of a name on a
+   * connection. A statement whose text has another form (the clock moved by a test) gets
+   * another name; past a few forms, a text goes unprepared, so that a statement whose text
+   * varied by mistake cannot fill every session with prepared statements.
+   */
+  #statementName(text: string, base: string): string | undefined {
+    const known = this.#prepared.get(text);
+    if (known !== undefined) return known;
+    const taken = new Set(this.#prepared.values());
+    for (let n = 1; n <= MAX_STATEMENT_FORMS; n++) {
+      const name = `pgasynq:${this.schema}:${base}${n === 1 ? '' : `:${n}`}`;
+      if (taken.has(name)) continue;
+      this.#prepared.set(text, name);
+      return name;
+    }
+    return undefined;
+  }
+
+  /** Whether run() sends named statements as prepared ones (not on the embedded database, nor with preparedStatements: false). */
+  get preparesStatements(): boolean {
+    return this.#prepare && this.embedded === undefined;
   }
 
   /** One round trip to the database; rejects when it cannot be reached. */
@@ -322,6 +351,33 @@ function guardPool(pool: pg.Pool & { [GUARDED]?: true }, clients: boolean): void
   pool[GUARDED] = true;
   pool.on('error', () => {});
   if (clients) pool.on('connect', (client: pg.PoolClient) => void client.on('error', () => {}));
+}
+
+/**
+ * The pool as Kysely sees it: a statement whose text run() has named is sent as that named
+ * prepared statement, so the broker's statements inside a Kysely transaction (ctx.transaction's
+ * completion, its lease lock) are planned once per connection too, as they are outside one.
+ * Any other text (the user's own statements) goes as it came. One wrapper per pg client, as
+ * Kysely keeps one connection object per client.
+ */
+function preparingPool(pool: pg.Pool, prepared: ReadonlyMap<string, string>): PostgresPool {
+  const wrappers = new WeakMap<pg.PoolClient, PostgresPoolClient>();
+  return {
+    async connect() {
+      const client = await pool.connect();
+      let wrapper = wrappers.get(client);
+      if (wrapper === undefined) {
+        // Kysely's other query() form takes a cursor, which pgasynq never streams through.
+        wrapper = {
+          query: (text: string, values: unknown[]) => client.query({ name: prepared.get(text), text, values }),
+          release: (err?: boolean | Error) => client.release(err),
+        } as unknown as PostgresPoolClient;
+        wrappers.set(client, wrapper);
+      }
+      return wrapper;
+    },
+    end: () => pool.end(),
+  };
 }
 
 function isKyselyExecutor(tx: Transactional): tx is AnyTransaction {

@@ -86,6 +86,7 @@ export async function durableTransaction<T>(
                          set_config('idle_in_transaction_session_timeout', coalesce(${idle}::text, current_setting('idle_in_transaction_session_timeout')), true),
                          txid_current()::text AS xid`,
             trx,
+            'durable-begin',
           );
           xid = row?.xid;
         }

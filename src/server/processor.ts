@@ -21,7 +21,7 @@ import type { AnyTransaction, Db } from '../broker/db.js';
 import { durableTransaction } from '../broker/transaction.js';
 import type { ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
-import { complete, lockLease, requeue, writeResult } from '../broker/leases.js';
+import { completeHeld, lockLease, requeue, writeResult } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
@@ -359,8 +359,7 @@ export class Processor {
         this.#db,
         async (trx) => {
           const value = await fn(trx);
-          const done = await complete(this.#db, [{ ...leaseKey(lease), keep: row.retention_ms > 0 }], trx);
-          if (done.length !== 1) throw new LeaseExpiredError();
+          if (!(await completeHeld(this.#db, trx, { ...leaseKey(lease), keep: row.retention_ms > 0 }))) throw new LeaseExpiredError();
           return value;
         },
         this.#cfg.leaseDuration,
