@@ -714,7 +714,8 @@ describe('SEC7 cheap rejection', () => {
     const ms = performance.now() - start;
     t.diagnostic(`a ${spec.length}-character spec parsed in ${ms.toFixed(3)} ms`);
     assert.ok(schedule.next(new Date(0)));
-    assert.ok(ms < 200);
+    // A backtracking parser takes seconds on such a spec; 200 ms was once exceeded on a loaded machine.
+    assert.ok(ms < 1000, `parsed in ${ms} ms`);
   });
 });
 
