@@ -404,7 +404,7 @@ describe('ctx.transaction', () => {
       for (const row of await claim(session, ['default'], 12, 'me', 30_000)) {
         const done = await session.kysely
           .transaction()
-          .execute((trx) => completeHeld(session, trx, { seq: row.seq, token: row.lease_token, keep: row.retention_ms > 0 }));
+          .execute((trx) => completeHeld(session, trx, { queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token, keep: row.retention_ms > 0 }));
         assert.equal(done, true);
       }
       const plans = await session.run(

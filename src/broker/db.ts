@@ -2,7 +2,7 @@
  * Connection setup: the pool, the Kysely instance over it, and the quoted
  * schema that every statement of the broker is written against.
  */
-import { Kysely, PostgresDialect, sql, type PostgresPool, type PostgresPoolClient, type RawBuilder, type Transaction } from 'kysely';
+import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
 import pg from 'pg';
 import { ConfigError } from '../model/errors.js';
 import { schemaName } from '../model/validate.js';
@@ -11,6 +11,7 @@ import { isTransientConnectionError, mapDbError } from '../internal/db-errors.js
 import { EmbeddedDatabase, type EmbeddedClient } from '../internal/embedded-database.js';
 import { redactConnectionString } from '../internal/redact.js';
 import { DatabaseClock } from '../internal/clock.js';
+import { preparingPool } from './preparing-pool.js';
 
 /** Options every class that talks to the database accepts. */
 export interface ConnectionOptions {
@@ -351,33 +352,6 @@ function guardPool(pool: pg.Pool & { [GUARDED]?: true }, clients: boolean): void
   pool[GUARDED] = true;
   pool.on('error', () => {});
   if (clients) pool.on('connect', (client: pg.PoolClient) => void client.on('error', () => {}));
-}
-
-/**
- * The pool as Kysely sees it: a statement whose text run() has named is sent as that named
- * prepared statement, so the broker's statements inside a Kysely transaction (ctx.transaction's
- * completion, its lease lock) are planned once per connection too, as they are outside one.
- * Any other text (the user's own statements) goes as it came. One wrapper per pg client, as
- * Kysely keeps one connection object per client.
- */
-function preparingPool(pool: pg.Pool, prepared: ReadonlyMap<string, string>): PostgresPool {
-  const wrappers = new WeakMap<pg.PoolClient, PostgresPoolClient>();
-  return {
-    async connect() {
-      const client = await pool.connect();
-      let wrapper = wrappers.get(client);
-      if (wrapper === undefined) {
-        // Kysely's other query() form takes a cursor, which pgasynq never streams through.
-        wrapper = {
-          query: (text: string, values: unknown[]) => client.query({ name: prepared.get(text), text, values }),
-          release: (err?: boolean | Error) => client.release(err),
-        } as unknown as PostgresPoolClient;
-        wrappers.set(client, wrapper);
-      }
-      return wrapper;
-    },
-    end: () => pool.end(),
-  };
 }
 
 function isKyselyExecutor(tx: Transactional): tx is AnyTransaction {
