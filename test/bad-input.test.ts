@@ -32,7 +32,6 @@
  * does not ask either; scripts that run it must keep working.
  */
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import * as lib from '../src/index.js';
 import {
@@ -50,9 +49,8 @@ import {
   type ServerConfig,
   type TaskInfo,
 } from '../src/index.js';
-import { DATABASE_URL, countedPool, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { DATABASE_URL, countedPool, runCli, testDb, waitFor, type TestDb } from './helpers.js';
 
-const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const MIB = 1_048_576;
 
 let db: TestDb;
@@ -88,7 +86,7 @@ async function thrown(fn: () => unknown): Promise<Seen> {
 }
 
 async function cli(...args: string[]): Promise<Seen> {
-  const r = await runNode([CLI, '--database-url', DATABASE_URL, '--schema', db.schema, ...args]);
+  const r = await runCli(['--database-url', DATABASE_URL, '--schema', db.schema, ...args]);
   assert.equal(r.stdout, '', 'a usage error prints nothing on stdout');
   return { name: `exit ${r.code}`, message: r.stderr };
 }

@@ -11,12 +11,10 @@
  */
 import assert from 'node:assert/strict';
 import { availableParallelism } from 'node:os';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import { Client, Inspector, Task, type TaskInfo } from '../src/index.js';
-import { DATABASE_URL, runNode, testDb, type TestDb } from './helpers.js';
+import { DATABASE_URL, runCli, testDb, type TestDb } from './helpers.js';
 
-const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
 
 interface Run {
@@ -43,7 +41,7 @@ async function cli(args: string[], env: Record<string, string> = {}): Promise<Ru
 }
 
 function spawnCli(args: string[], env: Record<string, string>): Promise<Run> {
-  return runNode([MAIN, ...args], env);
+  return runCli(args, env);
 }
 
 let db: TestDb;

@@ -3,15 +3,13 @@
  * output, --json, exit codes, and what it does to the database.
  */
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { humanLine } from '../src/cli/log.js';
 import { run } from '../src/cli/program.js';
 import { Client, Task } from '../src/index.js';
-import { DATABASE_URL, dsnWith, runNode } from './helpers.js';
+import { DATABASE_URL, dsnWith, runCli } from './helpers.js';
 
-const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const SCHEMA = 't_cli';
 const ENV_SCHEMA = 't_cli_env';
 const RACE_SCHEMA = 't_cli_race';
@@ -28,7 +26,7 @@ interface Run {
 
 /** Runs the CLI; DATABASE_URL is unset in the child unless `env` sets it. */
 function cli(args: string[], env: Record<string, string> = {}): Promise<Run> {
-  return runNode([MAIN, ...args], env);
+  return runCli(args, env);
 }
 
 /** `pgasynq --database-url <test db> --schema <schema> ...args` */

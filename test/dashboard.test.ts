@@ -33,7 +33,7 @@ import {
   type Dashboard,
   type QueueInfo,
 } from '../src/index.js';
-import { testDb, waitFor, type TestDb } from './helpers.js';
+import { builtCli, testDb, waitFor, type TestDb } from './helpers.js';
 
 const CHROMIUM = '/usr/bin/chromium';
 const FLAGS = [
@@ -50,7 +50,6 @@ const TENANT_KEY = 'acme <b>corp</b>';
 const TENANT_LIMITS = { concurrency: 5, keyConcurrency: 2, rateLimit: { limit: 100, interval: 1000 } };
 const TOKEN = 'test-token-0123456789';
 const SHOTS = process.env.DASHBOARD_SCREENSHOTS === '1';
-const MAIN = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const REPO = fileURLToPath(new URL('..', import.meta.url));
 
 let db: TestDb;
@@ -707,7 +706,7 @@ describe('/metrics', () => {
 // ------------------------------------------------------------------ CLI
 
 function runDash(args: string[]): { child: ReturnType<typeof spawn>; out: Promise<string>; exit: Promise<number | null>; stderr: () => string } {
-  const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', db.connectionString, '--schema', db.schema, ...args], {
+  const child = spawn(process.execPath, [builtCli(), '--database-url', db.connectionString, '--schema', db.schema, ...args], {
     cwd: REPO,
     env: { ...process.env, PGASYNQ_DASH_TOKEN: '' },
   });
@@ -779,7 +778,7 @@ describe('pgasynq dash', () => {
     const bad = runDash(['dash', '--port', 'eighty']);
     assert.equal(await bad.exit, 2);
     assert.match(bad.stderr(), /--port/);
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', 'postgres://u:secret@127.0.0.1:1/x', 'dash', '--port', '0'], {
+    const child = spawn(process.execPath, [builtCli(), '--database-url', 'postgres://u:secret@127.0.0.1:1/x', 'dash', '--port', '0'], {
       cwd: REPO,
     });
     let stderr = '';

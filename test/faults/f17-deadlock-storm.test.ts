@@ -48,6 +48,7 @@ import {
 import { Db } from '../../src/broker/db.js';
 import { addStats } from '../../src/broker/servers.js';
 import { startCluster, type Cluster } from './cluster.js';
+import { builtCli } from '../helpers.js';
 import { recordFigures } from './harness.js';
 
 const SCHEMA = 'f17';
@@ -57,7 +58,6 @@ const INITIAL = 1500;
 const STORM_MS = 8000;
 const MAX_RETRY = 3;
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
-const CLI = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 
 let cluster: Cluster;
 let pool: pg.Pool;
@@ -84,7 +84,7 @@ function cli(...args: string[]): Promise<{ code: number | null; stdout: string; 
   const env = { ...process.env };
   delete env.DATABASE_URL;
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', CLI, '--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args], {
+    const child = spawn(process.execPath, [builtCli(), '--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args], {
       cwd: REPO,
       env,
     });

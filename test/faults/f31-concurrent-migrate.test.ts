@@ -31,10 +31,10 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { Client, migrate, migrateDown, Server, Task, type Logger, type TaskContext } from '../../src/index.js';
 import { startCluster, type Cluster } from './cluster.js';
+import { builtCli } from '../helpers.js';
 import { recordFigures } from './harness.js';
 
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
-const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const MIGRATIONS = readdirSync(new URL('../../migrations/', import.meta.url))
   .filter((f) => /^\d{4}_[a-z0-9_]+\.up\.sql$/.test(f))
   .map((f) => f.replace(/\.up\.sql$/, ''))
@@ -53,7 +53,7 @@ function cli(schema: string, ...args: string[]): Promise<{ code: number | null; 
   const env = { ...process.env };
   delete env.DATABASE_URL;
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, '--database-url', cluster.connectionString, '--schema', schema, '--json', ...args], {
+    const child = spawn(process.execPath, [builtCli(), '--database-url', cluster.connectionString, '--schema', schema, '--json', ...args], {
       cwd: REPO,
       env,
     });

@@ -13,6 +13,7 @@ import { join, relative } from 'node:path';
 import { run } from 'node:test';
 import { spec } from 'node:test/reporters';
 import { fileURLToPath } from 'node:url';
+import { buildOrExit } from '../helpers.js';
 import { RESULTS_FILE } from './harness.js';
 
 const HERE = fileURLToPath(new URL('.', import.meta.url));
@@ -30,6 +31,8 @@ const COMMAND_ONLY = new Set<string>([
   // 2.5 min: five latencies in turn.
   'f27-slow-db.test.ts',
 ]);
+
+buildOrExit();
 
 const files =
   process.argv.length > 2

@@ -13,16 +13,14 @@
  * limits, and a worker's Server claims within them.
  */
 import assert from 'node:assert/strict';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { Client, DuplicateTaskError, Inspector, Scheduler, Server, Task, TaskIdConflictError, migrate, roleSetupSql, type Logger } from '../../src/index.js';
 import { run } from '../../src/cli/program.js';
-import { runNode, waitFor } from '../helpers.js';
+import { runCli, waitFor } from '../helpers.js';
 import { startCluster, type Cluster } from './cluster.js';
 
-const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const S = 'sec1';
 const KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
 type Kind = (typeof KINDS)[number];
@@ -32,7 +30,7 @@ let su: pg.Pool;
 const pools = new Map<Kind, pg.Pool>();
 const url = (kind: Kind) => `postgres://pgasynq_${kind}_login@127.0.0.1:${cluster.port}/postgres`;
 const as = (kind: Kind, text: string, values?: unknown[]) => pools.get(kind)!.query(text.replaceAll('{{S}}', `"${S}"`), values);
-const cli = (kind: Kind, ...args: string[]) => runNode([MAIN, '--database-url', url(kind), '--schema', S, ...args]);
+const cli = (kind: Kind, ...args: string[]) => runCli(['--database-url', url(kind), '--schema', S, ...args]);
 
 /**
  * The same CLI in this process (program.ts run(), what main.ts calls): child
@@ -98,7 +96,7 @@ before(async () => {
   // As a user would: print the SQL with the CLI (it needs no database: while the
   // cluster starts), apply it as a superuser before the first migrate (roles and
   // schema only), migrate as the owner, apply it again.
-  const [started, printed] = await Promise.all([startCluster(), runNode([MAIN, '--schema', S, 'roles', '--logins'])]);
+  const [started, printed] = await Promise.all([startCluster(), runCli(['--schema', S, 'roles', '--logins'])]);
   cluster = started;
   su = new pg.Pool({ connectionString: cluster.connectionString, max: 2 });
   assert.equal(printed.code, 0, printed.stderr);
