@@ -53,19 +53,18 @@ export {
   isSkipRetry,
   isRevokeTask,
 } from './model/errors.js';
-export {
-  Inspector,
-  type InspectorOptions,
-  type QueueInfo,
-  type QueueLimits,
-  type DailyStats,
-  type ListOptions,
-  type GroupInfo,
-  type ServerInfo,
-  type WorkerInfo,
-  type SchedulerEntry,
-  type SchedulerEnqueueEvent,
-} from './inspector.js';
+export { Inspector, type InspectorOptions } from './inspector.js';
+export type {
+  QueueInfo,
+  QueueLimits,
+  DailyStats,
+  ListOptions,
+  GroupInfo,
+  ServerInfo,
+  WorkerInfo,
+  SchedulerEntry,
+  SchedulerEnqueueEvent,
+} from './model/inspector-types.js';
 export {
   createDashboard,
   metricsHandler,

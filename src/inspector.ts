@@ -16,18 +16,6 @@ import type { TaskInfo, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
 import type { DailyStats, GroupInfo, ListOptions, QueueInfo, QueueLimits, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
 
-export type {
-  DailyStats,
-  GroupInfo,
-  ListOptions,
-  QueueInfo,
-  QueueLimits,
-  SchedulerEnqueueEvent,
-  SchedulerEntry,
-  ServerInfo,
-  WorkerInfo,
-} from './model/inspector-types.js';
-
 const MAX_HISTORY_DAYS = 3650;
 
 /** States a task may be in for each single-task action (asynq's inspect.go). */
