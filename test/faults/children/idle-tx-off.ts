@@ -8,9 +8,10 @@
  * the timeout to the lease duration with a transaction-local set_config, whose
  * value is a bind parameter with the session's setting as its fallback
  * (`coalesce($1::text, current_setting('idle_in_transaction_session_timeout'))`).
- * This pool's client passes null for that one parameter of that one statement,
- * so the fallback, this session's 0, applies; every other statement and
- * parameter goes through unchanged. Only for showing what the timeout
+ * This pool's client passes null for that one parameter of that one statement
+ * (sent as a named prepared statement, a config object, or as text and
+ * values), so the fallback, this session's 0, applies; every other statement
+ * and parameter goes through unchanged. Only for showing what the timeout
  * protects against; nothing else uses it.
  */
 import pg from 'pg';
@@ -21,16 +22,25 @@ const MARK = "set_config('idle_in_transaction_session_timeout'";
 export const idleTimeoutsTurnedOff = { count: 0 };
 
 class NoIdleTimeoutClient extends pg.Client {
-  // pg's query() has many overloads; only (text, values) is rewritten, the way Kysely calls it.
+  // pg's query() has many overloads; two are rewritten: (text, values), and the config object
+  // ({ name, text, values }) that the library's named prepared statements are sent as.
   override query(...args: unknown[]): any {
-    const [text, values] = args;
-    if (typeof text === 'string' && text.includes(MARK) && Array.isArray(values) && values.length === 1) {
+    const [first, values] = args;
+    const call = (super.query as (...a: unknown[]) => unknown).bind(this);
+    if (typeof first === 'string' && first.includes(MARK) && Array.isArray(values) && values.length === 1) {
       idleTimeoutsTurnedOff.count++;
-      return (super.query as (...a: unknown[]) => unknown)(text, [null], ...args.slice(2));
+      return call(first, [null], ...args.slice(2));
     }
-    return (super.query as (...a: unknown[]) => unknown)(...args);
+    if (isConfig(first) && first.text.includes(MARK) && Array.isArray(first.values) && first.values.length === 1) {
+      idleTimeoutsTurnedOff.count++;
+      return call({ ...first, values: [null] }, ...args.slice(1));
+    }
+    return call(...args);
   }
 }
+
+const isConfig = (arg: unknown): arg is { text: string; values?: unknown } =>
+  typeof arg === 'object' && arg !== null && typeof (arg as { text?: unknown }).text === 'string';
 
 export function poolWithoutIdleTxTimeout(connectionString: string): pg.Pool {
   const pool = new pg.Pool({
