@@ -25,9 +25,7 @@
  * resending the same batch of taskIds in different orders (enqueueMany).
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
@@ -48,7 +46,7 @@ import {
 import { Db } from '../../src/broker/db.js';
 import { addStats } from '../../src/broker/servers.js';
 import { startCluster, type Cluster } from './cluster.js';
-import { builtCli } from '../helpers.js';
+import { runCli, type ChildRun } from '../helpers.js';
 import { recordFigures } from './harness.js';
 
 const SCHEMA = 'f17';
@@ -57,7 +55,6 @@ const QUEUES = ['q0', 'q1', 'q2', 'q3'];
 const INITIAL = 1500;
 const STORM_MS = 8000;
 const MAX_RETRY = 3;
-const REPO = fileURLToPath(new URL('../..', import.meta.url));
 
 let cluster: Cluster;
 let pool: pg.Pool;
@@ -80,21 +77,8 @@ function sqlState(err: unknown): string | undefined {
 }
 
 /** Runs the pgasynq CLI (`--json`) against the test schema. */
-function cli(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const env = { ...process.env };
-  delete env.DATABASE_URL;
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [builtCli(), '--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args], {
-      cwd: REPO,
-      env,
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (x: string) => (stdout += x));
-    child.stderr.setEncoding('utf8').on('data', (x: string) => (stderr += x));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
+function cli(...args: string[]): Promise<ChildRun> {
+  return runCli(['--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args]);
 }
 
 /** A pino-shaped logger that keeps what it is told. */

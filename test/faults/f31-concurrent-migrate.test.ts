@@ -23,18 +23,15 @@
  *    one schema version from starting against another.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readdirSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { Client, migrate, migrateDown, Server, Task, type Logger, type TaskContext } from '../../src/index.js';
 import { startCluster, type Cluster } from './cluster.js';
-import { builtCli } from '../helpers.js';
+import { runCli, type ChildRun } from '../helpers.js';
 import { recordFigures } from './harness.js';
 
-const REPO = fileURLToPath(new URL('../..', import.meta.url));
 const MIGRATIONS = readdirSync(new URL('../../migrations/', import.meta.url))
   .filter((f) => /^\d{4}_[a-z0-9_]+\.up\.sql$/.test(f))
   .map((f) => f.replace(/\.up\.sql$/, ''))
@@ -48,22 +45,10 @@ const figures: Record<string, unknown> = {};
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function cli(schema: string, ...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string; ms: number }> {
+async function cli(schema: string, ...args: string[]): Promise<ChildRun & { ms: number }> {
   const started = performance.now();
-  const env = { ...process.env };
-  delete env.DATABASE_URL;
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [builtCli(), '--database-url', cluster.connectionString, '--schema', schema, '--json', ...args], {
-      cwd: REPO,
-      env,
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr, ms: performance.now() - started }));
-  });
+  const run = await runCli(['--database-url', cluster.connectionString, '--schema', schema, '--json', ...args]);
+  return { ...run, ms: performance.now() - started };
 }
 
 /** Everything a migration creates in a schema, as comparable text. */

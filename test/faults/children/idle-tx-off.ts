@@ -22,25 +22,20 @@ const MARK = "set_config('idle_in_transaction_session_timeout'";
 export const idleTimeoutsTurnedOff = { count: 0 };
 
 class NoIdleTimeoutClient extends pg.Client {
-  // pg's query() has many overloads; two are rewritten: (text, values), and the config object
-  // ({ name, text, values }) that the library's named prepared statements are sent as.
+  // pg's query() has many overloads; two are rewritten: (text, values, …), and the config object
+  // ({ name, text, values }, …) that the library's named prepared statements are sent as.
   override query(...args: unknown[]): any {
-    const [first, values] = args;
+    const [first] = args;
+    const asText = typeof first === 'string';
+    const config = (asText ? { text: first, values: args[1] } : first) as { text?: unknown; values?: unknown } | null;
     const call = (super.query as (...a: unknown[]) => unknown).bind(this);
-    if (typeof first === 'string' && first.includes(MARK) && Array.isArray(values) && values.length === 1) {
+    if (typeof config?.text === 'string' && config.text.includes(MARK) && Array.isArray(config.values) && config.values.length === 1) {
       idleTimeoutsTurnedOff.count++;
-      return call(first, [null], ...args.slice(2));
-    }
-    if (isConfig(first) && first.text.includes(MARK) && Array.isArray(first.values) && first.values.length === 1) {
-      idleTimeoutsTurnedOff.count++;
-      return call({ ...first, values: [null] }, ...args.slice(1));
+      return call({ ...config, values: [null] }, ...args.slice(asText ? 2 : 1));
     }
     return call(...args);
   }
 }
-
-const isConfig = (arg: unknown): arg is { text: string; values?: unknown } =>
-  typeof arg === 'object' && arg !== null && typeof (arg as { text?: unknown }).text === 'string';
 
 export function poolWithoutIdleTxTimeout(connectionString: string): pg.Pool {
   const pool = new pg.Pool({
