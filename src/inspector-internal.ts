@@ -11,6 +11,7 @@ import type { TaskPreview } from './broker/rows.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
 import { FailedPreconditionError, TaskNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
+import { BULK_STATES, type TaskAction } from './model/task-actions.js';
 import type { TaskInfo, TaskRef, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
 
@@ -23,22 +24,12 @@ export function listTasks(inspector: Inspector, queue: string, state: TaskState,
   return internals.list(inspector, queue, state, opts, group);
 }
 
-/** asynq's bulk actions on every task of one state of a queue. */
-export type BulkAction = 'delete' | 'archive' | 'run';
-
-/** @internal The states each bulk action applies to: the Inspector's deleteAll…, archiveAll… and runAll… methods. */
-export const BULK_STATES: Readonly<Record<BulkAction, readonly TaskState[]>> = {
-  delete: ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'],
-  archive: ['pending', 'scheduled', 'retry', 'aggregating', 'waiting'],
-  run: ['scheduled', 'retry', 'archived', 'aggregating', 'waiting'],
-};
-
 /**
  * @internal The Inspector's bulk method for `action` and `state` (for
  * aggregating tasks, of one `group`); resolves to how many tasks it moved or
  * deleted. A pair asynq has no method for is a FailedPreconditionError.
  */
-export function actOnAll(inspector: Inspector, action: BulkAction, queue: string, state: TaskState, group?: string): Promise<number> {
+export function actOnAll(inspector: Inspector, action: TaskAction, queue: string, state: TaskState, group?: string): Promise<number> {
   if (!BULK_STATES[action].includes(state)) {
     return Promise.reject(new FailedPreconditionError(`cannot ${action} all ${state} tasks (${action} all applies to ${BULK_STATES[action].join(', ')})`));
   }

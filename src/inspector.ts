@@ -1,9 +1,6 @@
 /**
- * Inspector: the admin API (asynq's Inspector). It reads and moves tasks and
- * queues and lists servers and cron entries; the CLI and the dashboard are
- * thin shells over it. Every method validates its arguments before it sends
- * anything, and every method that takes a queue rejects with
- * QueueNotFoundError when the queue does not exist. The statements live in
+ * Inspector: the admin API (asynq's Inspector), which the CLI and the
+ * dashboard are thin shells over. Its statements live in
  * src/broker/inspector-read.ts and inspector-write.ts.
  */
 import { Db, type ConnectionOptions } from './broker/db.js';
@@ -13,15 +10,11 @@ import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyE
 import { resolveLogger } from './internal/logger.js';
 import { encodePayload, maxPayloadBytesOption } from './model/payload.js';
 import type { TaskInfo, TaskState } from './model/task.js';
+import { SINGLE_STATES } from './model/task-actions.js';
 import * as v from './model/validate.js';
 import type { DailyStats, GroupInfo, ListOptions, QueueInfo, QueueLimits, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
 
 const MAX_HISTORY_DAYS = 3650;
-
-/** States a task may be in for each single-task action (asynq's inspect.go). */
-const DELETABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
-const RUNNABLE: readonly TaskState[] = ['scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
-const ARCHIVABLE: readonly TaskState[] = ['pending', 'scheduled', 'retry', 'completed', 'aggregating', 'waiting'];
 
 /**
  * @internal The Inspector's private parts that the CLI's and the dashboard's
@@ -174,7 +167,7 @@ export class Inspector {
   async deleteTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await write.deleteTask(this.#open(), q, taskId, DELETABLE);
+    const r = await write.deleteTask(this.#open(), q, taskId, SINGLE_STATES.delete);
     this.#check(q, taskId, r, () => `cannot delete task in active state: id=${taskId}, queue=${q}; use cancelProcessing instead`);
   }
 
@@ -186,7 +179,7 @@ export class Inspector {
   async runTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await write.moveTask(this.#open(), q, taskId, 'pending', RUNNABLE);
+    const r = await write.moveTask(this.#open(), q, taskId, 'pending', SINGLE_STATES.run);
     this.#check(q, taskId, r, (state) =>
       state === 'active' ? `task is already running: id=${taskId}, queue=${q}` : `task is already in pending state: id=${taskId}, queue=${q}`,
     );
@@ -200,7 +193,7 @@ export class Inspector {
   async archiveTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await write.moveTask(this.#open(), q, taskId, 'archived', ARCHIVABLE);
+    const r = await write.moveTask(this.#open(), q, taskId, 'archived', SINGLE_STATES.archive);
     this.#check(q, taskId, r, (state) =>
       state === 'active'
         ? `cannot archive task in active state: id=${taskId}, queue=${q}; use cancelProcessing instead`

@@ -13,7 +13,8 @@
  */
 import { Option } from '@commander-js/extra-typings';
 import type { Inspector } from '../inspector.js';
-import { actOnAll, BULK_STATES, listTasks, type BulkAction } from '../inspector-internal.js';
+import { actOnAll, listTasks } from '../inspector-internal.js';
+import { BULK_STATES, type TaskAction } from '../model/task-actions.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
 import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
 import { UsageError, type CliContext } from './context.js';
@@ -23,7 +24,7 @@ import type { CliProgram } from './root.js';
 type Bulk = 'deleteall' | 'archiveall' | 'runall';
 
 /** The Inspector's bulk action behind each command; the states each takes are the Inspector's (BULK_STATES). */
-const ACTION: Record<Bulk, BulkAction> = { deleteall: 'delete', archiveall: 'archive', runall: 'run' };
+const ACTION: Record<Bulk, TaskAction> = { deleteall: 'delete', archiveall: 'archive', runall: 'run' };
 
 const BULK_WORDS: Record<Bulk, { verb: string; done: (n: number, state: string, queue: string) => string }> = {
   deleteall: { verb: 'delete', done: (n, st, q) => `deleted ${n} ${st} task${n === 1 ? '' : 's'} from queue "${q}"` },

@@ -14,7 +14,8 @@
  */
 import { FailedPreconditionError, isQueueNotFound, isTaskNotFound, isValidationError, QueueNotEmptyError } from '../model/errors.js';
 import type { Inspector } from '../inspector.js';
-import { actOnAll, BULK_STATES, listTaskPreviews, MAX_PREVIEW_PAGE_SIZE } from '../inspector-internal.js';
+import { actOnAll, listTaskPreviews, MAX_PREVIEW_PAGE_SIZE } from '../inspector-internal.js';
+import { BULK_STATES } from '../model/task-actions.js';
 import type { TaskState } from '../model/task.js';
 import { num } from './format.js';
 import { ALLOWED, TAB_STATES, type TaskOp } from './pages.js';
