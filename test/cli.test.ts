@@ -15,7 +15,7 @@ const ENV_SCHEMA = 't_cli_env';
 const RACE_SCHEMA = 't_cli_race';
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
 /** Every shipped migration, in order. */
-const ALL = ['0001_initial', '0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue'];
+const ALL = ['0001_initial', '0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue', '0009_trust_boundary'];
 const pendingStatus = ALL.map((name) => ({ name, applied: false, appliedAt: null }));
 
 interface Run {
@@ -160,7 +160,8 @@ describe('pgasynq migrate', () => {
       ['waiting', 'waiting'],
     );
 
-    // 0008, 0007 and 0006 drop no table holding tasks: rolled back without a question.
+    // 0009, 0008, 0007 and 0006 drop no table holding tasks: rolled back without a question.
+    assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0009_trust_boundary\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0008_sql_enqueue\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0007_flow_control\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0006_replace\n');
@@ -168,14 +169,14 @@ describe('pgasynq migrate', () => {
     assert.equal(refused.code, 1, refused.stderr);
     assert.equal(refused.stdout, '');
     assert.match(refused.stderr, /^error: rolling back 0005_workflows would drop task_dependencies \(2 rows\): pass --force/);
-    assert.deepEqual(await recorded(schema), ALL.slice(0, -3), 'nothing rolled back');
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -4), 'nothing rolled back');
     assert.deepEqual(await states(), ['first:pending', 'second:waiting', 'third:waiting']);
 
     // The dependents deleted, their edges go with them: nothing to refuse, and the other tasks stay.
     await pool.query(`DELETE FROM "${schema}".tasks WHERE id IN ('second', 'third')`);
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM "${schema}".task_dependencies`)).rows[0].n, 0);
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0005_workflows\n');
-    assert.deepEqual(await recorded(schema), ALL.slice(0, -4));
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -5));
     assert.equal((await pool.query(`SELECT to_regclass('"${schema}".task_dependencies')::text AS t`)).rows[0].t, null);
     const columns = await pool.query(
       `SELECT attname FROM pg_attribute WHERE attrelid = '"${schema}".task_states'::regclass AND attname IN ('waiting_for', 'has_dependents') AND NOT attisdropped`,
@@ -184,11 +185,12 @@ describe('pgasynq migrate', () => {
     assert.deepEqual(await states(), ['first:pending']);
     assert.equal(
       ok(await inSchema(schema, 'migrate', 'up')),
-      'applied 0005_workflows\napplied 0006_replace\napplied 0007_flow_control\napplied 0008_sql_enqueue\n',
+      'applied 0005_workflows\napplied 0006_replace\napplied 0007_flow_control\napplied 0008_sql_enqueue\napplied 0009_trust_boundary\n',
     );
 
     // --force drops the edges; a task still waiting becomes pending.
     await enqueue([new Task('t', null, { taskId: 'fourth', dependsOn: ['first'] })]);
+    assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0009_trust_boundary' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0008_sql_enqueue' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0007_flow_control' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0006_replace' });

@@ -764,7 +764,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0008 down to 0002 roll back and apply again', async () => {
+  test('migrations 0009 down to 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -776,6 +776,7 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0009_trust_boundary');
     assert.equal(await migrateDown(opts), '0008_sql_enqueue');
     assert.equal(await migrateDown(opts), '0007_flow_control');
     assert.equal(await migrateDown(opts), '0006_replace');
@@ -789,7 +790,7 @@ describe('validation, closing, migration', () => {
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
     assert.deepEqual(await migrate(opts), {
-      applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue'],
+      applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue', '0009_trust_boundary'],
     });
     assert.ok((await objects()).v);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);

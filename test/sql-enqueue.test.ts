@@ -258,7 +258,14 @@ describe('refusals', () => {
       name: 'process_at infinity',
       args: `'t', queue => 'refused', process_at => 'infinity'`,
       field: 'process_at',
-      rule: 'must be a finite time (got infinity)',
+      rule: 'must be a time in years 1–9999 (got infinity)',
+    },
+    {
+      // Past what a JavaScript Date holds: every reader (CLI, dashboard) would fail on it.
+      name: 'process_at past year 9999',
+      args: `'t', queue => 'refused', process_at => '280000-01-01 00:00:00+00'`,
+      field: 'process_at',
+      rule: 'must be a time in years 1–9999 (got 280000-01-01 00:00:00+00)',
     },
     { name: 'priority high', args: `'t', queue => 'refused', priority => 101`, field: 'priority', rule: libraryRule(() => validateOptions({ priority: 101 })) },
     {

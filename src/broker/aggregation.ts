@@ -64,15 +64,15 @@ export async function readyGroups(
 ): Promise<{ ready: { queue: string; group: string }[]; nextInMs: number | null }> {
   const rows = await db.run(sql<{ queue: string; group_key: string; ready: boolean; due_in_ms: number | null }>`
     SELECT queue, group_key,
-           ${closes(db, sql`count(*)`, sql`min(updated_at)`, sql`max(updated_at)`, rules)} AS ready,
+           ${closes(db, sql`pg_catalog.count(*)`, sql`pg_catalog.min(updated_at)`, sql`pg_catalog.max(updated_at)`, rules)} AS ready,
            (extract(epoch FROM least(
-              max(updated_at) + ${rules.gracePeriodMs}::float8 * interval '1 millisecond',
-              CASE WHEN ${rules.maxDelayMs}::float8 > 0 THEN min(updated_at) + ${rules.maxDelayMs}::float8 * interval '1 millisecond' END
+              pg_catalog.max(updated_at) + ${rules.gracePeriodMs}::float8 * interval '1 millisecond',
+              CASE WHEN ${rules.maxDelayMs}::float8 > 0 THEN pg_catalog.min(updated_at) + ${rules.maxDelayMs}::float8 * interval '1 millisecond' END
             ) - ${db.now()}) * 1000)::float8 AS due_in_ms
     FROM ${db.table('tasks')}
     WHERE state = 'aggregating' AND queue = ANY(${queues}::text[])
     GROUP BY queue, group_key
-    ORDER BY min(enqueued_at)`);
+    ORDER BY pg_catalog.min(enqueued_at)`);
   const ready = rows.filter((r) => r.ready).map((r) => ({ queue: r.queue, group: r.group_key }));
   const waiting = rows.filter((r) => !r.ready && r.due_in_ms !== null).map((r) => r.due_in_ms as number);
   return { ready, nextInMs: waiting.length === 0 ? null : Math.max(0, Math.min(...waiting)) };
@@ -86,7 +86,7 @@ export async function readyGroups(
 export async function groupToClose(db: Db, queue: string, group: string, rules: GroupRules): Promise<MemberRow[]> {
   return db.run(sql<MemberRow>`
     WITH g AS (
-      SELECT count(*) AS n, min(updated_at) AS oldest, max(updated_at) AS newest FROM ${db.table('tasks')}
+      SELECT pg_catalog.count(*) AS n, pg_catalog.min(updated_at) AS oldest, pg_catalog.max(updated_at) AS newest FROM ${db.table('tasks')}
       WHERE state = 'aggregating' AND queue = ${queue} AND group_key = ${group}
     )
     SELECT t.seq::text AS seq, t.id, t.type, t.payload, t.payload_bytes, t.headers
@@ -119,7 +119,7 @@ export async function commitGroup(db: Db, queue: string, group: string, members:
       await db.run(
         sql`
         DELETE FROM ${db.table('unique_locks')} l
-        USING unnest(${gone.map((g) => g.id)}::text[], ${gone.map((g) => g.unique_key)}::text[]) AS d(id, unique_key)
+        USING ROWS FROM (pg_catalog.unnest(${gone.map((g) => g.id)}::text[]), pg_catalog.unnest(${gone.map((g) => g.unique_key)}::text[])) AS d(id, unique_key)
         WHERE l.queue = ${queue} AND l.key = d.unique_key AND l.task_id = d.id`,
         trx,
       );

@@ -7,42 +7,18 @@
 import { sql } from 'kysely';
 import { decodePayload } from '../model/payload.js';
 import { taskName, type TaskInfo, type TaskRecord, type TaskRef, type TaskState } from '../model/task.js';
-import { planDependencies, storedDependencies, type StoredDependency } from '../model/workflow.js';
+import { checkDependencyGraph } from '../model/workflow.js';
 import type { Db, Transactional } from './db.js';
-import { durableTransaction } from './transaction.js';
 import { insertTasks } from './enqueue.js';
 
 /**
- * Enqueues tasks, all or nothing. Without dependencies, one statement
- * (insertTasks). With them: the stored dependencies are locked (none can
- * finish or go while the plan is made and written), the plan is checked (a
- * cycle, a dependency that does not exist), then one statement writes the
- * tasks and their edges, in the caller's transaction when there is one, else
- * in a transaction of its own.
+ * Enqueues tasks, all or nothing, in one statement (insertTasks): with
+ * dependencies, the call's graph is checked first (a cycle), and the database
+ * locks the stored dependencies and plans the edges in that statement.
  */
 export async function insertWithDependencies(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
-  if (!records.some((r) => r.dependsOn.length > 0)) return insertTasks(db, records, tx);
-  const run = async (trx: Transactional) => {
-    const refs = storedDependencies(records);
-    const stored = refs.length > 0 ? await lockDependencies(db, trx, refs) : new Map<string, StoredDependency>();
-    return insertTasks(db, records, trx, planDependencies(records, stored));
-  };
-  return tx === undefined ? durableTransaction(db, run) : run(tx);
-}
-
-/** Locks the stored tasks named, in seq order, and reports what each is; a task not found is missing from the map. */
-async function lockDependencies(db: Db, trx: Transactional, refs: readonly TaskRef[]): Promise<Map<string, StoredDependency>> {
-  const rows = await db.run(
-    sql<{ queue: string; id: string; seq: string; state: TaskState; grouped: boolean }>`
-    SELECT i.queue, i.id, s.seq, s.state, s.group_key IS NOT NULL AS grouped
-    FROM unnest(${refs.map((r) => r.queue)}::text[], ${refs.map((r) => r.id)}::text[]) AS r(queue, id)
-    JOIN ${db.table('task_inputs')} i ON i.queue = r.queue AND i.id = r.id
-    JOIN ${db.table('task_states')} s ON s.seq = i.seq
-    ORDER BY s.seq
-    FOR NO KEY UPDATE OF s`,
-    trx,
-  );
-  return new Map(rows.map((r) => [taskName(r), { seq: String(r.seq), state: r.state, grouped: r.grouped }]));
+  if (records.some((r) => r.dependsOn.length > 0)) checkDependencyGraph(records);
+  return insertTasks(db, records, tx);
 }
 
 /** What each completed dependency of a task wrote with writeResult, keyed `queue/id` (null when it wrote nothing). */
@@ -58,7 +34,7 @@ export async function dependencyResults(db: Db, seq: string): Promise<Map<string
 /** The first `limit` tasks that depend on a task, with their states, in the order they were enqueued, and how many there are. */
 export async function dependentsOf(db: Db, queue: string, id: string, limit: number): Promise<{ tasks: (TaskRef & { state: TaskState })[]; total: number }> {
   const rows = await db.run(sql<TaskRef & { state: TaskState; total: number }>`
-    SELECT i.queue, i.id, s.state, count(*) OVER ()::int AS total
+    SELECT i.queue, i.id, s.state, pg_catalog.count(*) OVER ()::int AS total
     FROM ${db.table('task_inputs')} dep
     JOIN ${db.table('task_dependencies')} d ON d.dependency_seq = dep.seq
     JOIN ${db.table('task_inputs')} i ON i.seq = d.dependent_seq

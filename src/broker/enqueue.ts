@@ -1,15 +1,18 @@
 /**
- * Enqueue: one statement for any number of tasks, so enqueueMany is one round
- * trip and all-or-nothing. The unique locks, the queue registry, the rows and
- * one NOTIFY per (channel, queue) are all written by that statement.
+ * Enqueue: one call of the owner's enqueue_tasks() (migration 0009) for any
+ * number of tasks, so enqueueMany is one round trip and all-or-nothing. The
+ * function writes the unique locks, the queue registry, the rows, a
+ * workflow's edges and one NOTIFY per (channel, queue); it runs as the owner,
+ * so a producer or worker needs no privilege on the tables, and it checks
+ * what it is given and plans the edges from the stored dependencies itself,
+ * so a caller that is not the library cannot write more than an enqueue.
  * Given ids and unique keys go in in key order, not the caller's: two
  * enqueueMany calls holding the same ones in different orders would otherwise
  * deadlock on each other's uncommitted keys (fault test F17).
  */
 import { sql } from 'kysely';
-import { DuplicateTaskError, TaskIdConflictError } from '../model/errors.js';
+import { DuplicateTaskError, InvalidOptionError, TaskIdConflictError, TaskNotFoundError } from '../model/errors.js';
 import type { TaskInfo, TaskRecord, TaskState } from '../model/task.js';
-import type { DependencyPlan, PlannedTask } from '../model/workflow.js';
 import type { Db, Transactional } from './db.js';
 import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
 
@@ -19,13 +22,13 @@ import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
  * in JavaScript. Short keys, and an option at its zero value (no deadline, no
  * group, …) left out: a bulk enqueue sends tens of thousands of these, and
  * the bytes are built, sent and parsed once each. Payloads were encoded once,
- * at `new Task`, and go in as they are.
+ * at `new Task`, and go in as they are. `dp`: the dependencies, as
+ * [queue, id] pairs; `of`: 'run' when a failed one does not archive the task.
  */
-export function toJsonRows(records: TaskRecord[], plan?: DependencyPlan): string {
+export function toJsonRows(records: TaskRecord[]): string {
   const parts = new Array<string>(records.length);
   for (let n = 0; n < records.length; n++) {
     const r = records[n]!;
-    const p = plan?.tasks[n];
     let row = `{"i":${JSON.stringify(r.id)},"q":${JSON.stringify(r.queue)},"t":${JSON.stringify(r.type)},"m":${r.maxRetry},"to":${r.timeoutMs}`;
     if (r.payload.json !== null) row += `,"p":${r.payload.json}`;
     if (r.payload.bytes) row += `,"b":"${r.payload.bytes.toString('hex')}"`;
@@ -38,9 +41,10 @@ export function toJsonRows(records: TaskRecord[], plan?: DependencyPlan): string
     if (r.processInMs !== null) row += `,"in":${r.processInMs}`;
     if (r.priority !== 0) row += `,"pr":${r.priority}`;
     if (r.concurrencyKey !== null) row += `,"k":${JSON.stringify(r.concurrencyKey)}`;
-    if (p?.waitingFor != null) row += `,"w":${p.waitingFor}`;
-    if (p?.archivedBecause != null) row += `,"x":${JSON.stringify(p.archivedBecause)}`;
-    if (p?.hasDependents) row += `,"hd":true`;
+    if (r.dependsOn.length > 0) {
+      row += `,"dp":${JSON.stringify(r.dependsOn.map((d) => [d.queue, d.id]))}`;
+      if (r.onDependencyFailure === 'run') row += `,"of":"run"`;
+    }
     parts[n] = row + '}';
   }
   return `[${parts.join(',')}]`;
@@ -52,143 +56,19 @@ function hasKeys(o: object): boolean {
 }
 
 /**
- * The inputs in key order (see the header) or in the caller's order, each numbered in
- * the caller's order: nextval() in the select list of `numbered` runs after its sort,
- * so seq — and with it the pending order — is FIFO within the batch either way.
- * A pending task's position is its own seq.
+ * Inserts the tasks, with their dependencies' edges, in one statement (in the
+ * caller's transaction when there is one). The caller checked the call's
+ * dependency graph (model/workflow.ts); the stored dependencies are the
+ * database's to look up.
  */
-const insertRows = (db: Db, keyed: boolean, planned: boolean) => sql`
-    -- A transaction id before any position is drawn: the claim cursor (server/cursor.ts)
-    -- relies on every transaction that draws one having an id already.
-    tx AS MATERIALIZED (SELECT pg_current_xact_id() AS xid),
-    numbered AS (
-      SELECT r.*, nextval(${db.qualified('task_seq')}) AS seq FROM (SELECT * FROM routed ORDER BY ord) r
-      WHERE (SELECT xid FROM tx) IS NOT NULL
-    ),
-    inputs AS (
-      INSERT INTO ${db.table('task_inputs')} (seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout,
-                                              deadline, unique_key, retention)
-      SELECT seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout_ms * interval '1 millisecond',
-             deadline, unique_key, retention_ms * interval '1 millisecond'
-      FROM numbered ORDER BY ${keyed ? sql`queue, id` : sql`seq`}
-    ),
-    states AS (
-      INSERT INTO ${db.table('task_states')} (seq, queue, state, pending_seq, run_at, group_key, priority, concurrency_key${
-        planned ? sql`, waiting_for, has_dependents, error_msg, last_failed_at` : sql``
-      })
-      SELECT seq, queue, state, CASE WHEN state = 'pending' THEN seq END, run_at, group_key, priority, concurrency_key${
-        planned ? sql`, waiting_for, coalesce(has_dependents, false), archived_because, CASE WHEN state = 'archived' THEN ${db.now()} END` : sql``
-      }
-      FROM numbered ORDER BY seq
-    )`;
-
-/**
- * A workflow's edges, written by the statement that inserts its tasks: each
- * dependency is another task of the call (by its place in the call) or a
- * stored one (by seq, locked by lockDependencies), and a stored dependency
- * already completed hands its result over at once. The stored dependencies
- * learn that they have dependents, so that finishing them settles these edges.
- */
-const insertEdges = (db: Db, plan: DependencyPlan) => sql`,
-    edges_in AS (
-      SELECT * FROM json_to_recordset(${JSON.stringify(
-        plan.edges.map((e) => ({
-          d: e.dependent + 1,
-          j: 'index' in e.dependency ? e.dependency.index + 1 : null,
-          s: 'seq' in e.dependency ? e.dependency.seq : null,
-          q: e.ref.queue,
-          i: e.ref.id,
-          f: e.onFailure,
-          o: e.outcome,
-        })),
-      )}::json) AS e(d bigint, j bigint, s bigint, q text, i text, f text, o text)
-    ),
-    edges AS (
-      INSERT INTO ${db.table('task_dependencies')} (dependent_seq, dependency_seq, dependency_queue, dependency_id, on_failure, outcome, result, result_bytes)
-      SELECT dependent.seq, coalesce(e.s, dependency.seq), e.q, e.i, e.f, e.o, done.result, done.result_bytes
-      FROM edges_in e
-      JOIN numbered dependent ON dependent.ord = e.d
-      LEFT JOIN numbered dependency ON dependency.ord = e.j
-      LEFT JOIN ${db.table('task_states')} done ON done.seq = e.s AND e.o = 'completed'
-    ),
-    marked AS (
-      UPDATE ${db.table('task_states')} s SET has_dependents = true
-      WHERE s.seq = ANY(${plan.stored}::bigint[]) AND NOT s.has_dependents
-    )`;
-
-/**
- * The `input` CTE: the records as rows (toJsonRows), one column per field,
- * `ord` their place in the call.
- */
-const inputRows = (records: TaskRecord[], plan?: DependencyPlan) => sql`
-    input AS (
-      -- json, not jsonb: parsed once, as the rows are read, without building a jsonb document first.
-      SELECT i.i AS id, i.q AS queue, i.t AS type, i.p AS payload, decode(i.b, 'hex') AS payload_bytes,
-             coalesce(i.h, '{}') AS headers, i.m AS max_retry, i.to AS timeout_ms, i.d AS deadline, i.u AS unique_key,
-             coalesce(i.ut, 0) AS unique_ttl_ms, i.g AS group_key, coalesce(i.r, 0) AS retention_ms,
-             i.at AS process_at, i."in" AS process_in_ms, coalesce(i.pr, 0) AS priority, i.k AS concurrency_key, ${plan ? sql`i.w AS waiting_for, i.x AS archived_because, i.hd AS has_dependents, ` : sql``}i.ord
-      FROM ROWS FROM (json_to_recordset(${toJsonRows(records, plan)}::json) AS (
-        i text, q text, t text, p jsonb, b text, h jsonb, m int, "to" float8, d timestamptz, u text, ut float8,
-        g text, r float8, at timestamptz, "in" float8, pr smallint, k text${plan ? sql`, w int, x text, hd bool` : sql``}
-      )) WITH ORDINALITY AS i(i, q, t, p, b, h, m, "to", d, u, ut, g, r, at, "in", pr, k, ${plan ? sql`w, x, hd, ` : sql``}ord)
-    )`;
-
-/**
- * Inserts the tasks in one statement. With a dependency plan (dependencies.ts),
- * the tasks start as it says (waiting, archived) and the statement writes the
- * plan's edges too.
- */
-export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional, plan?: DependencyPlan): Promise<TaskInfo[]> {
+export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
   // Generated ids and no unique keys: nothing another enqueue could hold, so no lock order to keep.
   const keyed = records.length > 1 && records.some((r) => r.idGiven || r.uniqueKey !== null);
-  const query = sql<Inserted>`
-    WITH ${inputRows(records, plan)},
-    routed AS (
-      -- asynq's routing: due later → scheduled (group or not); else group → aggregating; else pending.
-      -- A planned task whose dependency failed starts archived; one with dependencies to wait for,
-      -- waiting (run_at keeps its due time: once released, it is scheduled if that is still ahead).
-      SELECT r.*, CASE r.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN r.due WHEN 'waiting' THEN r.due
-                               WHEN 'archived' THEN ${db.now()} END AS run_at
-      FROM (
-        SELECT i.*, CASE ${plan ? sql`WHEN i.archived_because IS NOT NULL THEN 'archived' WHEN i.waiting_for > 0 THEN 'waiting' ` : sql``}
-                         WHEN i.due > ${db.now()} THEN 'scheduled' WHEN i.group_key IS NOT NULL THEN 'aggregating' ELSE 'pending' END AS state
-        FROM (SELECT input.*, coalesce(process_at, ${db.now()} + process_in_ms * interval '1 millisecond', ${db.now()}) AS due FROM input) i
-      ) r
-    ),
-    expired_locks AS (
-      DELETE FROM ${db.table('unique_locks')} l USING routed r
-      WHERE l.queue = r.queue AND l.key = r.unique_key AND l.expires_at <= ${db.now()}
-      RETURNING 1
-    ),
-    locks AS (
-      -- A live lock makes this insert fail with unique_locks_pkey: the whole statement,
-      -- tasks included, is then undone. Reading expired_locks first makes its delete run first.
-      INSERT INTO ${db.table('unique_locks')} (queue, key, task_id, expires_at)
-      SELECT queue, unique_key, id, greatest(due, ${db.now()}) + unique_ttl_ms * interval '1 millisecond'
-      FROM routed WHERE unique_key IS NOT NULL AND (SELECT count(*) FROM expired_locks) >= 0
-      ORDER BY queue, unique_key
-      RETURNING 1
-    ),
-    registered AS (
-      INSERT INTO ${db.table('queues')} (name) SELECT DISTINCT queue FROM routed ON CONFLICT DO NOTHING
-    ),
-    ${insertRows(db, keyed, plan !== undefined)}${plan ? insertEdges(db, plan) : sql``},
-    notified AS (
-      SELECT pg_notify(CASE WHEN s.pending THEN ${db.channels.tasks} ELSE ${db.channels.delayed} END, s.queue)
-      FROM (SELECT DISTINCT state = 'pending', queue FROM routed WHERE state IN ('pending', 'scheduled')) s(pending, queue)
-    )
-    -- One row, not one per task: a bulk enqueue spent longer parsing 50,000 result rows
-    -- than the database took to write them. Each task's state is one letter, in the
-    -- caller's order; the due times of the scheduled ones follow, in the same order.
-    SELECT (extract(epoch FROM ${db.now()}) * 1000)::float8 AS enqueued_at_ms,
-           string_agg(CASE state WHEN 'archived' THEN 'x' ELSE left(state, 1) END, '' ORDER BY ord) AS states,
-           coalesce(string_agg((extract(epoch FROM run_at) * 1000)::float8::text, ',' ORDER BY ord)
-                      FILTER (WHERE state = 'scheduled'), '') AS due_ms
-    FROM routed WHERE (SELECT count(*) FROM notified) >= 0`;
+  const query = sql<Inserted>`SELECT * FROM ${db.table('enqueue_tasks')}(${toJsonRows(records)}::json, ${db.now()}, ${keyed}::boolean)`;
   let inserted: Inserted;
   for (let attempt = 1; ; attempt++) {
     try {
-      inserted = (await db.run(query, tx, plan ? undefined : keyed ? 'enqueue-keyed' : 'enqueue'))[0]!;
+      inserted = (await db.run(query, tx, 'enqueue'))[0]!;
       break;
     } catch (err) {
       // A deadlock victim (with a migration's DDL, say) was undone whole: on its own
@@ -197,13 +77,14 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
       throw translateConflict(err, records);
     }
   }
+  if (inserted.refused !== null) throw refusal(inserted.refused);
   const enqueuedAt = inserted.enqueued_at_ms;
   const due = inserted.due_ms === '' ? [] : inserted.due_ms.split(',');
   let scheduled = 0;
   return records.map((r, n) => {
     const state = STATES[inserted.states[n]!]!;
     const runAt = state === 'pending' ? enqueuedAt : state === 'scheduled' ? Number(due[scheduled++]) : null;
-    return insertedInfo(r, state, runAt, enqueuedAt, plan?.tasks[n]);
+    return insertedInfo(r, state, runAt, enqueuedAt, inserted.waiting?.[n] ?? 0, inserted.archived_because?.[n] ?? null);
   });
 }
 
@@ -214,6 +95,17 @@ interface Inserted {
   states: string;
   /** The due times (ms) of the scheduled tasks, comma-separated, in the records' order. */
   due_ms: string;
+  /** With dependencies: each task's dependencies not finished, and the error of one archived at once. */
+  waiting: (number | null)[] | null;
+  archived_because: (string | null)[] | null;
+  /** Nothing written: a dependency missing or grouped, as [why, queue, id]. */
+  refused: [why: 'missing' | 'grouped', queue: string, id: string] | null;
+}
+
+/** The library's error for a dependency enqueue_tasks() refused. */
+function refusal([why, queue, id]: NonNullable<Inserted['refused']>): Error {
+  if (why === 'missing') return new TaskNotFoundError(queue, id);
+  return new InvalidOptionError('dependsOn', `names ${queue}/${id}, which belongs to a group: grouped tasks are merged and cannot be waited for`);
 }
 
 const STATES: Record<string, TaskState> = { p: 'pending', s: 'scheduled', a: 'aggregating', w: 'waiting', x: 'archived' };
@@ -225,7 +117,14 @@ const STATES: Record<string, TaskState> = { p: 'pending', s: 'scheduled', a: 'ag
  * just sent). The payload is decoded from the JSON that was sent, so it is a
  * copy, as from any read; jsonb may order its keys differently.
  */
-function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, enqueuedAtMs: number, planned?: PlannedTask): TaskInfo {
+function insertedInfo(
+  r: TaskRecord,
+  state: TaskState,
+  runAtMs: number | null,
+  enqueuedAtMs: number,
+  waitingFor: number,
+  archivedBecause: string | null,
+): TaskInfo {
   return {
     id: r.id,
     queue: r.queue,
@@ -234,8 +133,8 @@ function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, e
     state,
     maxRetry: r.maxRetry,
     retried: 0,
-    lastError: planned?.archivedBecause ?? null,
-    lastFailedAt: planned?.archivedBecause ? new Date(enqueuedAtMs) : null,
+    lastError: archivedBecause,
+    lastFailedAt: archivedBecause === null ? null : new Date(enqueuedAtMs),
     timeout: r.timeoutMs,
     deadline: r.deadline,
     group: r.group,
@@ -250,7 +149,7 @@ function insertedInfo(r: TaskRecord, state: TaskState, runAtMs: number | null, e
     leaseOwner: null,
     leaseExpiresAt: null,
     dependsOn: r.dependsOn.map((d) => ({ ...d })),
-    waitingFor: planned?.waitingFor ?? 0,
+    waitingFor,
     priority: r.priority,
     concurrencyKey: r.concurrencyKey,
   };

@@ -173,18 +173,18 @@ export async function queueFootprint(
   sample: number,
 ): Promise<{ meanBytes: Map<TaskState, number>; orphaned: number }> {
   const rows = await db.run(sql<{ state: TaskState | null; mean: number }>`
-    SELECT s.state, avg(
+    SELECT s.state, pg_catalog.avg(
              coalesce(octet_length(t.payload::text), octet_length(t.payload_bytes), 4)
            + coalesce(octet_length(t.result::text), octet_length(t.result_bytes), 0)
            + coalesce(octet_length(t.error_msg), 0) + octet_length(t.headers::text)
            + octet_length(t.id) + octet_length(t.type))::float8 AS mean
-    FROM unnest(${states}::text[]) AS s(state)
+    FROM pg_catalog.unnest(${states}::text[]) AS s(state)
     CROSS JOIN LATERAL (
       SELECT * FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.state = s.state LIMIT ${sample}
     ) t
     GROUP BY s.state
     UNION ALL
-    SELECT NULL, count(*)::float8 FROM ${db.table('tasks')} t
+    SELECT NULL, pg_catalog.count(*)::float8 FROM ${db.table('tasks')} t
     WHERE t.queue = ${queue} AND t.state = 'active' ${ACTIVE_INDEXED} AND t.lease_expires_at < now()`);
   const meanBytes = new Map<TaskState, number>();
   let orphaned = 0;
@@ -201,7 +201,7 @@ export async function listGroups(db: Db, queue: string): Promise<InQueue<GroupIn
     SELECT g.group_key AS "group", g.size
     FROM ${db.table('queues')} q
     LEFT JOIN LATERAL (
-      SELECT t.group_key, count(*)::float8 AS size FROM ${db.table('tasks')} t
+      SELECT t.group_key, pg_catalog.count(*)::float8 AS size FROM ${db.table('tasks')} t
       WHERE t.queue = q.name AND t.state = 'aggregating'
       GROUP BY t.group_key
     ) g ON true

@@ -46,7 +46,7 @@ export async function deleteTask(db: Db, queue: string, id: string, allowed: rea
       DELETE FROM ${db.table('unique_locks')} l USING deleted d WHERE l.queue = d.queue AND l.key = d.unique_key AND l.task_id = d.id
     )
     SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found,
-           (SELECT state FROM target) AS state, (SELECT count(*)::int FROM deleted) AS n`);
+           (SELECT state FROM target) AS state, (SELECT pg_catalog.count(*)::int FROM deleted) AS n`);
   return toAction(rows[0]);
 }
 
@@ -72,8 +72,8 @@ export async function moveTask(db: Db, queue: string, id: string, to: 'pending' 
       SELECT pg_notify(${db.channels.tasks}, queue) FROM moved WHERE state = 'pending'
     )
     SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found,
-           (SELECT state FROM target) AS state, (SELECT count(*)::int FROM moved) AS n,
-           (SELECT count(*) FROM notified) AS notifications`);
+           (SELECT state FROM target) AS state, (SELECT pg_catalog.count(*)::int FROM moved) AS n,
+           (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
   return toAction(rows[0]);
 }
 
@@ -92,7 +92,7 @@ export async function updatePayload(db: Db, queue: string, id: string, json: str
       RETURNING 1
     )
     SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found,
-           (SELECT state FROM target) AS state, (SELECT count(*)::int FROM updated) AS n`);
+           (SELECT state FROM target) AS state, (SELECT pg_catalog.count(*)::int FROM updated) AS n`);
   return toAction(rows[0]);
 }
 
@@ -111,7 +111,7 @@ export async function deleteAllInState(db: Db, queue: string, state: TaskState, 
     unlocked AS (
       DELETE FROM ${db.table('unique_locks')} l USING deleted d WHERE l.queue = d.queue AND l.key = d.unique_key AND l.task_id = d.id
     )
-    SELECT EXISTS (SELECT 1 FROM q) AS queue_found, (SELECT count(*)::int FROM deleted) AS n`);
+    SELECT EXISTS (SELECT 1 FROM q) AS queue_found, (SELECT pg_catalog.count(*)::int FROM deleted) AS n`);
   return toBulk(rows[0]);
 }
 
@@ -132,8 +132,8 @@ export async function moveAllInState(db: Db, queue: string, from: TaskState, to:
     notified AS (
       SELECT pg_notify(${db.channels.tasks}, ${queue}) WHERE ${to}::text = 'pending' AND EXISTS (SELECT 1 FROM moved)
     )
-    SELECT EXISTS (SELECT 1 FROM q) AS queue_found, (SELECT count(*)::int FROM moved) AS n,
-           (SELECT count(*) FROM notified) AS notifications`);
+    SELECT EXISTS (SELECT 1 FROM q) AS queue_found, (SELECT pg_catalog.count(*)::int FROM moved) AS n,
+           (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
   return toBulk(rows[0]);
 }
 
@@ -154,7 +154,7 @@ export async function requestCancel(db: Db, id: string): Promise<number> {
     notified AS (
       SELECT pg_notify(${db.channels.cancel}, ${id}) WHERE EXISTS (SELECT 1 FROM marked)
     )
-    SELECT (SELECT count(*)::int FROM marked) AS n, (SELECT count(*) FROM notified) AS notifications`);
+    SELECT (SELECT pg_catalog.count(*)::int FROM marked) AS n, (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
   return rows[0]?.n ?? 0;
 }
 
@@ -174,7 +174,7 @@ export async function setPaused(db: Db, queue: string, paused: boolean): Promise
       -- The sweep: claims passed over the paused queue and may have raised their floors above its tasks.
       SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed WHERE NOT paused
     )
-    SELECT (SELECT paused FROM q) AS was_paused, (SELECT count(*) FROM notified) AS notifications`);
+    SELECT (SELECT paused FROM q) AS was_paused, (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
   return { wasPaused: rows[0]?.was_paused ?? null };
 }
 
@@ -193,7 +193,7 @@ export async function setLimits(db: Db, queue: string, limits: QueueLimits): Pro
       WHERE name = ${queue}
       RETURNING name
     )
-    SELECT count(*) AS notifications FROM (SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed) n`);
+    SELECT pg_catalog.count(*) AS notifications FROM (SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed) n`);
   return rows[0]!.notifications !== '0';
 }
 

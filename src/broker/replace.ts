@@ -49,7 +49,7 @@ async function selectTasks(db: Db, trx: Transactional, records: TaskRecord[]): P
   const rows = await db.run(
     sql<TaskRow>`
     SELECT ${taskColumns(db)}
-    FROM unnest(${records.map((r) => r.queue)}::text[], ${records.map((r) => r.id)}::text[]) AS r(queue, id)
+    FROM ROWS FROM (pg_catalog.unnest(${records.map((r) => r.queue)}::text[]), pg_catalog.unnest(${records.map((r) => r.id)}::text[])) AS r(queue, id)
     JOIN ${db.table('tasks')} t ON t.queue = r.queue AND t.id = r.id`,
     trx,
   );

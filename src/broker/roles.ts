@@ -6,8 +6,16 @@
  * inspector-write.ts); a statement that starts touching another table or
  * column changes this file.
  *
+ * Enqueues (migration 0009) go through enqueue_tasks(), SECURITY DEFINER:
+ * it checks the rows as the library's validation does, draws their
+ * positions, and plans a workflow's edges from the dependencies it locks
+ * itself, so neither the producer nor the worker holds any INSERT, UPDATE or
+ * DELETE on task_inputs, task_states, task_dependencies or unique_locks for
+ * an enqueue (a producer holds none at all, so it cannot plant rows, forge
+ * edges, delete another's unique lock or hold row locks that stop claims).
+ *
  * Tasks (schema v2, migration 0004) live in two tables, task_inputs and
- * task_states, which the hot paths (enqueue, claims, fenced writes,
+ * task_states, which the worker's hot paths (claims, fenced writes,
  * forwarder, recoverer, janitor) read and write directly; the cold paths
  * (Inspector, aggregator, server registry) go through the view `tasks`,
  * whose INSTEAD OF trigger function tasks_write() is SECURITY DEFINER: a
@@ -23,13 +31,16 @@
  * worker's own privileges (task_states, task_inputs, queues, and the log of
  * starts a rate limit keeps, queue_starts).
  *
+ * claim_limited() and queue_counts() pin search_path (0009), as every other
+ * function does.
+ *
  * enqueue() in SQL (migration 0008) is SECURITY DEFINER: the producer calls
  * it (from a trigger of its own table, say) without touching the tables, so
  * its EXECUTE is all it needs; the rule functions enqueue() calls are run as
  * the owner, and granted to no one.
  *
  * Workflows (migration 0005): an enqueue with dependsOn writes the edges
- * (task_dependencies) itself; settling them when a dependency completes, is
+ * (task_dependencies) through enqueue_tasks(); settling them when a dependency completes, is
  * archived or is deleted is the work of triggers on task_states whose
  * functions (and settle_completed() and settle_failed(), which they call) are SECURITY DEFINER
  * and owned by the owner: whoever finishes a task needs no privilege on its
@@ -79,27 +90,10 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
   ['task_dependencies', 'result_bytes'],
   ['scheduler_entries', 'payload'],
   ['scheduler_entries', 'payload_bytes'],
+  // A cron entry's enqueue options: its task's headers among them.
+  ['scheduler_entries', 'options'],
 ];
 
-/** What an enqueue writes (v1's columns, granted on the view `tasks`): the rest are defaults or the worker's. */
-const ENQUEUE_COLUMNS = 'queue, id, type, payload, payload_bytes, headers, state, max_retry, timeout, deadline, unique_key, group_key, retention, run_at, seq';
-/** The same, as enqueue.ts insertTasks writes it: a task's inputs, then its state row (its pending position is its seq). */
-const ENQUEUE_INPUT_COLUMNS = 'seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout, deadline, unique_key, retention';
-const ENQUEUE_STATE_COLUMNS = 'seq, queue, state, pending_seq, run_at, group_key, priority, concurrency_key';
-/**
- * What an enqueue with dependsOn adds (enqueue.ts insertTasks with a plan): how many
- * dependencies a task waits for, whether it has dependents, and for a task whose
- * dependency already failed, the archive's error and time.
- */
-const ENQUEUE_WORKFLOW_STATE_COLUMNS = 'waiting_for, has_dependents, error_msg, last_failed_at';
-/**
- * What that enqueue reads of the stored dependencies (dependencies.ts lockDependencies,
- * enqueue.ts insertEdges): their state, group and mark, and a completed one's result,
- * copied into the edge.
- */
-const DEPENDENCY_READ_COLUMNS = 'seq, state, group_key, has_dependents, result, result_bytes';
-/** An edge, as insertEdges writes it (a completed dependency's is settled at once). */
-const EDGE_COLUMNS = 'dependent_seq, dependency_seq, dependency_queue, dependency_id, on_failure, outcome, result, result_bytes';
 /** What the worker's statements change about a task (leases.ts, maintenance.ts): never its identity or payload. */
 const WORKER_TASK_COLUMNS =
   'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
@@ -117,6 +111,7 @@ const QUEUE_LIMIT_COLUMNS = 'concurrency, key_concurrency, rate_limit, rate_inte
 const REPLACE_TASKS = 'replace_tasks(json, timestamptz, text)';
 const CLAIM_LIMITED = 'claim_limited(text[], integer[], integer, text, float8, timestamptz, text)';
 const SQL_ENQUEUE = 'enqueue(text, jsonb, text, text, timestamptz, integer, integer, text)';
+const ENQUEUE_TASKS = 'enqueue_tasks(json, timestamptz, boolean)';
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
 const REQUIRED = [
@@ -251,7 +246,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE, ENQUEUE_TASKS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -262,39 +257,24 @@ BEGIN
   REVOKE ALL ON ALL SEQUENCES IN SCHEMA ${S} FROM PUBLIC, ${users};
   REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ${S} FROM PUBLIC, ${users};
 
-  -- producer: one statement inserts each task's inputs and state row, the
-  -- queue registry, and unique locks (an expired lock is deleted in the same
-  -- statement). No UPDATE, no DELETE of tasks. SELECT (queue, id) of
-  -- task_inputs: without it PostgreSQL leaves the key out of a duplicate id's
-  -- error, which names the task in TaskIdConflictError. On the view, v1's
-  -- grants on tasks (its enqueue read the new rows back; a producer still
-  -- reads tasks and may enqueue by INSERT INTO tasks).
-  -- With dependsOn, the enqueue first locks the stored dependencies
-  -- (SELECT … FOR NO KEY UPDATE of task_states, which needs an UPDATE
-  -- privilege: has_dependents, the one column it sets on them), reads their
-  -- state, group and a completed one's result, and writes the edges; no
-  -- other update.
-  -- With replace, replace_tasks() (0006, SECURITY DEFINER) rewrites a task
-  -- that has not started: no UPDATE privilege here, which would reach tasks
-  -- in any state. The replaced task is read back through the view, with its
-  -- dependencies' names.
-  -- A task's priority and concurrency key (0007) are state columns the
-  -- enqueue writes. enqueue() in SQL (0008, SECURITY DEFINER) writes what
-  -- the library's enqueue writes, as the owner: its EXECUTE is the whole grant.
-  GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}) ON ${t('tasks')} TO ${id(r.producer)};
-  GRANT SELECT (queue, id, seq), INSERT (${ENQUEUE_INPUT_COLUMNS}) ON ${t('task_inputs')} TO ${id(r.producer)};
-  GRANT SELECT (${DEPENDENCY_READ_COLUMNS}), INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (has_dependents)
-    ON ${t('task_states')} TO ${id(r.producer)};
-  GRANT SELECT (dependent_seq, dependency_seq, dependency_queue, dependency_id), INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.producer)};
+  -- producer: enqueues through the owner's functions alone: enqueue_tasks()
+  -- (Client.enqueue and enqueueMany, unique locks and dependsOn included, 0009),
+  -- replace_tasks() (replace, 0006) and enqueue() in SQL (0008), each SECURITY
+  -- DEFINER and checking what it is given. No INSERT, UPDATE or DELETE of any
+  -- table: so no row a producer could plant, no edge it could forge, no lock
+  -- of another it could delete, and no row lock it could take (SELECT … FOR
+  -- UPDATE needs an UPDATE privilege). It reads tasks through the view, as it
+  -- always could (a replace reads the replaced tasks back).
+  GRANT SELECT ON ${t('tasks')} TO ${id(r.producer)};
+  -- …with their dependencies' names (TaskInfo.dependsOn), not the results they hand over.
+  GRANT SELECT (dependent_seq, dependency_seq, dependency_queue, dependency_id) ON ${t('task_dependencies')} TO ${id(r.producer)};
+  GRANT EXECUTE ON FUNCTION ${t(ENQUEUE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(REPLACE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(SQL_ENQUEUE)} TO ${id(r.producer)};
-  GRANT INSERT (name) ON ${t('queues')} TO ${id(r.producer)};
-  -- enqueue numbers a batch's tasks in the caller's order with nextval() on task_seq
-  -- (the identity's sequence of task_inputs.seq), the worker also pending positions;
-  -- the worker's claim reads how far it has drawn (SELECT last_value: the claim cursor).
-  GRANT USAGE ON SEQUENCE ${t('task_seq')} TO ${id(r.producer)}, ${id(r.worker)};
-  GRANT SELECT ON SEQUENCE ${t('task_seq')} TO ${id(r.worker)};
-  GRANT SELECT (queue, key, expires_at), INSERT (queue, key, task_id, expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.producer)};
+  -- The worker draws pending positions (forwarder, requeue: nextval() on task_seq, the
+  -- identity's sequence of task_inputs.seq); its claim reads how far they are drawn
+  -- (SELECT last_value: the claim cursor).
+  GRANT USAGE, SELECT ON SEQUENCE ${t('task_seq')} TO ${id(r.worker)};
 
   -- worker: claims and fenced writes (task_states: UPDATE of the lease,
   -- state, position, error and result columns only; task_inputs: never
@@ -305,8 +285,9 @@ BEGIN
   -- (its FOR UPDATE needs an UPDATE privilege on it): v1's grants on tasks.
   -- unique_locks: UPDATE of one column only because the janitor's
   -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
-  -- Workflows: a handler's enqueue with dependsOn (as the producer's), and
-  -- ctx.dependencyResults() reads the edges. Completing, archiving or
+  -- Enqueues (the scheduler's, the aggregator's, a handler's) go through
+  -- enqueue_tasks(), as the producer's: no INSERT of tasks, edges or locks.
+  -- Workflows: ctx.dependencyResults() reads the edges. Completing, archiving or
   -- deleting a task with dependents settles them through the owner's
   -- SECURITY DEFINER triggers: no UPDATE or DELETE of task_dependencies.
   -- Flow control (0007): a queue with limits is claimed by claim_limited(),
@@ -315,17 +296,16 @@ BEGIN
   -- columns, and for a rate limit prunes, reads and logs the queue's starts
   -- in queue_starts (SELECT, INSERT, DELETE; no UPDATE: a start is never
   -- rewritten). No UPDATE of the limits: they are the admin's.
-  GRANT SELECT, INSERT (${ENQUEUE_COLUMNS}), UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT (${ENQUEUE_INPUT_COLUMNS}), DELETE ON ${t('task_inputs')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT (${ENQUEUE_STATE_COLUMNS}, ${ENQUEUE_WORKFLOW_STATE_COLUMNS}), UPDATE (${WORKER_STATE_COLUMNS}, has_dependents), DELETE
-    ON ${t('task_states')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT (${EDGE_COLUMNS}) ON ${t('task_dependencies')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT (name), UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
+  GRANT SELECT, UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
+  GRANT SELECT, DELETE ON ${t('task_inputs')} TO ${id(r.worker)};
+  GRANT SELECT, UPDATE (${WORKER_STATE_COLUMNS}), DELETE ON ${t('task_states')} TO ${id(r.worker)};
+  GRANT SELECT ON ${t('task_dependencies')} TO ${id(r.worker)};
+  GRANT SELECT, UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, DELETE ON ${t('queue_starts')} TO ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(CLAIM_LIMITED)} TO ${id(r.worker)};
   -- Server.start and Scheduler.start check the schema version (which migrations are applied).
   GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
+  GRANT SELECT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (status, heartbeat_at, expires_at), DELETE ON ${t('servers')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (processed, failed), DELETE ON ${t('daily_stats')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE, DELETE ON ${t('scheduler_entries')} TO ${id(r.worker)};

@@ -62,7 +62,7 @@ export const taskColumns = (db: Db) => sql`
   (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
   t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for, t.priority, t.concurrency_key,
   CASE WHEN t.waiting_for IS NOT NULL THEN
-    (SELECT json_agg(json_build_array(d.dependency_queue, d.dependency_id) ORDER BY d.dependency_seq)
+    (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(d.dependency_queue, d.dependency_id) ORDER BY d.dependency_seq)
      FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
   END AS depends_on`;
 
@@ -198,12 +198,12 @@ export function previewColumns(db: Db, hide: boolean): RawBuilder<unknown> {
   (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at,
   CASE WHEN t.state = 'waiting' THEN t.waiting_for END AS waiting_for,
   CASE WHEN t.state = 'waiting' THEN
-    (SELECT json_agg(json_build_array(d.dependency_queue, d.dependency_id, d.outcome) ORDER BY d.outcome IS NOT NULL, d.dependency_seq)
+    (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(d.dependency_queue, d.dependency_id, d.outcome) ORDER BY d.outcome IS NOT NULL, d.dependency_seq)
      FROM (SELECT d.dependency_queue, d.dependency_id, d.outcome, d.dependency_seq FROM ${db.table('task_dependencies')} d
            WHERE d.dependent_seq = t.seq ORDER BY d.outcome IS NOT NULL, d.dependency_seq LIMIT ${DEPENDS_PREVIEW}) d)
   END AS depends_preview,
   CASE WHEN t.state = 'waiting' THEN
-    (SELECT count(*)::float8 FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
+    (SELECT pg_catalog.count(*)::float8 FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
   END AS depends_total`;
 }
 

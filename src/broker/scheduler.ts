@@ -34,8 +34,8 @@ export async function lastTicks(db: Db, entryIds: string[]): Promise<{ now: Date
     SELECT clock_timestamp() AS now, l.entry_id, l.tick_at
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (
-      SELECT i.id AS entry_id, (SELECT max(tick_at) FROM ${db.table('scheduler_events')} e WHERE e.entry_id = i.id) AS tick_at
-      FROM unnest(${entryIds}::text[]) AS i(id)
+      SELECT i.id AS entry_id, (SELECT pg_catalog.max(tick_at) FROM ${db.table('scheduler_events')} e WHERE e.entry_id = i.id) AS tick_at
+      FROM pg_catalog.unnest(${entryIds}::text[]) AS i(id)
     ) l ON true`);
   const last = new Map<string, Date>();
   for (const r of rows) if (r.entry_id !== null && r.tick_at !== null) last.set(r.entry_id, r.tick_at);
@@ -141,11 +141,9 @@ export async function upsertEntries(db: Db, schedulerId: string, entries: EntryR
     INSERT INTO ${db.table('scheduler_entries')} AS s
       (id, spec, task_type, payload, payload_bytes, options, location, scheduler_id, next_run_at, prev_run_at, heartbeat_at, expires_at)
     SELECT i.id, i.spec, i.task_type, i.payload, i.payload_bytes, i.options, i.location, ${schedulerId}, i.next_run_at,
-           (SELECT max(tick_at) FROM ${db.table('scheduler_events')} e WHERE e.entry_id = i.id),
+           (SELECT pg_catalog.max(tick_at) FROM ${db.table('scheduler_events')} e WHERE e.entry_id = i.id),
            ${db.now()}, ${db.now()} + ${ttlMs}::float8 * interval '1 millisecond'
-    FROM unnest(${col((e) => e.id)}::text[], ${col((e) => e.spec)}::text[], ${col((e) => e.taskType)}::text[],
-                ${col((e) => e.payload.json)}::jsonb[], ${col((e) => e.payload.bytes)}::bytea[],
-                ${col((e) => e.options)}::jsonb[], ${col((e) => e.location)}::text[], ${col((e) => e.nextRunAt)}::timestamptz[])
+    FROM ROWS FROM (pg_catalog.unnest(${col((e) => e.id)}::text[]), pg_catalog.unnest(${col((e) => e.spec)}::text[]), pg_catalog.unnest(${col((e) => e.taskType)}::text[]), pg_catalog.unnest(${col((e) => e.payload.json)}::jsonb[]), pg_catalog.unnest(${col((e) => e.payload.bytes)}::bytea[]), pg_catalog.unnest(${col((e) => e.options)}::jsonb[]), pg_catalog.unnest(${col((e) => e.location)}::text[]), pg_catalog.unnest(${col((e) => e.nextRunAt)}::timestamptz[]))
       WITH ORDINALITY AS i(id, spec, task_type, payload, payload_bytes, options, location, next_run_at, ord)
     ORDER BY i.ord
     ON CONFLICT (id) DO UPDATE SET
@@ -166,7 +164,7 @@ export async function deleteEntries(db: Db, schedulerId: string, entryIds: strin
   const rows = await db.run(sql<{ n: number }>`
     WITH d AS (
       DELETE FROM ${db.table('scheduler_entries')} WHERE id = ANY(${entryIds}::text[]) AND scheduler_id = ${schedulerId} RETURNING 1
-    ) SELECT count(*)::int AS n FROM d`);
+    ) SELECT pg_catalog.count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }
 
@@ -177,6 +175,6 @@ export async function deleteExpiredEntries(db: Db): Promise<number> {
       DELETE FROM ${db.table('scheduler_entries')} s USING (
         SELECT id FROM ${db.table('scheduler_entries')} WHERE expires_at < ${db.now()} FOR UPDATE SKIP LOCKED
       ) x WHERE s.id = x.id RETURNING 1
-    ) SELECT count(*)::int AS n FROM d`);
+    ) SELECT pg_catalog.count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }

@@ -40,13 +40,13 @@ export interface UnservedQueue {
 export async function unservedQueues(db: Db, own: readonly string[], cap: number): Promise<UnservedQueue[]> {
   return db.run(sql<UnservedQueue>`
     WITH served AS (
-      SELECT jsonb_object_keys(s.queues) AS queue FROM ${db.table('servers')} s WHERE s.status = 'active' AND s.expires_at > ${db.now()}
+      SELECT pg_catalog.jsonb_object_keys(s.queues) AS queue FROM ${db.table('servers')} s WHERE s.status = 'active' AND s.expires_at > ${db.now()}
       UNION
-      SELECT unnest(${own}::text[])
+      SELECT pg_catalog.unnest(${own}::text[])
     )
     SELECT q.name AS queue,
-           (SELECT count(*) FROM (SELECT 1 FROM ${db.table('tasks')} t WHERE t.queue = q.name AND t.state = 'pending' LIMIT ${cap}) c)::int AS pending,
-           (SELECT array_agg(queue ORDER BY queue) FROM served) AS served
+           (SELECT pg_catalog.count(*) FROM (SELECT 1 FROM ${db.table('tasks')} t WHERE t.queue = q.name AND t.state = 'pending' LIMIT ${cap}) c)::int AS pending,
+           (SELECT pg_catalog.array_agg(queue ORDER BY queue) FROM served) AS served
     FROM ${db.table('queues')} q
     WHERE q.name NOT IN (SELECT queue FROM served)
       AND EXISTS (SELECT 1 FROM ${db.table('tasks')} t WHERE t.queue = q.name AND t.state = 'pending')
@@ -71,7 +71,7 @@ export interface StatsDelta {
 export async function addStats(db: Db, deltas: readonly StatsDelta[]): Promise<void> {
   if (deltas.length === 0) return;
   const sorted = [...deltas].sort((a, b) => (a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0));
-  const d = sql`unnest(${sorted.map((x) => x.queue)}::text[], ${sorted.map((x) => x.processed)}::bigint[], ${sorted.map((x) => x.failed)}::bigint[])
+  const d = sql`ROWS FROM (pg_catalog.unnest(${sorted.map((x) => x.queue)}::text[]), pg_catalog.unnest(${sorted.map((x) => x.processed)}::bigint[]), pg_catalog.unnest(${sorted.map((x) => x.failed)}::bigint[]))
         WITH ORDINALITY AS d(queue, processed, failed, ord)`;
   await transaction(db, async (trx) => {
     await db.run(
