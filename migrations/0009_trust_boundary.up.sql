@@ -46,8 +46,10 @@ BEGIN
     g text, r float8, "at" timestamptz, "in" float8, pr int, k text, dp json, "of" text
   )) WITH ORDINALITY AS r(i, q, t, p, b, h, m, "to", d, u, ut, g, r, "at", "in", pr, k, dp, "of", ord)
   WHERE NOT coalesce((
-    r.i ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$'
-    AND r.q ~ '^[A-Za-z0-9_.:-]{1,100}$'
+    -- Lengths apart from the patterns: a bounded repetition ({0,127}) costs PostgreSQL's
+    -- regular expressions a hundred times more, row by row.
+    r.i ~ '^[A-Za-z0-9_][A-Za-z0-9_.:-]*$' AND char_length(r.i) <= 128
+    AND r.q ~ '^[A-Za-z0-9_.:-]+$' AND char_length(r.q) <= 100
     -- The text rule inline (a function call per row costs a bulk enqueue): UTF-16
     -- counts at most twice the characters, so short text needs no exact count.
     AND r.t !~ '[\u0001-\u001f\u007f-\u009f]' AND r.t ~ '[^\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]'
@@ -60,7 +62,7 @@ BEGIN
     AND (r.d IS NULL OR r.d BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999+00')
     AND (r."at" IS NULL OR r."at" BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999+00')
     AND (r.u IS NULL OR (char_length(r.u) <= 512 AND r.ut BETWEEN 1000 AND max_ms))
-    AND (r.g IS NULL OR r.g ~ '^[A-Za-z0-9_.:-]{1,100}$')
+    AND (r.g IS NULL OR (r.g ~ '^[A-Za-z0-9_.:-]+$' AND char_length(r.g) <= 100))
     AND (r.k IS NULL OR {{schema}}.enqueue_text_rule(r.k, 200) IS NULL)
     AND (r.h IS NULL OR (jsonb_typeof(r.h) = 'object' AND NOT jsonb_path_exists(r.h, '$.* ? (@.type() != "string")')))
     -- jsonb's own size, not its text: no payload is printed again to be measured.
