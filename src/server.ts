@@ -23,7 +23,7 @@ import { isTransientConnectionError } from './internal/db-errors.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
 import { deleteServer, unservedQueues, type UnservedQueue } from './broker/servers.js';
-import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, TaskCanceledError, ValidationError } from './model/errors.js';
+import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, ValidationError } from './model/errors.js';
 import { FailureRun, type Logger } from './internal/logger.js';
 import { ServeMux, type Handler } from './mux.js';
 import { Forwarder } from './server/forwarder.js';
@@ -118,7 +118,8 @@ export class Server {
     const healthchecker = cfg.healthCheck && new Healthchecker(this.#db, log.child({ component: 'healthcheck' }), cfg.healthCheck, cfg.healthCheckInterval);
     notifier.on(this.#db.channels.tasks, (queue) => processor.notify(queue));
     notifier.on(this.#db.channels.delayed, () => forwarder.wake());
-    notifier.on(this.#db.channels.cancel, (id) => processor.abortTask(id, new TaskCanceledError()));
+    // Anyone who can connect may NOTIFY: the heartbeater aborts only what the database marks canceled.
+    notifier.on(this.#db.channels.cancel, (id) => heartbeater.cancelHint(id));
     notifier.on(this.#db.channels.sweep, (queue) => (queue in cfg.queues ? processor.sweep() : undefined));
     // After every (re)connect, sweep: notifications sent while disconnected are lost.
     notifier.onConnected(() => {

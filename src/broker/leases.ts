@@ -78,6 +78,27 @@ export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly 
   return leases.filter((l) => cancel.has(String(l.seq))).map((lease) => ({ lease, cancelRequested: cancel.get(String(lease.seq))! }));
 }
 
+/**
+ * The leases of `leases` whose task the database marks for cancellation
+ * (`cancel_requested`, which Inspector.cancelProcessing sets) while `owner`
+ * still holds them under the same token. A cancel notification names a task
+ * id and anyone who can connect may send one: only this answer decides. A
+ * plain read: it takes no lock, so a lease inside ctx.transaction does not
+ * make it wait.
+ */
+export async function cancelRequested<T extends LeaseKey>(db: Db, leases: readonly T[], owner: string): Promise<T[]> {
+  if (leases.length === 0) return [];
+  const b = batch(leases);
+  const rows = await db.run(
+    sql<{ seq: string }>`
+    SELECT s.seq FROM ${db.table('task_states')} s
+    WHERE ${fenced(b)} AND s.lease_owner = ${owner} AND s.cancel_requested`,
+    undefined,
+    'cancel-requested',
+  );
+  return held(leases, rows);
+}
+
 /** A successful (or revoked) attempt: `keep` marks it completed for its retention, otherwise it is deleted. */
 export interface Completion extends LeaseKey {
   keep: boolean;

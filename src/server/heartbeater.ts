@@ -5,15 +5,27 @@
  * waits for it) refreshes the server's row. A lease missing from the answer was lost (recovered, or claimed again
  * elsewhere): its handler is aborted with LeaseExpiredError. A cancellation
  * mark seen here aborts the handler too, in case its NOTIFY was lost.
+ *
+ * A cancel NOTIFY is only a hint (any login may send one): it makes the
+ * heartbeater look the mark up for this server's leases of that task at once,
+ * rather than at the next beat, and abort those the database marks. Hints
+ * share lookups: one runs at a time, at most one every CANCEL_LOOKUP_GAP_MS,
+ * and a hint naming no task this server runs costs none.
  */
 import { performance } from 'node:perf_hooks';
-import { extendLeases } from '../broker/leases.js';
+import { setImmediate as nextTurn } from 'node:timers/promises';
+import { cancelRequested, extendLeases } from '../broker/leases.js';
 import { upsertServer, type ServerRecord } from '../broker/servers.js';
 import type { Db } from '../broker/db.js';
 import { TaskCanceledError } from '../model/errors.js';
 import type { Logger } from '../internal/logger.js';
 import type { Processor } from './processor.js';
 import { Ticker } from '../internal/ticker.js';
+
+/** The least time between two lookups of cancel hints: what a flood of forged NOTIFYs can cost. */
+const CANCEL_LOOKUP_GAP_MS = 100;
+/** Distinct task ids kept between lookups; past this many, the next lookup takes every lease. */
+const MAX_HINTED_IDS = 1000;
 
 export class Heartbeater {
   readonly #db: Db;
@@ -23,6 +35,10 @@ export class Heartbeater {
   readonly #leaseDuration: number;
   readonly #interval: number;
   readonly #ticker: Ticker;
+  /** Task ids heard on the cancel channel since the last lookup; 'all' once there were too many. */
+  #hinted: Set<string> | 'all' = new Set();
+  /** The running round of cancel lookups, while there is one. */
+  #lookups: Promise<void> | undefined;
 
   constructor(db: Db, logger: Logger, processor: Processor, server: () => ServerRecord, opts: { heartbeatInterval: number; leaseDuration: number }) {
     this.#db = db;
@@ -38,8 +54,48 @@ export class Heartbeater {
     this.#ticker.start();
   }
 
-  stop(): Promise<void> {
-    return this.#ticker.stop();
+  async stop(): Promise<void> {
+    await this.#ticker.stop();
+    await this.#lookups;
+  }
+
+  /**
+   * A cancel notification named task `id`. Aborts this server's leases of
+   * that task only if the database marks them cancel-requested (the lookup is
+   * shared with the other hints heard meanwhile); a lookup that fails is
+   * left to the next beat, which reads the mark too.
+   */
+  cancelHint(id: string): void {
+    if (this.#hinted !== 'all') {
+      if (this.#hinted.size >= MAX_HINTED_IDS) this.#hinted = 'all';
+      else this.#hinted.add(id);
+    }
+    this.#lookups ??= this.#lookUpCancels();
+  }
+
+  /** Lookups until no hint is left, one at a time and CANCEL_LOOKUP_GAP_MS apart. */
+  async #lookUpCancels(): Promise<void> {
+    try {
+      for (;;) {
+        // Notifications that came in one read from the socket share the first lookup.
+        await nextTurn();
+        const hinted = this.#hinted;
+        this.#hinted = new Set();
+        const leases = [...this.#processor.leases.values()].filter((l) => !l.abortReason && (hinted === 'all' || hinted.has(l.id)));
+        if (leases.length === 0) return;
+        const startedAt = performance.now();
+        try {
+          for (const lease of await cancelRequested(this.#db, leases, this.#server().id)) lease.abort(new TaskCanceledError());
+        } catch (err) {
+          this.#logger.debug({ err }, 'cancel lookup failed; the next heartbeat reads the mark');
+        }
+        // Hints heard from now on wait for the gap, then share the next lookup.
+        await new Promise((r) => setTimeout(r, Math.max(0, startedAt + CANCEL_LOOKUP_GAP_MS - performance.now())));
+      }
+    } finally {
+      // Here, not in a .finally() callback: a hint heard right after the last look at #hinted starts a new round.
+      this.#lookups = undefined;
+    }
   }
 
   /** Beats now (or right after the running beat), then every interval from then. */

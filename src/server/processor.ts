@@ -384,11 +384,6 @@ export class Processor {
     }
   }
 
-  /** Aborts the running tasks with this id (cancellation). */
-  abortTask(id: string, reason: Error): void {
-    for (const lease of this.leases.values()) if (lease.id === id) lease.abort(reason);
-  }
-
   /** Resolves once every batched write has been flushed. */
   flushed(): Promise<void> {
     return this.#outcomes.flushed();
