@@ -18,9 +18,19 @@ export function defaultRetryDelay(retried: number, random: () => number = Math.r
 }
 
 /**
+ * The longest retry delay: 1000 years (of 365.25 days), in ms. A run_at this far
+ * ahead is still far inside what both a PostgreSQL timestamp (year 294276) and
+ * a JavaScript Date (year 275760) hold, where 1e300 ms made the retry write fail
+ * "interval out of range" and left the task active.
+ */
+export const MAX_RETRY_DELAY_MS = 31_557_600_000_000;
+
+/**
  * How long a failed task waits before its next attempt: the server's
- * `retryDelay`, or asynq's default when there is none or it throws or gives
- * anything but a finite number ≥ 0 (warned once per task type).
+ * `retryDelay`, clamped to MAX_RETRY_DELAY_MS, or asynq's default when there
+ * is none or it throws or gives anything but a finite number ≥ 0 (warned once
+ * per task type, a clamp too). The processor's failures and the recoverer's
+ * expired leases both come through here.
  */
 export function retryDelayFor(
   retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined,
@@ -36,8 +46,12 @@ export function retryDelayFor(
   } catch (thrown) {
     value = thrown;
   }
-  if (typeof value === 'number' && Number.isFinite(value) && value >= 0) return value;
-  warnInvalidRetryDelay(logger, task.type, value);
+  if (typeof value === 'number' && Number.isFinite(value) && value >= 0) {
+    if (value <= MAX_RETRY_DELAY_MS) return value;
+    warnInvalidRetryDelay(logger, task.type, value, 'waiting 1000 years, the longest delay');
+    return MAX_RETRY_DELAY_MS;
+  }
+  warnInvalidRetryDelay(logger, task.type, value, 'using the default backoff');
   return defaultRetryDelay(retried);
 }
 
@@ -45,20 +59,17 @@ export function retryDelayFor(
 const warnedTypes = new WeakMap<object, Set<string>>();
 
 /**
- * Warns once per task type
- * ("retryDelay returned NaN; using the default backoff"), then stays quiet, so
- * a broken retryDelay cannot flood the log at the rate tasks fail.
+ * Warns once per task type ("retryDelay returned NaN; using the default
+ * backoff"), then stays quiet, so a broken retryDelay cannot flood the log at
+ * the rate tasks fail.
  */
-function warnInvalidRetryDelay(logger: Logger, type: string, value: unknown): void {
+function warnInvalidRetryDelay(logger: Logger, type: string, value: unknown, instead: string): void {
   let seen = warnedTypes.get(logger);
   if (seen === undefined) warnedTypes.set(logger, (seen = new Set()));
   if (seen.has(type)) return;
   seen.add(type);
   const what = value instanceof Error ? `threw ${value.name}` : `returned ${typeof value === 'number' ? String(value) : typeof value}`;
-  logger.warn(
-    { type, value: value instanceof Error ? value.message : String(value) },
-    `retryDelay ${what}; using the default backoff (warned once per task type)`,
-  );
+  logger.warn({ type, value: value instanceof Error ? value.message : String(value) }, `retryDelay ${what}; ${instead} (warned once per task type)`);
 }
 
 /** The most a stored last error takes, in UTF-8 bytes: asynq keeps the whole text; we keep 4 KiB. */
