@@ -244,7 +244,7 @@ export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Pr
       RETURNING s.seq, s.queue
     ),
     notified AS (SELECT pg_notify(${db.channels.delayed}, queue) FROM (SELECT DISTINCT queue FROM snoozed) q)
-    SELECT seq FROM snoozed WHERE (SELECT count(*) FROM notified) >= 0`,
+    SELECT seq FROM snoozed WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`,
     undefined,
     'snooze',
   );
@@ -265,10 +265,10 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
     FROM (
       -- Ahead of the queue's first pending task, in the order they were claimed.
-      SELECT l.seq, row_number() OVER w AS rank, count(*) OVER (PARTITION BY l.queue) AS n,
-             coalesce((SELECT min(p.pending_seq) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
+      SELECT l.seq, row_number() OVER w AS rank, pg_catalog.count(*) OVER (PARTITION BY l.queue) AS n,
+             coalesce((SELECT pg_catalog.min(p.pending_seq) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
                       nextval(${db.qualified('task_seq')})) AS front,
-             coalesce((SELECT min(p.run_at) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
+             coalesce((SELECT pg_catalog.min(p.run_at) FROM ${db.table('task_states')} p WHERE p.queue = l.queue AND p.state = 'pending'),
                       ${db.now()}) AS front_at
       FROM (SELECT s.seq, s.queue FROM ${db.table('task_states')} s WHERE ${fenced(b)} ORDER BY s.seq FOR UPDATE) l
       WINDOW w AS (PARTITION BY l.queue ORDER BY l.seq)
@@ -278,7 +278,7 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
   ),
   -- Below the claim cursors' floors: every server's next claim of the queue starts from its head.
   notified AS (SELECT pg_notify(${db.channels.sweep}, queue) FROM (SELECT DISTINCT queue FROM requeued) q)
-  SELECT seq FROM requeued WHERE (SELECT count(*) FROM notified) >= 0`);
+  SELECT seq FROM requeued WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`);
   return held(leases, rows);
 }
 
