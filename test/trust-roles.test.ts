@@ -9,10 +9,12 @@
  * statements.
  */
 import assert from 'node:assert/strict';
+import { readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Server, Task, roleSetupSql } from '../src/index.js';
-import { dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
+import { REPO, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 
 const PREFIX = `t26${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
 const KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
@@ -81,7 +83,7 @@ describe('a producer writes tasks only through the library', () => {
     } finally {
       await client.close();
     }
-    const seq = (await db.query("SELECT last_value FROM {{schema}}.task_seq"))[0]!.last_value as string;
+    const seq = (await db.query('SELECT last_value FROM {{schema}}.task_seq'))[0]!.last_value as string;
     for (const stmt of [
       // Planted rows ahead of the sequence: every later enqueue would fail on them.
       `INSERT INTO {{S}}.task_inputs (seq, queue, id, type) VALUES (${seq} + 5, 'q', 'plant', 't')`,
@@ -151,7 +153,11 @@ describe('a producer writes tasks only through the library', () => {
       const e1 = await refused(as('producer', 'SELECT * FROM {{S}}.enqueue_tasks($1::json, now(), false)', [tasks]), `enqueue_tasks ${column}`, '22023');
       assert.equal(e1.column, column);
       assert.match(e1.message, new RegExp(`^pgasynq: invalid ${column}: `));
-      const e2 = await refused(as('producer', 'SELECT * FROM {{S}}.replace_tasks($1::json, now(), $2)', [tasks, db.schema]), `replace_tasks ${column}`, '22023');
+      const e2 = await refused(
+        as('producer', 'SELECT * FROM {{S}}.replace_tasks($1::json, now(), $2)', [tasks, db.schema]),
+        `replace_tasks ${column}`,
+        '22023',
+      );
       assert.equal(e2.column, column);
     }
     assert.equal((await db.query('SELECT count(*)::int AS n FROM {{schema}}.tasks'))[0]!.n, before, 'nothing written');
@@ -228,14 +234,12 @@ describe("code planted on a login's search_path never runs in the library's stat
         done.add(ctx.taskId);
         await ctx.writeResult({ ok: true });
       });
-      await producer.enqueueMany(
-        [
-          ...Array.from({ length: 5 }, (_, n) => new Task('x', null, { queue: 'plain', taskId: `p${n}`, retention: 60_000 })),
-          ...Array.from({ length: 5 }, (_, n) => new Task('x', null, { queue: 'limited', taskId: `l${n + 1}`, concurrencyKey: `k${n}` })),
-          new Task('x', null, { queue: 'plain', taskId: 'child', dependsOn: ['p0', 'p1'] }),
-          new Task('x', null, { queue: 'plain', taskId: 'later', processIn: 100 }),
-        ],
-      );
+      await producer.enqueueMany([
+        ...Array.from({ length: 5 }, (_, n) => new Task('x', null, { queue: 'plain', taskId: `p${n}`, retention: 60_000 })),
+        ...Array.from({ length: 5 }, (_, n) => new Task('x', null, { queue: 'limited', taskId: `l${n + 1}`, concurrencyKey: `k${n}` })),
+        new Task('x', null, { queue: 'plain', taskId: 'child', dependsOn: ['p0', 'p1'] }),
+        new Task('x', null, { queue: 'plain', taskId: 'later', processIn: 100 }),
+      ]);
       await producer.enqueue(new Task('y', null), { queue: 'plain', taskId: 'later', processIn: 100, replace: true });
       await waitFor(() => done.size === 13, 20_000, `every task run (${[...done].join(', ')})`);
       await admin.listCompletedTasks('plain');
@@ -248,5 +252,21 @@ describe("code planted on a login's search_path never runs in the library's stat
       await admin.close();
     }
     assert.deepEqual(await calls(), []);
+  });
+
+  test('no broker statement calls a polymorphic function unqualified', () => {
+    // What a planted exact-typed overload would win over (the list the statements use, and their kin).
+    const risky =
+      /(?<![\w.])(unnest|array_agg|json_agg|jsonb_agg|json_build_array|jsonb_build_array|json_build_object|jsonb_build_object|to_json|to_jsonb|cardinality|array_length|array_position|format|count|min|max|sum|avg|string_agg|json_array_elements|json_to_recordset)\(/;
+    const found: string[] = [];
+    const dir = join(REPO, 'src', 'broker');
+    for (const file of readdirSync(dir).filter((f) => f.endsWith('.ts') && f !== 'roles.ts' && f !== 'migrations.ts')) {
+      readFileSync(join(dir, file), 'utf8')
+        .split('\n')
+        .forEach((line, n) => {
+          if (!/^\s*(\*|\/\/|\/\*\*)/.test(line) && risky.test(line)) found.push(`${file}:${n + 1}: ${line.trim()}`);
+        });
+    }
+    assert.deepEqual(found, []);
   });
 });
