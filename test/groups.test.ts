@@ -131,6 +131,34 @@ describe('closing a group', () => {
     assert.ok(seen.every((t) => t instanceof Task && t.type === 'item'));
   });
 
+  test('2,000 members on stale statistics go to the aggregator in one call, in enqueue order; only their own locks go', { timeout: 60_000 }, async () => {
+    await reset();
+    // Statistics that say the tables are empty, as after a deploy with autovacuum behind:
+    // the planner then takes the group for one row.
+    await db.query('ANALYZE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks');
+    // A member whose unique lock expired and was taken by another task with the same key.
+    const stale = await client.enqueue(new Task('item', { i: -1 }), { group: 'big', unique: 60_000 });
+    await db.query("UPDATE {{schema}}.unique_locks SET expires_at = now() - interval '1 second' WHERE task_id = $1", [stale.id]);
+    const holder = await client.enqueue(new Task('item', { i: -1 }), { unique: 60_000, processIn: 3_600_000 });
+    for (let b = 0; b < 2; b++) {
+      await client.enqueueMany(
+        Array.from({ length: 1000 }, (_, k) => new Task('item', { i: b * 1000 + k })),
+        { group: 'big', unique: 60_000 },
+      );
+    }
+    assert.equal((await db.query('SELECT * FROM {{schema}}.unique_locks')).length, 2001);
+    const { ran, calls } = await startServer({ groupGracePeriod: 100 });
+    await waitFor(() => ran.length === 1, 50_000, 'the batch ran');
+    assert.equal(calls.length, 1, 'one call');
+    assert.deepEqual(calls[0]?.payloads, [{ i: -1 }, ...Array.from({ length: 2000 }, (_, i) => ({ i }))]);
+    assert.equal(await aggregating('big'), 0);
+    assert.deepEqual(
+      (await db.query('SELECT task_id FROM {{schema}}.unique_locks')).map((r) => r.task_id),
+      [holder.id],
+      "the members' locks are released; the other task's lock on the stale member's key stays",
+    );
+  });
+
   test("the aggregate goes to the group's queue, whatever its own options say; other queues' groups are not touched", { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueue(new Task('item', 'x'), { queue: 'foreign', group: 'g' }); // a queue this server does not serve
