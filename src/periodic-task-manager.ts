@@ -57,7 +57,7 @@ export class PeriodicTaskManager {
     const o = v.plainObject(opts, 'options', ConfigError);
     const { getConfigs, syncInterval, ...schedulerOpts } = o as unknown as PeriodicTaskManagerOptions;
     this.#getConfigs = v.func(getConfigs, 'getConfigs', ConfigError);
-    const interval = syncInterval === undefined ? SYNC_INTERVAL_DEFAULT_MS : v.duration(syncInterval, 'syncInterval', 10, v.MAX_DURATION_MS, ConfigError);
+    const interval = syncInterval === undefined ? SYNC_INTERVAL_DEFAULT_MS : v.duration(syncInterval, 'syncInterval', 10, v.MAX_TIMER_MS, ConfigError);
     const resolved = resolveSchedulerOptions(schedulerOpts);
     this.#location = resolved.location;
     // The scheduler gets the logger resolved here (so logLevel is not applied twice).

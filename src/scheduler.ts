@@ -70,7 +70,7 @@ export function resolveSchedulerOptions(input: unknown): { location: string; hea
     heartbeatInterval:
       o.heartbeatInterval === undefined
         ? SCHEDULER_HEARTBEAT_DEFAULT_MS
-        : v.duration(o.heartbeatInterval, 'heartbeatInterval', 10, v.MAX_DURATION_MS, ConfigError),
+        : v.duration(o.heartbeatInterval, 'heartbeatInterval', 10, v.MAX_TIMER_MS, ConfigError),
     logger: resolveLogger(o),
   };
 }

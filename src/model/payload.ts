@@ -43,7 +43,7 @@ function pathOf(segments: readonly (string | number)[]): string {
  * or choke on. The path is built only for the message: a bulk enqueue checks
  * tens of thousands of payloads that are all fine.
  */
-function check(value: unknown, segments: (string | number)[], ancestors: object[], field: string): void {
+function check(value: unknown, segments: (string | number)[], ancestors: object[], field: string, fromToJSON = false): void {
   const fail = (rule: string): never => {
     throw new PayloadSerializationError(field, `${rule} at ${pathOf(segments)}`);
   };
@@ -70,8 +70,24 @@ function check(value: unknown, segments: (string | number)[], ancestors: object[
   if (value === null) return;
   const obj = value as object;
   if (ancestors.includes(obj)) fail('is not JSON-serialisable: circular reference');
-  if (obj instanceof Date) {
+  const toJSON = fromToJSON ? undefined : (obj as { toJSON?: unknown }).toJSON;
+  if (obj instanceof Date && toJSON === Date.prototype.toJSON) {
     if (Number.isNaN(obj.getTime())) fail('is not JSON-serialisable: Invalid Date');
+    return;
+  }
+  if (typeof toJSON === 'function') {
+    // JSON.stringify stores what toJSON returns (it calls it once, with the key), so that is what is checked.
+    let replaced: unknown;
+    try {
+      replaced = toJSON.call(obj, String(segments.at(-1) ?? ''));
+    } catch (err) {
+      return fail(`is not JSON-serialisable: its toJSON() threw (${messageOf(err)})`);
+    }
+    if (replaced === undefined) fail('is not JSON-serialisable: its toJSON() returned undefined');
+    // What toJSON returned is stored as it is: its own toJSON is not called, its members' are.
+    ancestors.push(obj);
+    check(replaced, segments, ancestors, field, true);
+    ancestors.pop();
     return;
   }
   if (obj instanceof Map || obj instanceof Set || ArrayBuffer.isView(obj) || obj instanceof ArrayBuffer) {
@@ -88,6 +104,7 @@ function check(value: unknown, segments: (string | number)[], ancestors: object[
     const record = obj as Record<string, unknown>;
     for (const key of Object.keys(record)) {
       if (key.includes('\0')) fail('has a key with a NUL character');
+      if (!key.isWellFormed()) fail(`has a key with a lone surrogate (not valid Unicode): ${JSON.stringify(key.slice(0, 40))}`);
       const item = record[key];
       if (item === undefined) continue;
       segments.push(key);
@@ -96,6 +113,12 @@ function check(value: unknown, segments: (string | number)[], ancestors: object[
     }
   }
   ancestors.pop();
+}
+
+/** A thrown value's message, cut short: it goes into ours. */
+function messageOf(err: unknown): string {
+  const text = err instanceof Error ? err.message : String(err);
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text;
 }
 
 /** Size in bytes of an encoded payload as stored (UTF-8 JSON text, or the bytes). */
@@ -128,7 +151,19 @@ export function encodePayload(value: unknown, field = 'payload', maxBytes = MAX_
     return { json: null, bytes: Buffer.from(value) };
   }
   check(value, [], [], field);
-  return checkPayloadSize({ json: JSON.stringify(value), bytes: null }, field, maxBytes);
+  let json: string;
+  try {
+    json = JSON.stringify(value);
+  } catch (err) {
+    // What check() cannot see: a getter that throws, or JSON longer than V8's longest string (about 512 MiB).
+    if (err instanceof RangeError)
+      throw new PayloadTooLargeError(
+        field,
+        `is longer as JSON than JavaScript can hold in one string; the limit is ${maxBytes} bytes (option maxPayloadBytes)`,
+      );
+    throw new PayloadSerializationError(field, `is not JSON-serialisable: ${messageOf(err)}`);
+  }
+  return checkPayloadSize({ json, bytes: null }, field, maxBytes);
 }
 
 /** The stored form back to what handlers and TaskInfo see. */

@@ -3,8 +3,8 @@
  * read of a task returns.
  */
 import { createHash, randomFillSync } from 'node:crypto';
-import { InvalidOptionError, InvalidTaskTypeError } from './errors.js';
-import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, type EncodedPayload } from './payload.js';
+import { InvalidOptionError, InvalidTaskTypeError, PayloadTooLargeError } from './errors.js';
+import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, encodedSize, type EncodedPayload } from './payload.js';
 import * as v from './validate.js';
 
 export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating' | 'waiting';
@@ -158,15 +158,10 @@ export function validateOptions(input: unknown, what = 'options'): EnqueueOption
   if (o.taskId !== undefined) out.taskId = v.taskId(o.taskId);
   if (o.timeout !== undefined) out.timeout = v.duration(o.timeout, 'timeout');
   if (o.deadline !== undefined) out.deadline = v.date(o.deadline, 'deadline');
-  if (o.unique !== undefined) {
-    if (typeof o.unique !== 'number' || !Number.isFinite(o.unique) || o.unique < 1000) {
-      throw new InvalidOptionError('unique', `TTL must be a finite number of ms ≥ 1000 (got ${v.describeValue(o.unique)})`);
-    }
-    out.unique = o.unique;
-  }
+  if (o.unique !== undefined) out.unique = v.duration(o.unique, 'unique', 1000, v.MAX_DURATION_MS);
   if (o.processAt !== undefined) out.processAt = v.date(o.processAt, 'processAt');
   if (o.processIn !== undefined) out.processIn = v.duration(o.processIn, 'processIn');
-  if (o.retention !== undefined) out.retention = v.duration(o.retention, 'retention', 0, Number.MAX_SAFE_INTEGER);
+  if (o.retention !== undefined) out.retention = v.duration(o.retention, 'retention', 0, v.MAX_DURATION_MS);
   if (o.group !== undefined) out.group = v.groupName(o.group);
   if (o.headers !== undefined) out.headers = validateHeaders(o.headers);
   if (o.dependsOn !== undefined) out.dependsOn = validateDependsOn(o.dependsOn);
@@ -193,16 +188,50 @@ function validateDependsOn(input: unknown): (string | TaskRef)[] {
   });
 }
 
+/** The most keys a task's headers may have. */
+export const MAX_HEADER_KEYS = 1000;
+/** The most bytes a task's headers may take as stored (UTF-8 JSON text): 64 KiB. */
+export const MAX_HEADERS_BYTES = 65_536;
+/** The longest header key, in characters. */
+const MAX_HEADER_KEY_LENGTH = 256;
+
+/**
+ * Headers are strings to strings that jsonb stores as given: no NUL, no lone
+ * surrogate. Their cap is their own (MAX_HEADER_KEYS, MAX_HEADERS_BYTES), not
+ * a share of maxPayloadBytes, so it holds wherever headers are written and
+ * the payload's limit means what it says.
+ */
 function validateHeaders(input: unknown): Record<string, string> {
   const h = v.plainObject(input, 'headers');
+  const keys = Object.keys(h);
+  if (keys.length > MAX_HEADER_KEYS) throw new PayloadTooLargeError('headers', `have ${keys.length} keys; the limit is ${MAX_HEADER_KEYS}`);
   const out = Object.create(null) as Record<string, string>;
-  for (const [key, value] of Object.entries(h)) {
-    if (key.length === 0 || key.length > 256) throw new InvalidOptionError('headers', `keys must be 1–256 characters (got ${key.length})`);
+  for (const key of keys) {
+    if (key.length === 0 || key.length > MAX_HEADER_KEY_LENGTH) {
+      throw new InvalidOptionError('headers', `keys must be 1–${MAX_HEADER_KEY_LENGTH} characters (got ${key.length})`);
+    }
+    checkHeaderText(key, 'headers', `key ${v.describeValue(key)}`);
+    const value = h[key];
     if (typeof value !== 'string') throw new InvalidOptionError(`headers.${key}`, `must be a string (got ${v.describeValue(value)})`);
-    if (value.includes('\0') || key.includes('\0')) throw new InvalidOptionError(`headers.${key}`, 'may not contain a NUL character');
+    checkHeaderText(value, `headers.${key}`, 'value');
     out[key] = value;
   }
-  return { ...out };
+  return checkHeadersSize({ ...out });
+}
+
+function checkHeaderText(text: string, field: string, what: string): void {
+  const nul = text.indexOf('\0');
+  if (nul >= 0) throw new InvalidOptionError(field, `${what} may not contain a NUL character (found at index ${nul})`);
+  const lone = v.loneSurrogateIndex(text);
+  if (lone >= 0) throw new InvalidOptionError(field, `${what} is not valid Unicode (lone surrogate at index ${lone})`);
+}
+
+/** Refuses headers over MAX_HEADERS_BYTES as stored: the Task's and the enqueue's together, once merged. */
+function checkHeadersSize(headers: Record<string, string>, field = 'headers'): Record<string, string> {
+  const size = Buffer.byteLength(JSON.stringify(headers));
+  if (size > MAX_HEADERS_BYTES)
+    throw new PayloadTooLargeError(field, `are ${size} bytes as JSON; the limit is ${MAX_HEADERS_BYTES} (headers have a cap of their own)`);
+  return headers;
 }
 
 /**
@@ -301,7 +330,8 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
     queue,
     type: task.type,
     payload: task.encoded,
-    headers: { ...task.headers, ...o.headers },
+    // Each part was checked alone; merged, the two could pass the cap together.
+    headers: overrides.headers === undefined ? { ...task.headers } : checkHeadersSize({ ...task.headers, ...overrides.headers }),
     maxRetry: o.maxRetry ?? DEFAULT_MAX_RETRY,
     timeoutMs: timeoutMs === 0 && o.deadline === undefined ? DEFAULT_TIMEOUT_MS : timeoutMs,
     deadline: o.deadline ?? null,
@@ -317,6 +347,37 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
     priority: o.priority ?? 0,
     concurrencyKey: o.concurrencyKey ?? null,
   };
+}
+
+/**
+ * The most one enqueue call may send. Its tasks go to PostgreSQL as one JSON
+ * text, which V8 cannot build past 2^29 − 24 characters (a RangeError, after
+ * all the work), nor PostgreSQL take past 1 GiB: 512 MiB less 1 MiB for the
+ * rest of the statement keeps below both, counted in UTF-8 bytes.
+ */
+export const MAX_CALL_BYTES = 2 ** 29 - 2 ** 20;
+/** A task's fields but its payload and headers, as sent, at most: ids, names, types and keys are all bounded. */
+const MAX_RECORD_OVERHEAD = 2048;
+
+/**
+ * Refuses a call whose tasks, as sent, would pass MAX_CALL_BYTES, before the
+ * text is built: payloads as stored (bytes go as hex, twice their size) and
+ * headers, summed. Headers are measured only when their cap could matter.
+ */
+export function checkCallSize(records: readonly TaskRecord[], field: string): void {
+  const payloads = (r: TaskRecord) => (r.payload.bytes !== null ? 2 * r.payload.bytes.byteLength : encodedSize(r.payload)) + MAX_RECORD_OVERHEAD;
+  const hasHeaders = (r: TaskRecord) => Object.keys(r.headers).length > 0;
+  let bound = 0;
+  for (const r of records) bound += payloads(r) + (hasHeaders(r) ? MAX_HEADERS_BYTES : 0);
+  if (bound <= MAX_CALL_BYTES) return;
+  let size = 0;
+  for (const r of records) size += payloads(r) + (hasHeaders(r) ? Buffer.byteLength(JSON.stringify(r.headers)) : 0);
+  if (size > MAX_CALL_BYTES) {
+    throw new PayloadTooLargeError(
+      field,
+      `take up to ${size} bytes as sent (payloads, bytes as hex, and headers); one call may send at most ${MAX_CALL_BYTES}${records.length > 1 ? ': split them into several calls' : ''}`,
+    );
+  }
 }
 
 /**

@@ -93,16 +93,37 @@ export function loneSurrogateIndex(value: string): number {
 }
 
 /**
+ * The NOTIFY channels of a schema: `<schema>_tasks` and so on (broker/db.ts
+ * names them from here). A channel is an identifier, so the schema's name
+ * leaves room for the longest suffix.
+ */
+export const CHANNEL_SUFFIXES = { tasks: '_tasks', delayed: '_delayed', cancel: '_cancel', sweep: '_sweep' } as const;
+
+/** PostgreSQL's longest identifier, in bytes (NAMEDATALEN − 1); longer ones are cut, and pg_notify() refuses them. */
+export const MAX_IDENTIFIER_BYTES = 63;
+
+const LONGEST_SUFFIX = Object.values(CHANNEL_SUFFIXES).reduce((a, b) => (b.length > a.length ? b : a));
+
+/** The longest schema name: 55 characters, so that `<schema>_delayed` is still an identifier. */
+export const MAX_SCHEMA_NAME_LENGTH = MAX_IDENTIFIER_BYTES - LONGEST_SUFFIX.length;
+
+/**
  * Schema names are the one identifier we put into SQL text, so the rule is
- * strict: ^[a-z_][a-z0-9_]{0,62}$, and not pg_… (reserved by PostgreSQL).
+ * strict: ^[a-z_][a-z0-9_]*$, at most MAX_SCHEMA_NAME_LENGTH characters, and
+ * not pg_… (reserved by PostgreSQL).
  */
 export function schemaName(value: unknown, field = 'schema'): string {
   if (typeof value !== 'string') throw new InvalidSchemaNameError(field, `must be a string (got ${describe(value)})`);
-  if (value.length < 1 || value.length > 63) throw new InvalidSchemaNameError(field, `must be 1–63 characters (got ${value.length})`);
+  if (value.length < 1 || value.length > MAX_SCHEMA_NAME_LENGTH) {
+    throw new InvalidSchemaNameError(
+      field,
+      `must be 1–${MAX_SCHEMA_NAME_LENGTH} characters (got ${value.length}): its notification channels, such as <schema>${LONGEST_SUFFIX}, must fit PostgreSQL's ${MAX_IDENTIFIER_BYTES}-byte names`,
+    );
+  }
   if (!SCHEMA.test(value)) {
     throw new InvalidSchemaNameError(
       field,
-      `must match ^[a-z_][a-z0-9_]{0,62}$ (${firstBadChar(value, value[0] && /[a-z_]/.test(value[0]) ? /[a-z0-9_]/ : /[a-z_]/)})`,
+      `must match ^[a-z_][a-z0-9_]*$ (${firstBadChar(value, value[0] && /[a-z_]/.test(value[0]) ? /[a-z0-9_]/ : /[a-z_]/)})`,
     );
   }
   if (value.startsWith('pg_')) throw new InvalidSchemaNameError(field, 'may not start with "pg_" (reserved by PostgreSQL)');
@@ -117,20 +138,44 @@ export function integer(value: unknown, field: string, min: number, max: number,
   return value;
 }
 
-/** The longest duration a Node.js timer can wait (about 24.8 days). */
-export const MAX_DURATION_MS = 2_147_483_647;
+/** The longest duration a Node.js timer can wait (about 24.8 days): the bound of every duration something waits on. */
+export const MAX_TIMER_MS = 2_147_483_647;
+
+/**
+ * The longest duration pgasynq takes anywhere (retention, unique): 1000
+ * Julian years. PostgreSQL's interval holds it, and added to any instant
+ * pgasynq takes (MAX_INSTANT_MS) it stays within a JavaScript Date.
+ */
+export const MAX_DURATION_MS = 31_557_600_000_000;
+
+/**
+ * The earliest and latest instants pgasynq takes (processAt, deadline): years
+ * 0001 to 9999 UTC, which both PostgreSQL's timestamptz and a JavaScript Date
+ * hold and print as ISO 8601 without a sign.
+ */
+export const MIN_INSTANT_MS = Date.parse('0001-01-01T00:00:00.000Z');
+export const MAX_INSTANT_MS = Date.parse('9999-12-31T23:59:59.999Z');
+
+/** Whether `d` is a valid Date in years 0001–9999 UTC: what readers print as an instant, rather than "—". */
+export function inInstantRange(d: Date): boolean {
+  const t = d.getTime();
+  return t >= MIN_INSTANT_MS && t <= MAX_INSTANT_MS;
+}
 
 /** A duration in ms: a finite number in [min, max]. */
-export function duration(value: unknown, field: string, min = 0, max = MAX_DURATION_MS, Err: ErrorClass = InvalidOptionError): number {
+export function duration(value: unknown, field: string, min = 0, max = MAX_TIMER_MS, Err: ErrorClass = InvalidOptionError): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
-    throw new Err(field, `must be a finite duration in ms in [${min}, ${max}] (got ${describe(value)})`);
+    const years = max === MAX_DURATION_MS ? ' (1000 years)' : '';
+    throw new Err(field, `must be a finite duration in ms in [${min}, ${max}]${years} (got ${describe(value)})`);
   }
   return value;
 }
 
+/** An instant: a valid Date in years 0001–9999 UTC. */
 export function date(value: unknown, field: string): Date {
   if (!(value instanceof Date)) throw new InvalidOptionError(field, `must be a Date (got ${describe(value)})`);
   if (Number.isNaN(value.getTime())) throw new InvalidOptionError(field, 'is an Invalid Date');
+  if (!inInstantRange(value)) throw new InvalidOptionError(field, `must lie in years 0001–9999 UTC (got ${value.toISOString()})`);
   return value;
 }
 

@@ -161,7 +161,7 @@ function validateQueues(input: unknown): Record<string, number> {
 export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
   const c = v.plainObject(input, 'config', ConfigError) as ServerConfig;
   v.knownKeys(c as Record<string, unknown>, KEYS, 'config', ConfigError);
-  const dur = (key: keyof ServerConfig, def: number, min = 0) => (c[key] === undefined ? def : v.duration(c[key], key, min, v.MAX_DURATION_MS, ConfigError));
+  const dur = (key: keyof ServerConfig, def: number, min = 0) => (c[key] === undefined ? def : v.duration(c[key], key, min, v.MAX_TIMER_MS, ConfigError));
   const fn = <F>(key: keyof ServerConfig): F | undefined => (c[key] === undefined ? undefined : v.func<F>(c[key], key, ConfigError));
 
   const leaseDuration = dur('leaseDuration', 30_000, 100);

@@ -28,7 +28,7 @@ import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from '../mux.js';
 import { decodePayload, encodePayload } from '../model/payload.js';
 import { Task } from '../model/task.js';
-import { MAX_DURATION_MS } from '../model/validate.js';
+import { MAX_TIMER_MS } from '../model/validate.js';
 import { Lease } from './lease.js';
 import { leaseKey, Outcomes, type Outcome, type OutcomePolicies } from './outcomes.js';
 import { backoffMs } from '../internal/backoff.js';
@@ -299,7 +299,7 @@ export class Processor {
     const timers: NodeJS.Timeout[] = [];
     const after = (ms: number, message: string) => {
       if (ms <= 0) lease.abort(new TaskTimeoutError(message));
-      else timers.push(setTimeout(() => lease.abort(new TaskTimeoutError(message)), Math.min(ms, MAX_DURATION_MS)));
+      else timers.push(setTimeout(() => lease.abort(new TaskTimeoutError(message)), Math.min(ms, MAX_TIMER_MS)));
     };
     if (row.timeout_ms > 0) after(row.timeout_ms, `task timeout of ${row.timeout_ms} ms exceeded`);
     if (row.deadline_in_ms !== null) after(row.deadline_in_ms - (performance.now() - claimedAt), 'task deadline exceeded');
