@@ -2,14 +2,15 @@
  * Client: puts tasks in queues. No background work; one statement per call
  * (a call with dependencies or replacements: a transaction of a few).
  */
-import { Db, type ConnectionOptions, type Transactional } from './broker/db.js';
+import { CONNECTION_OPTION_KEYS, Db, type ConnectionOptions, type Transactional } from './broker/db.js';
 import { insertWithDependencies } from './broker/dependencies.js';
 import { insertOrReplace } from './broker/replace.js';
 import type { TaskRecord } from './model/task.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
 import { resolveLogger, type Logger } from './internal/logger.js';
 import { maxPayloadBytesOption } from './model/payload.js';
-import { toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './model/task.js';
+import * as v from './model/validate.js';
+import { checkCallSize, toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './model/task.js';
 
 /** Enqueue options, plus the caller's open transaction to enqueue in. */
 export type EnqueueCallOptions = EnqueueOptions & {
@@ -26,11 +27,19 @@ function splitTx(opts: EnqueueCallOptions | undefined): [EnqueueOptions, Transac
   // null, a string or an array is refused as "options must be an object", not destructured.
   if (typeof opts !== 'object' || opts === null || Array.isArray(opts)) return [validateOptions(opts), undefined];
   const { tx, ...rest } = opts;
-  if (tx !== undefined && (typeof tx !== 'object' || tx === null)) {
-    throw new InvalidOptionError('tx', 'must be a Kysely Transaction or a pg client inside BEGIN');
+  // A Kysely Transaction has getExecutor(), a pg client query(): anything else would fail later as "tx.query is not a function".
+  if (tx !== undefined && !isTransactional(tx)) {
+    throw new InvalidOptionError('tx', `must be a Kysely Transaction or a pg client inside BEGIN (got ${describeTx(tx)})`);
   }
   return [validateOptions(rest), tx];
 }
+
+function isTransactional(tx: unknown): tx is Transactional {
+  const t = tx as { query?: unknown; getExecutor?: unknown } | null;
+  return typeof t === 'object' && t !== null && (typeof t.getExecutor === 'function' || typeof t.query === 'function');
+}
+
+const describeTx = (tx: unknown) => (typeof tx === 'object' && tx !== null ? 'an object with neither query() nor getExecutor()' : v.describeValue(tx));
 
 /** Client options: the connection, and the payload size cap. */
 export interface ClientOptions extends ConnectionOptions {
@@ -41,6 +50,8 @@ export interface ClientOptions extends ConnectionOptions {
    */
   maxPayloadBytes?: number;
 }
+
+const CLIENT_OPTION_KEYS = [...CONNECTION_OPTION_KEYS, 'maxPayloadBytes'] as const satisfies readonly (keyof ClientOptions)[];
 
 /**
  * @example
@@ -53,6 +64,8 @@ export class Client {
   readonly #maxPayloadBytes: number;
 
   constructor(opts: ClientOptions = {}) {
+    // As the Server and the Scheduler: a misspelt option is an error, never ignored.
+    v.knownKeys(v.plainObject(opts, 'options', ConfigError), CLIENT_OPTION_KEYS, 'options', ConfigError);
     this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
     const logger = resolveLogger(opts);
     this.#log = logger.child({ component: 'client' });
@@ -65,6 +78,7 @@ export class Client {
   async enqueue(task: Task, opts?: EnqueueCallOptions): Promise<TaskInfo> {
     const [overrides, tx] = splitTx(opts);
     const record = toRecord(task, overrides, undefined, this.#maxPayloadBytes);
+    checkCallSize([record], 'task');
     this.#checkOpen();
     const [info] = (await this.#insert([record], tx)) as [TaskInfo];
     this.#log.debug({ task: { id: info.id, type: info.type, queue: info.queue }, state: info.state }, 'task enqueued');
@@ -79,6 +93,7 @@ export class Client {
     if (!Array.isArray(tasks)) throw new InvalidOptionError('tasks', 'must be an array of Task');
     const [overrides, tx] = splitTx(opts);
     const records = tasks.map((task, i) => toRecord(task, overrides, i, this.#maxPayloadBytes));
+    checkCallSize(records, 'tasks');
     this.#checkOpen();
     if (records.length === 0) return [];
     const infos = await this.#insert(records, tx);

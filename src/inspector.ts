@@ -3,7 +3,7 @@
  * dashboard are thin shells over. Its statements live in
  * src/broker/inspector-read.ts and inspector-write.ts.
  */
-import { Db, type ConnectionOptions } from './broker/db.js';
+import { CONNECTION_OPTION_KEYS, Db, type ConnectionOptions } from './broker/db.js';
 import * as read from './broker/inspector-read.js';
 import * as write from './broker/inspector-write.js';
 import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
@@ -15,6 +15,7 @@ import * as v from './model/validate.js';
 import type { DailyStats, GroupInfo, ListOptions, QueueInfo, QueueLimits, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from './model/inspector-types.js';
 
 const MAX_HISTORY_DAYS = 3650;
+const INSPECTOR_OPTION_KEYS = [...CONNECTION_OPTION_KEYS, 'maxPayloadBytes'] as const satisfies readonly (keyof InspectorOptions)[];
 
 /**
  * @internal The Inspector's private parts that the CLI's and the dashboard's
@@ -64,6 +65,8 @@ export class Inspector {
   }
 
   constructor(opts: InspectorOptions = {}) {
+    // As the Server and the Scheduler: a misspelt option is an error, never ignored.
+    v.knownKeys(v.plainObject(opts, 'options', ConfigError), INSPECTOR_OPTION_KEYS, 'options', ConfigError);
     this.#maxPayloadBytes = maxPayloadBytesOption(opts.maxPayloadBytes, ConfigError);
     this.#db = new Db(opts, 'pgasynq:inspector', { logger: resolveLogger(opts) });
   }

@@ -2,10 +2,11 @@
  * Connection setup: the pool, the Kysely instance over it, and the quoted
  * schema that every statement of the broker is written against.
  */
+import { createHash } from 'node:crypto';
 import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
 import pg from 'pg';
 import { ConfigError } from '../model/errors.js';
-import { schemaName } from '../model/validate.js';
+import { CHANNEL_SUFFIXES, MAX_IDENTIFIER_BYTES, schemaName } from '../model/validate.js';
 import { FailureRun, silentLogger, type Logger, type LogLevel } from '../internal/logger.js';
 import { isTransientConnectionError, mapDbError } from '../internal/db-errors.js';
 import { EmbeddedDatabase, type EmbeddedClient } from '../internal/embedded-database.js';
@@ -154,6 +155,8 @@ export class Db {
   readonly #health: FailureRun | undefined;
   /** The text of each statement run() prepares, to its name on every connection. */
   readonly #prepared = new Map<string, string>();
+  /** `pgasynq:<schema>:`, or the schema's digest in place of a name too long to leave room for the statement's. */
+  readonly #statementPrefix: string;
   #closed = false;
 
   /**
@@ -193,6 +196,7 @@ export class Db {
       this.pool = opts.embedded.pool as unknown as pg.Pool;
       this.#ownsPool = false;
     } else if (opts.pool) {
+      if (!isPool(opts.pool)) throw new ConfigError('pool', 'must be a pg.Pool (an object with connect(), query() and on())');
       this.pool = opts.pool;
       this.#ownsPool = false;
     } else {
@@ -216,12 +220,14 @@ export class Db {
     this.kysely = new Kysely({ dialect: new PostgresDialect({ pool: this.preparesStatements ? preparingPool(this.pool, this.#prepared) : this.pool }) });
     if (opts.clock !== undefined && !(opts.clock instanceof DatabaseClock)) throw new ConfigError('clock', 'must be a DatabaseClock');
     this.clock = opts.clock ?? new DatabaseClock();
+    // schemaName() keeps the schema short enough for every one of these to be an identifier.
     this.channels = {
-      tasks: `${this.schema}_tasks`,
-      delayed: `${this.schema}_delayed`,
-      cancel: `${this.schema}_cancel`,
-      sweep: `${this.schema}_sweep`,
+      tasks: this.schema + CHANNEL_SUFFIXES.tasks,
+      delayed: this.schema + CHANNEL_SUFFIXES.delayed,
+      cancel: this.schema + CHANNEL_SUFFIXES.cancel,
+      sweep: this.schema + CHANNEL_SUFFIXES.sweep,
     };
+    this.#statementPrefix = statementPrefix(this.schema);
   }
 
   /**
@@ -297,7 +303,10 @@ export class Db {
     if (known !== undefined) return known;
     const taken = new Set(this.#prepared.values());
     for (let n = 1; n <= MAX_STATEMENT_FORMS; n++) {
-      const name = `pgasynq:${this.schema}:${base}${n === 1 ? '' : `:${n}`}`;
+      const name = `${this.#statementPrefix}${base}${n === 1 ? '' : `:${n}`}`;
+      // PostgreSQL would cut a longer name, and two statements cut to one name collide (42P05).
+      if (Buffer.byteLength(name) > MAX_IDENTIFIER_BYTES)
+        throw new Error(`pgasynq: prepared statement name "${name}" is longer than ${MAX_IDENTIFIER_BYTES} bytes`);
       if (taken.has(name)) continue;
       this.#prepared.set(text, name);
       return name;
@@ -334,6 +343,28 @@ export class Db {
  */
 function startupOptions(synchronousCommit: 'on' | 'off'): string {
   return [process.env.PGOPTIONS, `-c synchronous_commit=${synchronousCommit}`].filter((o) => o !== undefined && o.trim() !== '').join(' ');
+}
+
+/** The longest name run() gives a statement after the prefix: the longest name the broker uses, and a form's `:4`. */
+const MAX_STATEMENT_SUFFIX = 20;
+
+/**
+ * What every prepared statement's name of this schema starts with. The schema
+ * is in it when it leaves room for MAX_STATEMENT_SUFFIX more bytes (so names
+ * read `pgasynq:jobs:claim` in pg_prepared_statements); a longer schema is
+ * named by the first 16 hex digits of its SHA-256, which keeps the names of
+ * two schemas on one connection apart.
+ */
+function statementPrefix(schema: string): string {
+  const readable = `pgasynq:${schema}:`;
+  if (readable.length + MAX_STATEMENT_SUFFIX <= MAX_IDENTIFIER_BYTES) return readable;
+  return `pgasynq:${createHash('sha256').update(schema).digest('hex').slice(0, 16)}:`;
+}
+
+/** Whether `pool` has what Db uses of a pg.Pool (a plain `{}` would fail later as "pool.on is not a function"). */
+function isPool(pool: unknown): boolean {
+  const p = pool as Partial<Record<'connect' | 'query' | 'on', unknown>>;
+  return typeof p === 'object' && typeof p.connect === 'function' && typeof p.query === 'function' && typeof p.on === 'function';
 }
 
 const GUARDED = Symbol('pgasynq.guarded');
