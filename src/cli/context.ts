@@ -5,6 +5,8 @@
  */
 import type { ConnectionOptions } from '../broker/db.js';
 import type { Logger, LogLevel } from '../internal/logger.js';
+import { escapeInvisible } from '../internal/printable.js';
+import { printable } from './format.js';
 import { humanLogger } from './log.js';
 import { sanitize } from './sanitize.js';
 
@@ -66,17 +68,26 @@ export class CliContext {
    * CLI is for people; scripts read --json on stdout). Passwords are masked.
    */
   logger(level: LogLevel = 'warn', write: (text: string) => void = (text) => void this.io.err.write(text)): Logger {
-    return humanLogger(level, (text) => write(sanitize(text, this.databaseUrl, this.io.env)));
+    return humanLogger(level, (text) => {
+      // One log line each: a newline inside (an error message's) is shown, not obeyed.
+      const line = sanitize(text, this.databaseUrl, this.io.env);
+      write(line.endsWith('\n') ? `${escapeInvisible(line.slice(0, -1))}\n` : escapeInvisible(line));
+    });
   }
 
-  /** With --json, prints `value` as one line of JSON; otherwise the human-readable lines. */
+  /**
+   * With --json, prints `value` as one line of JSON; otherwise the
+   * human-readable lines. Either way no control or other invisible character
+   * reaches the terminal raw: JSON gets them as \u escapes (still the same
+   * JSON), and human lines that format.ts did not build are escaped.
+   */
   emit(value: unknown, human: () => string | string[]): void {
     if (this.globals.json) {
-      this.io.out.write(`${JSON.stringify(value)}\n`);
+      this.io.out.write(`${escapeInvisible(JSON.stringify(value))}\n`);
       return;
     }
     const text = human();
     const lines = Array.isArray(text) ? text : [text];
-    for (const line of lines) this.io.out.write(`${line}\n`);
+    for (const line of lines) this.io.out.write(`${printable(line)}\n`);
   }
 }

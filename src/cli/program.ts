@@ -13,6 +13,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { CommanderError } from '@commander-js/extra-typings';
+import { escapeInvisible } from '../internal/printable.js';
 import { redactConnectionString } from '../internal/redact.js';
 import { FailedPreconditionError, isValidationError } from '../model/errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
@@ -65,8 +66,9 @@ export function createProgram(io: CliIO): { program: CliProgram; ctx: CliContext
     .version(version(), '-V, --version')
     .exitOverride()
     .configureOutput({
-      writeOut: (s) => io.out.write(s),
-      writeErr: (s) => io.err.write(s),
+      // Commander quotes the arguments it refuses: escaped, as all our output.
+      writeOut: (s) => io.out.write(escapeInvisible(s, { keepLineBreaks: true })),
+      writeErr: (s) => io.err.write(escapeInvisible(s, { keepLineBreaks: true })),
     })
     .showHelpAfterError('(run pgasynq --help for usage)');
   const ctx = new CliContext(io, () => program.opts());
@@ -140,8 +142,9 @@ function report(err: unknown, ctx: CliContext): number {
     // undefined_table, invalid_schema_name: most likely a schema nobody migrated yet.
     message = `${message} (is the schema migrated? run: ${migrateCommand})`;
   }
-  ctx.io.err.write(`error: ${oneLine(sanitize(message, url, ctx.io.env))}\n`);
+  // Messages carry text from the database (a type, an error): shown escaped, never obeyed by the terminal.
+  ctx.io.err.write(`error: ${escapeInvisible(oneLine(sanitize(message, url, ctx.io.env)))}\n`);
   if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');
-  if (debug && err instanceof Error && err.stack) ctx.io.err.write(`${sanitize(err.stack, url, ctx.io.env)}\n`);
+  if (debug && err instanceof Error && err.stack) ctx.io.err.write(`${escapeInvisible(sanitize(err.stack, url, ctx.io.env), { keepLineBreaks: true })}\n`);
   return usage ? EXIT_USAGE : EXIT_FAILURE;
 }

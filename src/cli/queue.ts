@@ -13,7 +13,7 @@ import { formatDuration, parseDuration } from '../model/cron.js';
 import { MAX_LIMIT } from '../model/validate.js';
 import { colours, intInRange, jsonNote, OK, withInspector } from './common.js';
 import { UsageError, type CliContext } from './context.js';
-import { duration, errorRate, fields, table, when } from './format.js';
+import { day, duration, errorRate, fields, table, when } from './format.js';
 import type { CliProgram } from './root.js';
 import { stateBars } from './stats.js';
 
@@ -139,7 +139,7 @@ export function registerQueue(program: CliProgram, ctx: CliContext): void {
       ctx.emit(days, () =>
         table(
           ['date (UTC)', 'processed', 'failed', 'error rate'],
-          days.map((d) => [d.date.toISOString().slice(0, 10), String(d.processed), String(d.failed), errorRate(d.failed, d.processed)]),
+          days.map((d) => [day(d.date), String(d.processed), String(d.failed), errorRate(d.failed, d.processed)]),
           { right: [1, 2, 3] },
         ),
       );

@@ -8,7 +8,7 @@ import type { QueueInfo } from '../model/inspector-types.js';
 import { isQueueNotFound } from '../model/errors.js';
 import { colours, jsonNote, STATES, withInspector } from './common.js';
 import type { CliContext } from './context.js';
-import { bar, duration, errorRate, table, type Style } from './format.js';
+import { bar, day, duration, errorRate, table, type Style } from './format.js';
 import type { CliProgram } from './root.js';
 
 /** Counts by state with a bar each, the bars scaled to the largest count. */
@@ -32,7 +32,7 @@ function render(infos: QueueInfo[], s: Style): string[] {
   const totals = Object.fromEntries(STATES.map((st) => [st, infos.reduce((n, q) => n + q[st], 0)])) as Record<(typeof STATES)[number], number>;
   const processed = infos.reduce((n, q) => n + q.processed, 0);
   const failed = infos.reduce((n, q) => n + q.failed, 0);
-  const day = (infos[0]?.timestamp ?? new Date()).toISOString().slice(0, 10);
+  const today = day(infos[0]?.timestamp ?? new Date());
   const headers = ['queue', ...STATES, 'size', 'latency', 'processed', 'failed', 'paused'];
   const rows = infos.map((q) => [
     q.queue,
@@ -51,7 +51,7 @@ function render(infos: QueueInfo[], s: Style): string[] {
     s.bold('Queues (processed and failed: today, UTC)'),
     ...table(headers, rows, { right }),
     '',
-    s.bold(`Today (${day} UTC)`),
+    s.bold(`Today (${today} UTC)`),
     ...table(['processed', 'failed', 'error rate'], [[String(processed), String(failed), errorRate(failed, processed)]], { right: [0, 1, 2] }),
   ];
 }

@@ -4,14 +4,19 @@
  */
 import { formatDuration } from '../model/cron.js';
 import type { QueueLimits } from '../model/inspector-types.js';
+import { inInstantRange } from '../model/validate.js';
 
 /** 1234567 → "1,234,567". */
 export function num(n: number): string {
   return Math.round(n).toLocaleString('en-US');
 }
 
-/** ms → "850 ms", "12.5 s", "3m 20s", "2h 5m", "3d 4h". */
+/** Shown for an instant or a duration no Date or clock can show: invalid, or outside years 0001–9999. */
+export const UNSHOWABLE = '—';
+
+/** ms → "850 ms", "12.5 s", "3m 20s", "2h 5m", "3d 4h"; "—" when not a finite number. */
 export function duration(ms: number): string {
+  if (!Number.isFinite(ms)) return UNSHOWABLE;
   const a = Math.abs(ms);
   if (a < 1000) return `${Math.round(ms)} ms`;
   if (a < 60_000) return `${(ms / 1000).toFixed(a < 10_000 ? 2 : 1)} s`;
@@ -22,16 +27,26 @@ export function duration(ms: number): string {
   return `${sign}${Math.floor(s / 86_400)}d ${Math.floor((s % 86_400) / 3600)}h`;
 }
 
-/** An instant relative to `now`: "in 3m 20s", "12.5 s ago", "now". */
+/**
+ * An instant relative to `now`: "in 3m 20s", "12.5 s ago", "now"; "—" for one
+ * that cannot be shown (a row written by hand or by SQL can hold year 280000).
+ */
 export function relative(d: Date, now: number): string {
+  if (!inInstantRange(d)) return UNSHOWABLE;
   const diff = d.getTime() - now;
   if (Math.abs(diff) < 1000) return 'now';
   return diff > 0 ? `in ${duration(diff)}` : `${duration(-diff)} ago`;
 }
 
-/** "2026-05-01 12:00:03Z" (UTC, to the second). */
+/** "2026-05-01 12:00:03Z" (UTC, to the second); "—" when it cannot be shown. */
 export function instant(d: Date): string {
+  if (!inInstantRange(d)) return UNSHOWABLE;
   return `${d.toISOString().slice(0, 19).replace('T', ' ')}Z`;
+}
+
+/** A `<time datetime>` value: ISO 8601, or '' for an instant that cannot be shown. */
+export function datetime(d: Date): string {
+  return inInstantRange(d) ? d.toISOString() : '';
 }
 
 /** Text cut to at most `max` characters, the last one "…" when it was longer. */

@@ -13,6 +13,7 @@
  * literal text is ever emitted unescaped (and jsonForScript's output, which
  * is JSON with every character that could end its element escaped).
  */
+import { escapeInvisible } from '../internal/printable.js';
 
 /** Markup that is already safe: produced by `html` or written in this package. */
 export class Html {
@@ -24,18 +25,9 @@ export class Html {
 
 const ESCAPES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;', '`': '&#96;' };
 
-/**
- * Format (Cf: U+200B–200F, U+202A–202E, U+2066–2069, U+FEFF, tags…), control
- * (Cc) and separator (Zl, Zp) characters, and lone surrogates (Cs); not tab,
- * CR or LF, which pretty-printed payloads need.
- */
-const INVISIBLE = /(?![\t\n\r])[\p{Cc}\p{Cf}\p{Cs}\p{Zl}\p{Zp}]/gu;
-
 /** Escapes text for HTML text and (quoted) attribute values, showing invisible and direction characters as \u{…}. */
 export function escapeHtml(text: string): string {
-  return text
-    .replace(INVISIBLE, (c) => `\\u{${(c.codePointAt(0) as number).toString(16).toUpperCase().padStart(4, '0')}}`)
-    .replace(/[&<>"'`]/g, (c) => ESCAPES[c] as string);
+  return escapeInvisible(text, { keepLineBreaks: true, form: 'braced' }).replace(/[&<>"'`]/g, (c) => ESCAPES[c] as string);
 }
 
 /** A value interpolated into a template: Html as is, arrays joined, nothing for null/undefined/false, text escaped. */

@@ -15,7 +15,7 @@ import { MAX_PREVIEW_PAGE_SIZE } from '../inspector-internal.js';
 import type { QueueInfo } from '../model/inspector-types.js';
 import type { TaskState } from '../model/task.js';
 import { historyChart, type DayCounts } from './charts.js';
-import { clip, duration, errorRate, instant, limitsText, num, preview, relative } from './format.js';
+import { clip, datetime, duration, errorRate, instant, limitsText, num, preview, relative } from './format.js';
 import { html, jsonForScript, type Html } from './html.js';
 import { localPath } from './security.js';
 import type { QueueSampler } from './sampler.js';
@@ -90,7 +90,7 @@ export function here(ctx: PageContext): string {
 
 export function when(d: Date | null, now: number): Html {
   if (d === null) return html`<span class="muted">–</span>`;
-  return html`<time datetime="${d.toISOString()}" title="${instant(d)}">${relative(d, now)}</time>`;
+  return html`<time datetime="${datetime(d)}" title="${instant(d)}">${relative(d, now)}</time>`;
 }
 
 /** A payload or result held whole (a scheduler entry's), as a one-line preview; "hidden" with hidePayloads. */

@@ -6,7 +6,7 @@
 import type { DependencyPreview } from '../broker/dependencies.js';
 import { listTaskDependencies, listTaskDependents } from '../inspector-internal.js';
 import type { TaskInfo, TaskRef } from '../model/task.js';
-import { duration, instant, num, pretty, relative } from './format.js';
+import { datetime, duration, instant, num, pretty, relative } from './format.js';
 import { html, type Html } from './html.js';
 import { ALLOWED, OP_LABEL, type PageContext, type PageResult, actionForm, badge, confirmText, href, layout, opButton, queuePath, taskPath } from './pages.js';
 import { taskKey, workersByTask } from './queue-pages.js';
@@ -120,7 +120,7 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
   const timeline = html`<section class="card"><h2>Timeline</h2>${
     evs.length === 0
       ? html`<p class="muted">${t.state === 'pending' ? 'Waiting to be picked up.' : 'Nothing recorded yet.'}</p>`
-      : html`<ol class="timeline">${evs.map((e) => html`<li class="${e.at.getTime() > now ? 'future' : ''}"><time datetime="${e.at.toISOString()}">${instant(e.at)}</time> <strong>${e.label}</strong> <span class="muted">${relative(e.at, now)}${e.detail ? ` · ${e.detail}` : ''}</span></li>`)}</ol>`
+      : html`<ol class="timeline">${evs.map((e) => html`<li class="${e.at.getTime() > now ? 'future' : ''}"><time datetime="${datetime(e.at)}">${instant(e.at)}</time> <strong>${e.label}</strong> <span class="muted">${relative(e.at, now)}${e.detail ? ` · ${e.detail}` : ''}</span></li>`)}</ol>`
   }</section>`;
 
   const lease =
