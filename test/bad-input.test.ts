@@ -122,6 +122,13 @@ function runtimeServer(): Promise<{ server: Server; client: Client }> {
       .handle('delay:', () => {
         throw new Error('fails, to be retried');
       })
+      .handle('result:surrogate', async (_task, ctx) => {
+        try {
+          await ctx.writeResult({ 'k\uD800': 1 });
+        } catch (err) {
+          throw new Error(`${(err as Error).name}: ${(err as Error).message}`, { cause: err });
+        }
+      })
       .handle('ok', () => {});
     const config: ServerConfig = {
       connectionString: DATABASE_URL,
@@ -379,21 +386,27 @@ const ROWS: Row[] = [
   },
   ...(
     [
-      [18, 'public; DROP SCHEMA public CASCADE', /^schema must match \^\[a-z_\]\[a-z0-9_\]\{0,62\}\$ \(found ";" at index 6\)$/],
+      [18, 'public; DROP SCHEMA public CASCADE', /^schema must match \^\[a-z_\]\[a-z0-9_\]\*\$ \(found ";" at index 6\)$/],
       [19, 'pg_catalog', /^schema may not start with "pg_" \(reserved by PostgreSQL\)$/],
       [19, 'pg_pgq', /^schema may not start with "pg_" \(reserved by PostgreSQL\)$/],
       [20, "o'brien", /^schema must match .* \(found "'" at index 1\)$/],
       [20, 'a$$b', /^schema must match .* \(found "\$" at index 1\)$/],
       [20, 'Queue', /^schema must match .* \(found "Q" at index 0\)$/],
       [20, 'x.job', /^schema must match .* \(found "\." at index 1\)$/],
-      [21, '', /^schema must be 1–63 characters \(got 0\)$/],
-      [21, 'a'.repeat(64), /^schema must be 1–63 characters \(got 64\)$/],
+      [21, '', /^schema must be 1–55 characters \(got 0\): its notification channels, such as <schema>_delayed, must fit PostgreSQL's 63-byte names$/],
+      [21, 'a'.repeat(64), /^schema must be 1–55 characters \(got 64\): .*_delayed/],
+      // Issue #26 finding 11: <schema>_delayed must be an identifier (pg_notify refused 56–63 characters: 22023).
+      [
+        21,
+        'a'.repeat(56),
+        /^schema must be 1–55 characters \(got 56\): its notification channels, such as <schema>_delayed, must fit PostgreSQL's 63-byte names$/,
+      ],
     ] as const
   ).flatMap(([n, schema, message]): Row[] => [
     {
       n,
       surface: 'client',
-      input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}…` : schema)}`,
+      input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}… (${schema.length} characters)` : schema)}`,
       error: 'InvalidSchemaNameError',
       message,
       attempt: () => thrown(() => new Client({ pool, schema })),
@@ -401,7 +414,7 @@ const ROWS: Row[] = [
     {
       n,
       surface: 'migrate',
-      input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}…` : schema)}`,
+      input: `schema ${JSON.stringify(schema.length > 24 ? `${schema.slice(0, 24)}… (${schema.length} characters)` : schema)}`,
       error: 'InvalidSchemaNameError',
       message,
       attempt: () => thrown(() => migrate({ pool, schema })),
@@ -450,7 +463,7 @@ const ROWS: Row[] = [
     surface: 'enqueue',
     input: 'unique: 0',
     error: 'InvalidOptionError',
-    message: /^unique TTL must be a finite number of ms ≥ 1000 \(got 0\)$/,
+    message: /^unique must be a finite duration in ms in \[1000, 31557600000000\] \(1000 years\) \(got 0\)$/,
     attempt: option({ unique: 0 }),
   },
   {
@@ -458,7 +471,7 @@ const ROWS: Row[] = [
     surface: 'enqueue',
     input: 'unique: -1000',
     error: 'InvalidOptionError',
-    message: /^unique TTL must be a finite number of ms ≥ 1000 \(got -1000\)$/,
+    message: /^unique must be a finite duration in ms in \[1000, 31557600000000\] \(1000 years\) \(got -1000\)$/,
     attempt: option({ unique: -1000 }),
   },
   {
@@ -760,6 +773,253 @@ const ROWS: Row[] = [
     message: /^options\.schemas is not a known option \(expected one of schema, prefix, logins\)$/,
     attempt: () => thrown(() => lib.roleSetupSql({ schemas: 'app' } as never)),
   },
+  // ---- issue #26 (the database is the trust boundary), findings 5, 9, 11 and 13
+  // Finding 5: headers have a cap of their own, counted as stored (UTF-8 JSON text).
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: 'headers of 20 MB (Client with the default 1 MiB maxPayloadBytes)',
+    error: 'PayloadTooLargeError',
+    message: /^headers are 20000008 bytes as JSON; the limit is 65536 \(headers have a cap of their own\)$/,
+    attempt: option({ headers: { h: 'x'.repeat(20_000_000) } }),
+  },
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: 'headers with 100,000 keys',
+    error: 'PayloadTooLargeError',
+    message: /^headers have 100000 keys; the limit is 1000$/,
+    attempt: option({ headers: Object.fromEntries(Array.from({ length: 100_000 }, (_, i) => [`k${i}`, 'v'])) }),
+  },
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: "the Task's headers and the enqueue's, 40 KB each: over the cap once merged",
+    error: 'PayloadTooLargeError',
+    message: /^headers are 80015 bytes as JSON; the limit is 65536/,
+    attempt: enqueue(() => new Task('h', null, { headers: { a: 'x'.repeat(40_000) } }), { headers: { b: 'y'.repeat(40_000) } }),
+  },
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: 'a header value with a lone surrogate',
+    error: 'InvalidOptionError',
+    message: /^headers\.k value is not valid Unicode \(lone surrogate at index 1\)$/,
+    attempt: option({ headers: { k: 'a\uD800' } }),
+    note: 'was a raw 22P02 from PostgreSQL',
+  },
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: 'a header key with a lone surrogate',
+    error: 'InvalidOptionError',
+    message: /^headers key "a\\udc00" is not valid Unicode \(lone surrogate at index 1\)$/,
+    attempt: option({ headers: { 'a\uDC00': 'v' } }),
+    note: 'was a raw 22P02 from PostgreSQL',
+  },
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: 'a header key with a NUL',
+    error: 'InvalidOptionError',
+    message: /^headers key "a\\u0000" may not contain a NUL character \(found at index 1\)$/,
+    attempt: option({ headers: { 'a\u0000': 'v' } }),
+  },
+  {
+    n: 45,
+    surface: 'enqueue',
+    input: 'a header value that is a number',
+    error: 'InvalidOptionError',
+    message: /^headers\.n must be a string \(got 5\)$/,
+    attempt: option({ headers: { n: 5 } }),
+  },
+  // Finding 9 and 13: instants in years 0001–9999 UTC, durations at most 1000 years (MAX_DURATION_MS).
+  ...(
+    [
+      ['processAt', new Date('+010000-01-01T00:00:00Z'), '\\+010000-01-01T00:00:00\\.000Z'],
+      ['processAt', new Date('0000-12-31T23:59:59Z'), '0000-12-31T23:59:59\\.000Z'],
+      ['deadline', new Date('+275760-09-13T00:00:00Z'), '\\+275760-09-13T00:00:00\\.000Z'],
+    ] as const
+  ).map(([field, at, shown]): Row => ({
+    n: 46,
+    surface: 'enqueue',
+    input: `${field}: ${at.toISOString()}`,
+    error: 'InvalidOptionError',
+    message: new RegExp(`^${field} must lie in years 0001–9999 UTC \\(got ${shown}\\)$`),
+    attempt: option({ [field]: at }),
+    note: 'was a raw 22008/22009 from PostgreSQL, or a row no reader could show',
+  })),
+  {
+    n: 46,
+    surface: 'enqueue',
+    input: 'retention: Number.MAX_SAFE_INTEGER',
+    error: 'InvalidOptionError',
+    message: /^retention must be a finite duration in ms in \[0, 31557600000000\] \(1000 years\) \(got 9007199254740991\)$/,
+    attempt: option({ retention: Number.MAX_SAFE_INTEGER }),
+    note: "was accepted, and the queue's Completed tab and the task page answered 500",
+  },
+  {
+    n: 46,
+    surface: 'enqueue',
+    input: 'unique: 1e17',
+    error: 'InvalidOptionError',
+    message: /^unique must be a finite duration in ms in \[1000, 31557600000000\] \(1000 years\) \(got 100000000000000000\)$/,
+    attempt: option({ unique: 1e17 }),
+    note: 'was "interval out of range" from PostgreSQL',
+  },
+  {
+    n: 46,
+    surface: 'enqueue',
+    input: 'unique: MAX_DURATION_MS + 1',
+    error: 'InvalidOptionError',
+    message: /^unique must be a finite duration in ms in \[1000, 31557600000000\] \(1000 years\) \(got 31557600000001\)$/,
+    attempt: option({ unique: lib.MAX_DURATION_MS + 1 }),
+  },
+  // Finding 11: a schema too long for its channels is refused up front, everywhere it is taken.
+  ...(
+    [
+      ['server', () => new Server({ pool, schema: 'a'.repeat(56) })],
+      ['inspector', () => new Inspector({ pool, schema: 'a'.repeat(56) })],
+    ] as const
+  ).map(([surface, attempt]): Row => ({
+    n: 47,
+    surface: surface === 'server' ? 'config' : 'inspector',
+    input: `${surface}: schema of 56 characters`,
+    error: 'InvalidSchemaNameError',
+    message: /^schema must be 1–55 characters \(got 56\): its notification channels, such as <schema>_delayed, must fit PostgreSQL's 63-byte names$/,
+    attempt: () => thrown(attempt),
+  })),
+  {
+    n: 47,
+    surface: 'CLI',
+    input: 'pgasynq --schema <56 characters> stats',
+    error: 'exit 2',
+    message: /^error: schema must be 1–55 characters \(got 56\): its notification channels, such as <schema>_delayed, must fit PostgreSQL's 63-byte names\n$/,
+    attempt: async () => {
+      const r = await runCli(['--database-url', DATABASE_URL, '--schema', 'a'.repeat(56), 'stats']);
+      assert.equal(r.stdout, '');
+      return { name: `exit ${r.code}`, message: r.stderr };
+    },
+  },
+  {
+    n: 47,
+    surface: 'CLI',
+    input: 'pgasynq --schema <56 characters> migrate',
+    error: 'exit 2',
+    message: /^error: schema must be 1–55 characters \(got 56\)/,
+    attempt: async () => {
+      const r = await runCli(['--database-url', DATABASE_URL, '--schema', 'a'.repeat(56), 'migrate']);
+      return { name: `exit ${r.code}`, message: r.stderr };
+    },
+  },
+  // Finding 13: raw or untyped errors become typed ones naming the field.
+  {
+    n: 48,
+    surface: 'enqueue',
+    input: 'a payload key with a lone surrogate',
+    error: 'PayloadSerializationError',
+    message: /^payload has a key with a lone surrogate \(not valid Unicode\): "k\\ud800" at \$\.a$/,
+    attempt: withPayload(() => ({ a: { 'k\uD800': 1 } })),
+    note: 'was a raw 22P02 from PostgreSQL',
+  },
+  ...(
+    [
+      ['returns undefined', () => undefined, /^payload is not JSON-serialisable: its toJSON\(\) returned undefined at \$\.when$/],
+      ['returns a BigInt', () => 10n, /^payload is not JSON-serialisable: BigInt \(encode it as a string\) at \$\.when$/],
+      [
+        'returns a cycle',
+        () => {
+          const a: Record<string, unknown> = {};
+          a.self = a;
+          return a;
+        },
+        /^payload is not JSON-serialisable: circular reference at \$\.when\.self$/,
+      ],
+      [
+        'throws',
+        () => {
+          throw new Error('no clock');
+        },
+        /^payload is not JSON-serialisable: its toJSON\(\) threw \(no clock\) at \$\.when$/,
+      ],
+    ] as const
+  ).map(([what, toJSON, message]): Row => ({
+    n: 48,
+    surface: 'enqueue',
+    input: `a payload class whose toJSON() ${what}`,
+    error: 'PayloadSerializationError',
+    message,
+    attempt: withPayload(() => ({
+      when: new (class Stamp {
+        toJSON = toJSON;
+      })(),
+    })),
+    note: 'was a raw TypeError (or a payload stored as nothing)',
+  })),
+  {
+    n: 48,
+    surface: 'enqueue',
+    input: 'a payload whose toJSON() returns undefined at the top',
+    error: 'PayloadSerializationError',
+    message: /^payload is not JSON-serialisable: its toJSON\(\) returned undefined at \$$/,
+    attempt: withPayload(() => ({ toJSON: () => undefined })),
+  },
+  {
+    n: 48,
+    surface: 'enqueue',
+    input: 'tx: {}',
+    error: 'InvalidOptionError',
+    message: /^tx must be a Kysely Transaction or a pg client inside BEGIN \(got an object with neither query\(\) nor getExecutor\(\)\)$/,
+    attempt: () => thrown(() => client.enqueue(new Task('t'), { tx: {} as never })),
+    note: 'was "tx.query is not a function"',
+  },
+  ...(['client', 'inspector'] as const).map((surface): Row => ({
+    n: 48,
+    surface: surface === 'client' ? 'client' : 'inspector',
+    input: `${surface}: pool: {}`,
+    error: 'ConfigError',
+    message: /^pool must be a pg\.Pool \(an object with connect\(\), query\(\) and on\(\)\)$/,
+    attempt: () => thrown(() => (surface === 'client' ? new Client({ pool: {} as never }) : new Inspector({ pool: {} as never }))),
+    note: 'was "pool.on is not a function"',
+  })),
+  ...(['client', 'inspector'] as const).map((surface): Row => ({
+    n: 48,
+    surface: surface === 'client' ? 'client' : 'inspector',
+    input: `${surface}: a misspelt option (maxPayloadByte)`,
+    error: 'ConfigError',
+    message: /^options\.maxPayloadByte is not a known option \(expected one of connectionString, pool, schema, .*maxPayloadBytes\)$/,
+    attempt: () =>
+      thrown(() =>
+        surface === 'client'
+          ? new Client({ pool, schema: db.schema, maxPayloadByte: 5 } as never)
+          : new Inspector({ pool, schema: db.schema, maxPayloadByte: 5 } as never),
+      ),
+    note: 'was accepted and ignored (the Server refused it)',
+  })),
+  {
+    n: 48,
+    surface: 'enqueue',
+    input: 'enqueueMany of 260 tasks of 1 MiB bytes each (over 512 MiB as sent)',
+    error: 'PayloadTooLargeError',
+    message: /^tasks take up to \d+ bytes as sent \(payloads, bytes as hex, and headers\); one call may send at most 535822336: split them into several calls$/,
+    // One Task, listed 260 times: each is its own record with its own id, the MiB held once.
+    attempt: () => thrown(() => client.enqueueMany(Array<Task>(260).fill(new Task('big', new Uint8Array(MIB))))),
+    note: 'was "RangeError: Invalid string length", after building half a GiB of text',
+  },
+  {
+    n: 48,
+    surface: 'runtime',
+    input: 'ctx.writeResult({ "k\\uD800": 1 })',
+    error: 'last_error',
+    message: /^PayloadSerializationError: result has a key with a lone surrogate \(not valid Unicode\): "k\\ud800" at \$$/,
+    attempt: async () => {
+      const r = await failOnce('result:surrogate');
+      await stillWorking();
+      return { name: 'last_error', message: r.error_msg ?? '' };
+    },
+    sqlFree: false,
+    unchanged: false,
+  },
 ];
 
 before(async () => {
@@ -816,6 +1076,46 @@ describe('§6 bad input: the typed error, a message naming field and rule, no SQ
 });
 
 describe('§6 accepted safely', () => {
+  // Issue #26 finding 11: 56–63 characters broke every enqueue (channel names), ~47 and up the prepared statements (42P05).
+  for (const length of [48, 55]) {
+    test(`a schema name of ${length} characters works end to end: migrate, enqueue, a Server runs the tasks`, { timeout: 60_000 }, async () => {
+      const suffix = process.env.TEST_SCHEMA_SUFFIX ?? '';
+      const long = await testDb(`long_${'s'.repeat(length - 5 - suffix.length)}`);
+      assert.equal(long.schema.length, length);
+      const c = new Client({ connectionString: DATABASE_URL, schema: long.schema, logger: false });
+      let ran = 0;
+      const server = new Server({
+        connectionString: DATABASE_URL,
+        schema: long.schema,
+        concurrency: 4,
+        taskCheckInterval: 50,
+        delayedTaskCheckInterval: 50,
+        logger: false,
+      });
+      await server.start(
+        new ServeMux().handle('long', () => {
+          ran++;
+        }),
+      );
+      try {
+        // Kept and deleted on completion, pending and scheduled: the statements whose names, cut at 63 bytes, were one.
+        const n = 20;
+        await c.enqueueMany(Array.from({ length: n }, (_, i) => new Task('long', i, i % 2 === 0 ? { retention: 60_000 } : {})));
+        await c.enqueueMany(Array.from({ length: n }, (_, i) => new Task('long', n + i, { processIn: 100 })));
+        await waitFor(() => ran === 2 * n, 30_000, `${2 * n} tasks run`);
+        const [r] = await long.query<{ completed: number; left: number }>(
+          "SELECT count(*) FILTER (WHERE state = 'completed')::int AS completed, count(*) FILTER (WHERE state <> 'completed')::int AS left FROM {{schema}}.tasks",
+        );
+        assert.deepEqual(r, { completed: n / 2, left: 0 });
+      } finally {
+        await server.shutdown();
+        await c.close();
+        await long.query(`DROP SCHEMA "${long.schema}" CASCADE`);
+        await long.close();
+      }
+    });
+  }
+
   test('payload {"__proto__":{"polluted":true}}: stored and read back as own data, no pollution', async () => {
     const payload = JSON.parse('{"__proto__":{"polluted":true},"constructor":{"prototype":{"x":1}}}') as Record<string, unknown>;
     const info = await client.enqueue(new Task('proto', payload));
