@@ -959,6 +959,14 @@ const ROWS: Row[] = [
   {
     n: 48,
     surface: 'enqueue',
+    input: 'a Buffer inside a JSON payload (it has a toJSON(), which is not followed)',
+    error: 'PayloadSerializationError',
+    message: /^payload is not JSON-serialisable: Buffer \(convert it to an array or object\) at \$\.b$/,
+    attempt: withPayload(() => ({ b: Buffer.from('x') })),
+  },
+  {
+    n: 48,
+    surface: 'enqueue',
     input: 'a payload whose toJSON() returns undefined at the top',
     error: 'PayloadSerializationError',
     message: /^payload is not JSON-serialisable: its toJSON\(\) returned undefined at \$$/,

@@ -75,6 +75,10 @@ function check(value: unknown, segments: (string | number)[], ancestors: object[
     if (Number.isNaN(obj.getTime())) fail('is not JSON-serialisable: Invalid Date');
     return;
   }
+  // Before toJSON: a Buffer has one, and would be stored as {"type":"Buffer","data":[…]}.
+  if (obj instanceof Map || obj instanceof Set || ArrayBuffer.isView(obj) || obj instanceof ArrayBuffer) {
+    fail(`is not JSON-serialisable: ${obj.constructor.name} (convert it to an array or object)`);
+  }
   if (typeof toJSON === 'function') {
     // JSON.stringify stores what toJSON returns (it calls it once, with the key), so that is what is checked.
     let replaced: unknown;
@@ -89,9 +93,6 @@ function check(value: unknown, segments: (string | number)[], ancestors: object[
     check(replaced, segments, ancestors, field, true);
     ancestors.pop();
     return;
-  }
-  if (obj instanceof Map || obj instanceof Set || ArrayBuffer.isView(obj) || obj instanceof ArrayBuffer) {
-    fail(`is not JSON-serialisable: ${obj.constructor.name} (convert it to an array or object)`);
   }
   ancestors.push(obj);
   if (Array.isArray(obj)) {
