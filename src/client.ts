@@ -46,7 +46,8 @@ export interface ClientOptions extends ConnectionOptions {
   /**
    * Largest payload accepted, in bytes of its stored form (UTF-8 JSON text,
    * or the bytes); a larger one is a PayloadTooLargeError before anything is
-   * sent. At most 268,435,455 (PostgreSQL's jsonb limit). @defaultValue 1,048,576 (1 MiB)
+   * sent. At most 268,435,455 (PostgreSQL's jsonb limit). Headers are not
+   * counted: they have a cap of their own (MAX_HEADERS_BYTES). @defaultValue 1,048,576 (1 MiB)
    */
   maxPayloadBytes?: number;
 }

@@ -29,19 +29,24 @@ export interface EnqueueOptions {
   taskId?: string;
   /** Time limit of one attempt, from its start. 0: not set. With neither timeout nor deadline: 30 min. */
   timeout?: number;
-  /** Time limit across all attempts. */
+  /** Time limit across all attempts; in years 0001–9999 UTC. */
   deadline?: Date;
-  /** Hold a uniqueness lock on (queue, type, payload) for this long; ≥ 1000 ms. */
+  /** Hold a uniqueness lock on (queue, type, payload) for this long; 1000 ms to MAX_DURATION_MS (1000 years). */
   unique?: number;
-  /** Process no earlier than this instant. */
+  /** Process no earlier than this instant; in years 0001–9999 UTC. */
   processAt?: Date;
   /** Process no earlier than this long from now (database time). */
   processIn?: number;
-  /** Keep the task as `completed` this long after success. @defaultValue 0 (deleted at once) */
+  /** Keep the task as `completed` this long after success; at most MAX_DURATION_MS (1000 years). @defaultValue 0 (deleted at once) */
   retention?: number;
   /** Aggregate with the other tasks of this group in the queue. */
   group?: string;
-  /** Free-form metadata carried with the task; not part of uniqueness. */
+  /**
+   * Free-form metadata carried with the task; not part of uniqueness. Strings
+   * to strings, at most MAX_HEADER_KEYS (1,000) keys and MAX_HEADERS_BYTES
+   * (64 KiB) as stored (UTF-8 JSON text), the Task's and the enqueue's merged:
+   * a cap of their own, not a share of maxPayloadBytes.
+   */
   headers?: Record<string, string>;
   /**
    * Tasks that must complete first: ids in this task's queue, or `{ queue, id }`
