@@ -64,7 +64,9 @@ BEGIN
     AND (r.u IS NULL OR (char_length(r.u) <= 512 AND r.ut BETWEEN 1000 AND max_ms))
     AND (r.g IS NULL OR (r.g ~ '^[A-Za-z0-9_.:-]+$' AND char_length(r.g) <= 100))
     AND (r.k IS NULL OR {{schema}}.enqueue_text_rule(r.k, 200) IS NULL)
-    AND (r.h IS NULL OR (jsonb_typeof(r.h) = 'object' AND NOT jsonb_path_exists(r.h, '$.* ? (@.type() != "string")')))
+    -- model/task.ts MAX_HEADER_KEYS and MAX_HEADERS_BYTES, with room for the spaces of jsonb's text.
+    AND (r.h IS NULL OR (jsonb_typeof(r.h) = 'object' AND NOT jsonb_path_exists(r.h, '$.* ? (@.type() != "string")')
+                         AND octet_length(r.h::text) <= 2 * 65536 AND (SELECT count(*) FROM jsonb_object_keys(r.h)) <= 1000))
     -- jsonb's own size, not its text: no payload is printed again to be measured.
     AND coalesce(pg_column_size(r.p), 0) + coalesce(octet_length(r.b) / 2, 0) <= max_bytes
     AND (r.p IS NULL OR NOT jsonb_path_exists(r.p, 'strict $.**{65}'))
@@ -106,7 +108,7 @@ BEGIN
   END IF;
   IF rule IS NULL AND x.g IS NOT NULL THEN field := 'group'; rule := {{schema}}.enqueue_name_rule(x.g, 100, false); END IF;
   IF rule IS NULL AND x.k IS NOT NULL THEN field := 'concurrencyKey'; rule := {{schema}}.enqueue_text_rule(x.k, 200); END IF;
-  IF rule IS NULL AND x.h IS NOT NULL THEN field := 'headers'; rule := 'must be an object of strings'; END IF;
+  IF rule IS NULL AND x.h IS NOT NULL THEN field := 'headers'; rule := 'must be an object of at most 1000 strings, 64 KiB in all'; END IF;
   IF rule IS NULL AND x.dp IS NOT NULL AND json_typeof(x.dp) <> 'array' THEN field := 'dependsOn'; rule := 'must be an array'; END IF;
   IF rule IS NULL AND x."of" IS NOT NULL AND x."of" NOT IN ('archive', 'run') THEN
     field := 'onDependencyFailure'; rule := 'must be ''archive'' or ''run''';
