@@ -281,7 +281,7 @@ BEGIN
   -- updated), completion without retention, the janitor, archive trimming
   -- and aggregation (DELETE), the forwarder and recoverer, the scheduler and
   -- aggregator's enqueues, the server registry, stats (queues: the totals
-  -- only, never paused). The aggregator and the server registry use the view
+  -- only, never paused). The server registry uses the view
   -- (its FOR UPDATE needs an UPDATE privilege on it): v1's grants on tasks.
   -- unique_locks: UPDATE of one column only because the janitor's
   -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
