@@ -7,7 +7,7 @@ export { Scheduler, InvalidCronSpecError, type SchedulerOptions, type SchedulerS
 export { PeriodicTaskManager, type PeriodicTaskConfig, type PeriodicTaskManagerOptions } from './periodic-task-manager.js';
 export { ServeMux, type Handler, type Middleware, type TaskContext } from './mux.js';
 export { Task, TASK_STATES, MAX_HEADER_KEYS, MAX_HEADERS_BYTES, type EnqueueOptions, type TaskInfo, type TaskState } from './model/task.js';
-export { MAX_DURATION_MS, MIN_INSTANT_MS, MAX_INSTANT_MS } from './model/validate.js';
+export { MAX_DURATION_MS, MAX_TIMER_MS, MIN_INSTANT_MS, MAX_INSTANT_MS } from './model/validate.js';
 export { migrate, migrateDown, migrationStatus, type MigrationResult, type MigrationStatus } from './migrate.js';
 export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './server/retry.js';
 export { MAX_PAYLOAD_BYTES } from './model/payload.js';
