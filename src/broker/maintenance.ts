@@ -22,7 +22,7 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
           pending_seq = CASE WHEN s.group_key IS NULL THEN d.position END, updated_at = ${db.now()}
       FROM (
         -- Positions drawn after the sort: tasks due first go first.
-        SELECT x.seq, nextval(${db.qualified('task_seq')}) AS position FROM (
+        SELECT x.seq, pg_catalog.nextval(${db.qualified('task_seq')}) AS position FROM (
           SELECT seq FROM ${db.table('task_states')}
           WHERE state IN ('scheduled', 'retry') AND run_at <= ${db.now()}
           ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
@@ -32,9 +32,9 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
       RETURNING s.queue, s.state
     ),
     notified AS (
-      SELECT pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
+      SELECT pg_catalog.pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
     )
-    SELECT count(*)::int AS n FROM moved WHERE (SELECT count(*) FROM notified) >= 0`,
+    SELECT pg_catalog.count(*)::int AS n FROM moved WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`,
     undefined,
     'forward',
   );
@@ -45,7 +45,7 @@ export async function forwardDue(db: Db, limit: number): Promise<number> {
 export async function nextDueIn(db: Db): Promise<number | null> {
   const rows = await db.run(
     sql<{ ms: number | null }>`
-    SELECT (extract(epoch FROM min(run_at) - ${db.now()}) * 1000)::float8 AS ms
+    SELECT (extract(epoch FROM pg_catalog.min(run_at) - ${db.now()}) * 1000::numeric)::float8 AS ms
     FROM ${db.table('task_states')} WHERE state IN ('scheduled', 'retry')`,
     undefined,
     'next_due',
@@ -53,13 +53,25 @@ export async function nextDueIn(db: Db): Promise<number | null> {
   return rows[0]?.ms ?? null;
 }
 
-/** An active task whose lease expired past the cutoff, as the recoverer needs it. */
-export interface ExpiredLease extends TaskCore {
+/**
+ * An active task whose lease expired past the cutoff, as the recoverer needs
+ * it: what it is and how many attempts it spent, not what it carries (its
+ * payload and headers are read only for a retryDelay, by loadInputs).
+ */
+export interface ExpiredLease {
   seq: string;
+  queue: string;
+  /** null: the state row has no inputs (written outside the library), so nothing can run it. */
+  id: string | null;
+  type: string | null;
+  retried: number;
+  max_retry: number | null;
   lease_owner: string;
   lease_token: string;
   /** The lease ran out impossibly far in the future (R8): a clock or data problem, not a dead worker. */
   implausible: boolean;
+  /** Bytes of the payload and headers as the client receives them (JSON text, bytea); null unless asked. */
+  input_bytes: number | null;
 }
 
 /** How far past its expiry a lease is rescued, and how far ahead of now one is impossible. */
@@ -78,16 +90,57 @@ const recoverable = (db: Db, b: RecoveryBounds) => sql`
  * (or is impossibly far in the future: clock abuse or corrupt data). A plain
  * read: the recoverer decides what becomes of each outside any transaction
  * (its retry policy is the user's code), then recoverLeases() writes that.
+ * State rows without inputs come too (id null). `sizes`: also measure each
+ * task's payload and headers (in PostgreSQL: only the numbers leave it), for
+ * a recoverer that loads them in bounded batches.
  */
-export async function findExpired(db: Db, bounds: RecoveryBounds, limit: number): Promise<ExpiredLease[]> {
+export async function findExpired(db: Db, bounds: RecoveryBounds, limit: number, sizes = false): Promise<ExpiredLease[]> {
+  const inputBytes = sizes
+    ? sql`CASE WHEN i.seq IS NOT NULL THEN
+        coalesce(pg_catalog.octet_length(i.payload_bytes), pg_catalog.octet_length(i.payload::text), 0)::float8
+        + pg_catalog.octet_length(i.headers::text)::float8 END`
+    : sql`NULL::float8`;
   return db.run(sql<ExpiredLease>`
-    SELECT s.seq::text AS seq, i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, s.retried, i.max_retry,
-           s.lease_owner, s.lease_token,
-           s.lease_expires_at > ${db.now()} + ${bounds.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible
-    FROM ${db.table('task_states')} s JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
+    SELECT s.seq::text AS seq, s.queue, i.id, i.type, s.retried, i.max_retry, s.lease_owner, s.lease_token,
+           s.lease_expires_at > ${db.now()} + ${bounds.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible,
+           ${inputBytes} AS input_bytes
+    FROM ${db.table('task_states')} s LEFT JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
     WHERE s.state = 'active' AND s.lease_owner IS NOT NULL -- always true; lets task_states_active_idx serve
       AND ${recoverable(db, bounds)}
     ORDER BY s.seq LIMIT ${limit}`);
+}
+
+/** What a retryDelay is handed of a task besides its type: its payload and headers. */
+export type TaskInputs = Pick<TaskCore, 'payload' | 'payload_bytes' | 'headers'> & { seq: string };
+
+/** The payloads and headers of the tasks `seqs` (those still stored). */
+export async function loadInputs(db: Db, seqs: readonly string[]): Promise<TaskInputs[]> {
+  if (seqs.length === 0) return [];
+  return db.run(sql<TaskInputs>`
+    SELECT i.seq::text AS seq, i.payload, i.payload_bytes, i.headers FROM ${db.table('task_inputs')} i
+    WHERE i.seq = ANY(${seqs}::bigint[])`);
+}
+
+/**
+ * Deletes active state rows that have no inputs (a row written outside the
+ * library: the tasks view, the Inspector and the CLI cannot see it, nothing
+ * can run it, and while active it holds a slot of its queue's concurrency),
+ * if still so under the same lease and still recoverable. A locked row is
+ * left for the next tick. Resolves to the seqs deleted.
+ */
+export async function dropOrphans(db: Db, orphans: readonly { seq: string; token: string }[], bounds: RecoveryBounds): Promise<string[]> {
+  if (orphans.length === 0) return [];
+  const sorted = [...orphans].sort((a, b) => compareSeq(a.seq, b.seq));
+  const rows = await db.run(sql<{ seq: string }>`
+    DELETE FROM ${db.table('task_states')} s
+    USING ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]))
+      AS h(seq, token)
+    WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
+      AND NOT EXISTS (SELECT 1 FROM ${db.table('task_inputs')} i WHERE i.seq = s.seq)
+      AND s.seq = ANY(ARRAY(SELECT l.seq FROM ${db.table('task_states')} l WHERE l.seq = ANY(${sorted.map((r) => r.seq)}::bigint[])
+                            ORDER BY l.seq FOR UPDATE SKIP LOCKED))
+    RETURNING s.seq::text AS seq`);
+  return rows.map((r) => r.seq);
 }
 
 /** What the recoverer decided for one expired lease. */
@@ -116,8 +169,8 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
         run_at = ${db.now()} + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
         error_msg = 'task lease expired', last_failed_at = ${db.now()},
         lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
-    FROM unnest(${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[],
-                ${sorted.map((r) => r.archive)}::bool[], ${sorted.map((r) => r.delayMs)}::float8[])
+    FROM ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]),
+                    pg_catalog.unnest(${sorted.map((r) => r.archive)}::bool[]), pg_catalog.unnest(${sorted.map((r) => r.delayMs)}::float8[]))
       AS h(seq, token, archive, delay_ms)
     WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
       -- A row locked by a ctx.transaction that is still running (a busy statement, which
@@ -138,7 +191,7 @@ export async function deleteExpiredCompleted(db: Db, limit: number): Promise<num
       ) x WHERE s.seq = x.seq RETURNING s.seq
     ),
     inputs AS (DELETE FROM ${db.table('task_inputs')} i USING d WHERE i.seq = d.seq)
-    SELECT count(*)::int AS n FROM d`);
+    SELECT pg_catalog.count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }
 
@@ -150,7 +203,7 @@ export async function deleteExpiredLocks(db: Db, limit: number): Promise<number>
         SELECT queue, key FROM ${db.table('unique_locks')} WHERE expires_at <= ${db.now()}
         LIMIT ${limit} FOR UPDATE SKIP LOCKED
       ) x WHERE l.queue = x.queue AND l.key = x.key RETURNING 1
-    ) SELECT count(*)::int AS n FROM d`);
+    ) SELECT pg_catalog.count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }
 
@@ -177,6 +230,6 @@ export async function trimArchive(db: Db, maxSize: number, maxAgeMs: number, lim
       ) x WHERE s.seq = x.seq RETURNING s.seq
     ),
     inputs AS (DELETE FROM ${db.table('task_inputs')} i USING d WHERE i.seq = d.seq)
-    SELECT count(*)::int AS n FROM d`);
+    SELECT pg_catalog.count(*)::int AS n FROM d`);
   return rows[0]?.n ?? 0;
 }
