@@ -67,7 +67,9 @@ export class Claimer {
     if (this.#limited.length < queues.length || performance.now() - this.#limitsSeenAt >= SWEEP_EVERY_MS) {
       const wanted = free - rows.length;
       const claimed = await claimFrom(this.#db, queues, this.#cursor.next(queues), shares, wanted, this.#cfg.serverId, this.#cfg.leaseDuration);
-      this.#cursor.claimed(claimed.mark, wanted, topPositions(claimed.rows), claimed.rows.length, queues);
+      // The scans ran out only if they locked fewer than wanted: a claim cut short by its
+      // bytes (MAX_CLAIM_BYTES) left tasks pending above what it took.
+      this.#cursor.claimed(claimed.mark, wanted, topPositions(claimed.rows), claimed.mark.locked, queues);
       rows = rows.concat(claimed.rows);
       this.#limited = claimed.mark.limited;
       this.#limitsSeenAt = performance.now();
