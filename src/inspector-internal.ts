@@ -7,7 +7,7 @@
 import { dependenciesOf, dependentsOf, type DependencyPreview } from './broker/dependencies.js';
 import * as read from './broker/inspector-read.js';
 import type { ServerPreview } from './broker/inspector-read.js';
-import type { TaskPreview } from './broker/rows.js';
+import type { TaskPageInfo, TaskPreview } from './broker/rows.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
 import { FailedPreconditionError, TaskNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
@@ -63,6 +63,20 @@ export async function listTaskPreviews(
     q,
     await read.listTaskPreviews(internals.db(inspector), q, state, { limit: size, offset: (page - 1) * size, group: g }, v.boolean(opts.hide, 'hide')),
   );
+}
+
+/**
+ * @internal The dashboard's task page, not part of the public API (getTaskInfo
+ * returns the whole task): one task with its payload, result, headers and last
+ * error cut short in PostgreSQL (rows.ts TaskPageInfo); `hide`: none of them
+ * read. Rejects as getTaskInfo does.
+ */
+export async function taskPageInfo(inspector: Inspector, queue: string, id: string, hide: boolean): Promise<TaskPageInfo> {
+  const q = v.queueName(queue);
+  const taskId = v.taskId(id);
+  const info = read.inQueue(q, await read.taskPageInfo(internals.db(inspector), q, taskId, v.boolean(hide, 'hide')));
+  if (!info) throw new TaskNotFoundError(q, taskId);
+  return info;
 }
 
 /** @internal The dashboard's servers: servers() with payload previews (null when `hide`), not part of the public API. */

@@ -10,7 +10,21 @@ import { decodePayload } from '../model/payload.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
 import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../model/inspector-types.js';
 import type { Db } from './db.js';
-import { previewColumns, previewOf, taskColumns, toTaskInfo, toTaskPreview, type TaskPreview, type TaskPreviewRow, type TaskRow } from './rows.js';
+import {
+  pageValuesJoin,
+  previewColumns,
+  previewOf,
+  taskColumns,
+  taskPageColumns,
+  toTaskInfo,
+  toTaskPageInfo,
+  toTaskPreview,
+  type TaskPageInfo,
+  type TaskPageRow,
+  type TaskPreview,
+  type TaskPreviewRow,
+  type TaskRow,
+} from './rows.js';
 
 /** A result about one queue: `queueFound` is false when the queue does not exist. */
 export interface InQueue<T> {
@@ -91,6 +105,21 @@ export async function taskInfo(db: Db, queue: string, id: string): Promise<InQue
     LEFT JOIN ${db.table('tasks')} t ON t.queue = ${queue} AND t.id = ${id}`);
   const row = rows[0];
   return { queueFound: row?.queue_found ?? false, value: row?.id == null ? undefined : toTaskInfo(row) };
+}
+
+/**
+ * One task for the dashboard's task page (undefined: no such task), and
+ * whether its queue exists: its payload, result, headers and last error cut
+ * to PAGE_VALUE_CHARS in PostgreSQL, or with `hide` not read at all.
+ */
+export async function taskPageInfo(db: Db, queue: string, id: string, hide: boolean): Promise<InQueue<TaskPageInfo | undefined>> {
+  const rows = await db.run(sql<{ queue_found: boolean } & TaskPageRow>`
+    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found, ${taskPageColumns(db, hide)}
+    FROM (SELECT 1) one
+    LEFT JOIN ${db.table('tasks')} t ON t.queue = ${queue} AND t.id = ${id}
+    ${hide ? sql`` : pageValuesJoin}`);
+  const row = rows[0];
+  return { queueFound: row?.queue_found ?? false, value: row?.id == null ? undefined : toTaskPageInfo(row, hide) };
 }
 
 /**

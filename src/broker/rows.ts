@@ -15,7 +15,7 @@ export const compareSeq = (a: string, b: string): number => (BigInt(a) < BigInt(
 /**
  * What every read of a task returns, whatever it is for: which task, what it
  * runs, and how many of its attempts are spent. The claim (ClaimedRow), the
- * recoverer (ExpiredLease) and the Inspector (TaskRow) add their own fields.
+ * recoverer (loadInputs) and the Inspector (TaskRow) add their own fields.
  */
 export interface TaskCore {
   queue: string;
@@ -54,11 +54,14 @@ export interface TaskRow extends TaskCore {
 
 /** Columns of TaskRow, computed from a tasks row aliased `t`, on the database clock. */
 export const taskColumns = (db: Db) => sql`
-  t.queue, t.id, t.type, t.payload, t.payload_bytes, t.headers, t.state, t.max_retry, t.retried,
+  t.payload, t.payload_bytes, t.headers, t.error_msg, t.result, t.result_bytes, ${taskFacts(db)}`;
+
+/** Columns of TaskRow but its payload, headers, last error and result: what a task is, not what it carries. */
+export const taskFacts = (db: Db) => sql`
+  t.queue, t.id, t.type, t.state, t.max_retry, t.retried,
   (extract(epoch FROM t.timeout) * 1000)::float8 AS timeout_ms, t.deadline, t.group_key,
   CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
-  t.error_msg, t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms,
-  t.completed_at, t.result, t.result_bytes,
+  t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at,
   (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
   t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for, t.priority, t.concurrency_key,
   CASE WHEN t.waiting_for IS NOT NULL THEN
@@ -227,5 +230,117 @@ export function toTaskPreview(r: TaskPreviewRow): TaskPreview {
     waitingFor: r.waiting_for ?? 0,
     dependsOn: (r.depends_preview ?? []).map(([queue, id, outcome]) => ({ queue, id, outcome })),
     dependsTotal: r.depends_total ?? 0,
+  };
+}
+
+/** Characters (of JSON or text) or bytes of a payload, result, headers or last error a task page carries at most. */
+export const PAGE_VALUE_CHARS = 65_536;
+
+/**
+ * A value as the task page shows it, cut in PostgreSQL: a task's payload or
+ * result can be tens of megabytes, and a page must stay a bounded read.
+ */
+export interface ValueExcerpt {
+  /** `json`: JSON text; `bytes`: a binary value; `text`: a last error. */
+  kind: 'json' | 'bytes' | 'text';
+  /** The first PAGE_VALUE_CHARS characters of the text, or bytes of the binary value. */
+  head: string | Buffer;
+  /** The whole value's size in bytes (of its text as UTF-8, for JSON and text). */
+  bytes: number;
+  truncated: boolean;
+}
+
+/**
+ * One task for the dashboard's task page: TaskInfo's facts with its payload,
+ * result, headers and last error as excerpts (null: it has none; 'hidden':
+ * not read, the page runs with hidePayloads). Not part of the public API:
+ * Inspector.getTaskInfo returns the whole task.
+ */
+export type TaskPageInfo = Omit<TaskInfo, 'payload' | 'result' | 'headers' | 'lastError'> & {
+  payload: ValueExcerpt | 'hidden' | null;
+  result: ValueExcerpt | 'hidden' | null;
+  headers: ValueExcerpt | 'hidden';
+  lastError: ValueExcerpt | 'hidden' | null;
+};
+
+/** Columns `<name>_text`, `_head`, `_size`, `_cut` of the excerpt of a value: JSON or text `text` (computed once), bytea `bytes`. */
+function excerptColumns(name: string, text: RawBuilder<unknown>, bytes: RawBuilder<unknown> | null): RawBuilder<unknown> {
+  const n = sql.lit(PAGE_VALUE_CHARS);
+  const id = (suffix: string) => sql.id(`${name}_${suffix}`);
+  if (bytes === null) {
+    return sql`pg_catalog.left(${text}, ${n}) AS ${id('text')}, NULL::bytea AS ${id('head')},
+      pg_catalog.octet_length(${text})::float8 AS ${id('size')}, pg_catalog.length(${text}) > ${n} AS ${id('cut')}`;
+  }
+  return sql`CASE WHEN ${bytes} IS NULL THEN pg_catalog.left(${text}, ${n}) END AS ${id('text')},
+    substring(${bytes} FROM 1 FOR ${n}) AS ${id('head')},
+    coalesce(pg_catalog.octet_length(${bytes}), pg_catalog.octet_length(${text}))::float8 AS ${id('size')},
+    coalesce(pg_catalog.octet_length(${bytes}) > ${n}, pg_catalog.length(${text}) > ${n}) AS ${id('cut')}`;
+}
+
+/**
+ * From a tasks row aliased `t`: the facts of TaskRow, and excerpts of its
+ * values (each JSON value turned into text once, in PostgreSQL, and only
+ * PAGE_VALUE_CHARS of it sent). With `hide` the values' columns are not in
+ * the statement at all, only whether a result and a last error exist.
+ */
+export function taskPageColumns(db: Db, hide: boolean): RawBuilder<unknown> {
+  if (hide) {
+    return sql`${taskFacts(db)}, (t.result IS NOT NULL OR t.result_bytes IS NOT NULL) AS has_result, t.error_msg IS NOT NULL AS has_error`;
+  }
+  return sql`${taskFacts(db)}, true AS has_result, true AS has_error,
+    ${excerptColumns('payload', sql`v.payload`, sql`t.payload_bytes`)}, ${excerptColumns('result', sql`v.result`, sql`t.result_bytes`)},
+    ${excerptColumns('headers', sql`v.headers`, null)}, ${excerptColumns('error', sql`t.error_msg`, null)}`;
+}
+
+/** What taskPageColumns() joins for a visible page: the JSON values of `t` as text, computed once (OFFSET 0 keeps them from being inlined). */
+export const pageValuesJoin = sql`LEFT JOIN LATERAL (
+  SELECT t.payload::text AS payload, t.result::text AS result, t.headers::text AS headers OFFSET 0) v ON true`;
+
+type ExcerptRow<N extends string> = { [K in `${N}_text`]: string | null } & { [K in `${N}_head`]: Buffer | null } & {
+  [K in `${N}_size`]: number | null;
+} & { [K in `${N}_cut`]: boolean | null };
+
+export type TaskPageRow = Omit<TaskRow, 'payload' | 'payload_bytes' | 'headers' | 'error_msg' | 'result' | 'result_bytes'> & {
+  has_result: boolean;
+  has_error: boolean;
+} & Partial<ExcerptRow<'payload'> & ExcerptRow<'result'> & ExcerptRow<'headers'> & ExcerptRow<'error'>>;
+
+function excerpt(
+  kind: 'json' | 'text',
+  text: string | null | undefined,
+  head: Buffer | null | undefined,
+  size: number | null | undefined,
+  cut: boolean | null | undefined,
+): ValueExcerpt | null {
+  if (head != null) return { kind: 'bytes', head, bytes: size ?? head.length, truncated: cut === true };
+  if (text == null) return null;
+  return { kind, head: text, bytes: size ?? 0, truncated: cut === true };
+}
+
+export function toTaskPageInfo(r: TaskPageRow, hide: boolean): TaskPageInfo {
+  const {
+    payload: _p,
+    result: _r,
+    headers: _h,
+    lastError: _e,
+    ...facts
+  } = toTaskInfo({
+    ...r,
+    payload: null,
+    payload_bytes: null,
+    headers: {},
+    error_msg: null,
+    result: null,
+    result_bytes: null,
+  });
+  if (hide) {
+    return { ...facts, payload: 'hidden', result: r.has_result ? 'hidden' : null, headers: 'hidden', lastError: r.has_error ? 'hidden' : null };
+  }
+  return {
+    ...facts,
+    payload: excerpt('json', r.payload_text, r.payload_head, r.payload_size, r.payload_cut),
+    result: excerpt('json', r.result_text, r.result_head, r.result_size, r.result_cut),
+    headers: excerpt('json', r.headers_text, null, r.headers_size, r.headers_cut) ?? { kind: 'json', head: '{}', bytes: 2, truncated: false },
+    lastError: excerpt('text', r.error_text, null, r.error_size, r.error_cut),
   };
 }

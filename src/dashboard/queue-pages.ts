@@ -4,7 +4,7 @@ import type { TaskPreview } from '../broker/rows.js';
 import type { QueueInfo } from '../model/inspector-types.js';
 import { isTaskNotFound, isValidationError } from '../model/errors.js';
 import type { Inspector } from '../inspector.js';
-import { listServerPreviews, listTaskPreviews } from '../inspector-internal.js';
+import { listServerPreviews, listTaskPreviews, taskPageInfo } from '../inspector-internal.js';
 import type { TaskState } from '../model/task.js';
 import { historyChart } from './charts.js';
 import { duration, errorRate, num, rateText } from './format.js';
@@ -167,7 +167,8 @@ export async function queuePage(ctx: PageContext, queue: string): Promise<PageRe
   // A search that is a task id of this queue opens the task.
   if (search !== '' && /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$/.test(search)) {
     try {
-      const t = await ctx.inspector.getTaskInfo(queue, search);
+      // Only the task's facts: a redirect needs no payload (a task's can be megabytes).
+      const t = await taskPageInfo(ctx.inspector, queue, search, true);
       return { redirect: taskPath(t.queue, t.id) };
     } catch (err) {
       if (!isTaskNotFound(err) && !isValidationError(err)) throw err;

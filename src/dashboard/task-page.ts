@@ -4,8 +4,9 @@
  * each a link to its own page, so a chain can be walked both ways.
  */
 import type { DependencyPreview } from '../broker/dependencies.js';
-import { listTaskDependencies, listTaskDependents } from '../inspector-internal.js';
-import type { TaskInfo, TaskRef } from '../model/task.js';
+import { PAGE_VALUE_CHARS, type TaskPageInfo, type ValueExcerpt } from '../broker/rows.js';
+import { listTaskDependencies, listTaskDependents, taskPageInfo } from '../inspector-internal.js';
+import type { TaskRef } from '../model/task.js';
 import { datetime, duration, instant, num, pretty, relative } from './format.js';
 import { html, type Html } from './html.js';
 import { ALLOWED, OP_LABEL, type PageContext, type PageResult, actionForm, badge, confirmText, href, layout, opButton, queuePath, taskPath } from './pages.js';
@@ -14,12 +15,24 @@ import { taskKey, workersByTask } from './queue-pages.js';
 /** Dependencies, and dependents, a task page lists: a task may have up to MAX_DEPENDENCIES of the first, any number of the second. */
 const MAX_LISTED = 100;
 
-function block(ctx: PageContext, title: string, value: unknown, what: 'payload' | 'result'): Html {
-  if (ctx.hidePayloads) return html`<section class="card"><h2>${title}</h2><p class="muted">Hidden: the dashboard runs with --hide-payloads.</p></section>`;
-  const p = pretty(value);
-  if (p.kind === 'none')
+function block(title: string, value: TaskPageInfo['payload'], what: 'payload' | 'result'): Html {
+  if (value === 'hidden') return html`<section class="card"><h2>${title}</h2>${hiddenNote}</section>`;
+  if (value === null)
     return html`<section class="card"><h2>${title}</h2><p class="muted">${what === 'result' ? 'No result written.' : 'No payload.'}</p></section>`;
-  return html`<section class="card"><h2>${title} <span class="muted small">${p.kind === 'bytes' ? `bytes (${num((value as Buffer).length)})` : 'JSON'}</span></h2><pre class="code" data-block="${what}">${p.text}</pre></section>`;
+  const kind = value.kind === 'bytes' ? `bytes (${num(value.bytes)})` : value.truncated ? `JSON (${num(value.bytes)} bytes)` : 'JSON';
+  // A JSON value cut short is no longer JSON: shown as the text it starts with.
+  const text = value.kind === 'bytes' ? pretty(value.head).text : value.truncated ? (value.head as string) : pretty(JSON.parse(value.head as string)).text;
+  return html`<section class="card"><h2>${title} <span class="muted small">${kind}</span></h2>${truncatedNote(value, what)}<pre class="code" data-block="${what}">${text}</pre></section>`;
+}
+
+// Headers and errors often repeat what the payload held: --hide-payloads hides them too.
+const hiddenNote = html`<p class="muted">Hidden: the dashboard runs with --hide-payloads.</p>`;
+
+/** Says that a value was cut, and how large it is whole; nothing for a value shown whole. */
+function truncatedNote(value: ValueExcerpt, what: string): Html {
+  if (!value.truncated) return html``;
+  const unit = value.kind === 'bytes' ? 'bytes' : 'characters';
+  return html`<p class="muted small" data-truncated="${what}">Truncated: the first ${num(PAGE_VALUE_CHARS)} ${unit} of ${num(value.bytes)} bytes.</p>`;
 }
 
 /** A link to a task's page, named `queue/id` (a workflow may span queues). */
@@ -51,7 +64,7 @@ function dependencyRow(ctx: PageContext, d: DependencyPreview): Html {
  * one region that is always there, so a refresh shows a section that appears
  * (a dependent enqueued meanwhile) or goes.
  */
-async function workflowSections(ctx: PageContext, t: TaskInfo): Promise<Html> {
+async function workflowSections(ctx: PageContext, t: TaskPageInfo): Promise<Html> {
   const [deps, dependents] = await Promise.all([
     t.dependsOn.length === 0 ? Promise.resolve([]) : listTaskDependencies(ctx.inspector, t.queue, t.id, MAX_LISTED),
     listTaskDependents(ctx.inspector, t.queue, t.id, MAX_LISTED),
@@ -75,7 +88,7 @@ ${moreNote(dependents.total, shown.length)}</section>`;
 }
 
 export async function taskPage(ctx: PageContext, queue: string, id: string): Promise<PageResult> {
-  const t = await ctx.inspector.getTaskInfo(queue, id);
+  const t = await taskPageInfo(ctx.inspector, queue, id, ctx.hidePayloads);
   const now = Date.now();
   const [w, workflow] = await Promise.all([
     t.state === 'active' ? workersByTask(ctx.inspector).then((m) => m.get(taskKey(t.queue, t.id))) : undefined,
@@ -139,21 +152,14 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
           ['Orphaned', t.isOrphaned ? html`${badge('yes', 'bad')} the lease expired; a recoverer will retry or archive the task` : 'no'],
         ])}</section>`;
 
-  // Headers and errors often repeat what the payload held: --hide-payloads hides them too.
-  const hiddenNote = html`<p class="muted">Hidden: the dashboard runs with --hide-payloads.</p>`;
-  const headers = Object.entries(t.headers);
-  const headersBlock = html`<section class="card"><h2>Headers</h2>${
-    ctx.hidePayloads
-      ? hiddenNote
-      : headers.length === 0
-        ? html`<p class="muted">None.</p>`
-        : html`<div class="table-wrap"><table class="kv"><tbody>${headers.map(([k, v]) => html`<tr><th scope="row"><code>${k}</code></th><td><code>${v}</code></td></tr>`)}</tbody></table></div>`
-  }</section>`;
+  const headersBlock = html`<section class="card"><h2>Headers</h2>${headersTable(t.headers)}</section>`;
   const errorBlock =
     t.lastError === null
       ? html``
       : html`<section class="card"><h2>Last error ${t.lastFailedAt ? html`<span class="muted small">${instant(t.lastFailedAt)}</span>` : ''}</h2>${
-          ctx.hidePayloads ? hiddenNote : html`<pre class="code error-text" data-block="error">${t.lastError}</pre>`
+          t.lastError === 'hidden'
+            ? hiddenNote
+            : html`${truncatedNote(t.lastError, 'error')}<pre class="code error-text" data-block="error">${t.lastError.head}</pre>`
         }</section>`;
 
   return {
@@ -170,9 +176,18 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
 </div>
 ${errorBlock}
 ${workflow}
-${block(ctx, 'Payload', t.payload, 'payload')}
-${t.state === 'completed' || t.result !== null ? block(ctx, 'Result', t.result, 'result') : ''}
+${block('Payload', t.payload, 'payload')}
+${t.state === 'completed' || t.result !== null ? block('Result', t.result, 'result') : ''}
 ${headersBlock}`,
     ),
   };
+}
+
+/** The headers as a table; cut short, as the text they start with. */
+function headersTable(headers: TaskPageInfo['headers']): Html {
+  if (headers === 'hidden') return hiddenNote;
+  if (headers.truncated) return html`${truncatedNote(headers, 'headers')}<pre class="code" data-block="headers">${headers.head}</pre>`;
+  const entries = Object.entries(JSON.parse(headers.head as string) as Record<string, string>);
+  if (entries.length === 0) return html`<p class="muted">None.</p>`;
+  return html`<div class="table-wrap"><table class="kv"><tbody>${entries.map(([k, v]) => html`<tr><th scope="row"><code>${k}</code></th><td><code>${v}</code></td></tr>`)}</tbody></table></div>`;
 }
