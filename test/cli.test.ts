@@ -15,7 +15,17 @@ const ENV_SCHEMA = 't_cli_env';
 const RACE_SCHEMA = 't_cli_race';
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
 /** Every shipped migration, in order. */
-const ALL = ['0001_initial', '0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue', '0009_trust_boundary'];
+const ALL = [
+  '0001_initial',
+  '0002_views',
+  '0003_active_index',
+  '0004_storage_v2',
+  '0005_workflows',
+  '0006_replace',
+  '0007_flow_control',
+  '0008_sql_enqueue',
+  '0009_trust_boundary',
+];
 const pendingStatus = ALL.map((name) => ({ name, applied: false, appliedAt: null }));
 
 interface Run {

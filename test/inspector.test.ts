@@ -790,7 +790,16 @@ describe('validation, closing, migration', () => {
     assert.equal(await migrateDown(opts), '0002_views');
     assert.deepEqual(await objects(), { v: null, a: null, i: null });
     assert.deepEqual(await migrate(opts), {
-      applied: ['0002_views', '0003_active_index', '0004_storage_v2', '0005_workflows', '0006_replace', '0007_flow_control', '0008_sql_enqueue', '0009_trust_boundary'],
+      applied: [
+        '0002_views',
+        '0003_active_index',
+        '0004_storage_v2',
+        '0005_workflows',
+        '0006_replace',
+        '0007_flow_control',
+        '0008_sql_enqueue',
+        '0009_trust_boundary',
+      ],
     });
     assert.ok((await objects()).v);
     await db.pool.query(`DROP SCHEMA "${schema}" CASCADE`);

@@ -208,7 +208,8 @@ describe("code planted on a login's search_path never runs in the library's stat
        BEGIN INSERT INTO public.t26_calls (fn) VALUES ('*(integer, interval)'); RETURN n::float8 * i; END $$;
        CREATE OPERATOR public.* (LEFTARG = integer, RIGHTARG = interval, FUNCTION = public.t26_times)`,
     );
-    const calls = async () => (await db.query('SELECT fn, count(*)::int AS n FROM public.t26_calls GROUP BY fn ORDER BY fn')) as { fn: string; n: number }[];
+    const calls = async () =>
+      (await db.pool.query<{ fn: string; n: number }>('SELECT fn, count(*)::int AS n FROM public.t26_calls GROUP BY fn ORDER BY fn')).rows;
     // The trap works where nothing is pinned.
     await as('worker', "SELECT unnest(ARRAY['a']::text[])");
     assert.deepEqual(await calls(), [{ fn: 'unnest(text[])', n: 1 }]);
