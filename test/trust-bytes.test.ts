@@ -47,12 +47,16 @@ async function plantExpired(queue: string, n: number, headerBytes: number): Prom
 describe('the recoverer under a small heap', () => {
   for (const custom of [false, true]) {
     test(
-      `a worker of another queue (${custom ? 'a retryDelay of its own' : 'the default retryDelay'}) recovers 3 tasks with 60 MB headers and stays up`,
+      `a worker of another queue (${custom ? 'a retryDelay of its own' : 'the default retryDelay'}) recovers ${custom ? '8 tasks with 20' : '3 tasks with 60'} MB headers and stays up`,
       { timeout: 120_000 },
       async () => {
         await db.query('DELETE FROM {{schema}}.task_states');
         await db.query('DELETE FROM {{schema}}.task_inputs');
-        await plantExpired('big', 3, 60 * MB);
+        // A retryDelay of the user's is handed each task whole (headers as a string, and parsed):
+        // 8 of 20 MB, so that 128 MB holds one at a time with room to spare, never the eight
+        // the recoverer used to load at once. The default retryDelay needs none of them loaded.
+        const [n, size] = custom ? [8, 20] : [3, 60];
+        await plantExpired('big', n, size * MB);
         const worker = spawnFixture('test/fixtures/bytes-worker.ts', {
           DATABASE_URL: db.connectionString,
           SCHEMA: db.schema,
@@ -65,11 +69,11 @@ describe('the recoverer under a small heap', () => {
         try {
           await Promise.race([worker.next('ready'), died.then((code) => assert.fail(`the worker exited (${code}) before it was ready`))]);
           const recovered = async () =>
-            (await db.query(`SELECT count(*)::int AS n FROM {{schema}}.task_states WHERE state = 'retry' AND error_msg = 'task lease expired'`))[0].n === 3;
-          await Promise.race([waitFor(recovered, 60_000, 'the three tasks recovered'), died.then((code) => assert.fail(`the worker died (exit ${code})`))]);
+            (await db.query(`SELECT count(*)::int AS n FROM {{schema}}.task_states WHERE state = 'retry' AND error_msg = 'task lease expired'`))[0].n === n;
+          await Promise.race([waitFor(recovered, 60_000, 'the tasks recovered'), died.then((code) => assert.fail(`the worker died (exit ${code})`))]);
           assert.deepEqual([worker.child.exitCode, worker.child.signalCode], [null, null], 'the worker is still running');
           const calls = worker.events.filter((e) => e.event === 'retryDelay');
-          assert.equal(calls.length, custom ? 3 : 0, 'the retryDelay was handed each task (and the default needs none)');
+          assert.equal(calls.length, custom ? n : 0, 'the retryDelay was handed each task (and the default needs none)');
           if (custom) {
             const after = await db.query(`SELECT extract(epoch FROM run_at - last_failed_at)::float8 AS s FROM {{schema}}.task_states`);
             for (const r of after) assert.ok(Math.abs(r.s - 60) < 1, 'the delay the retryDelay gave');
