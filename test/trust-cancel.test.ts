@@ -24,10 +24,11 @@ before(async () => {
   client = new Client({ connectionString: db.connectionString, schema: db.schema });
   inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
   await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
-  await db.pool.query(`CREATE ROLE ${NOBODY} LOGIN`);
+  // A password: a server that asks for one (the embedded PostgreSQL) gets it; trust ignores it.
+  await db.pool.query(`CREATE ROLE ${NOBODY} LOGIN PASSWORD 'nobody-pw'`);
   const database = new URL(db.connectionString).pathname.slice(1);
   await db.pool.query(`GRANT CONNECT ON DATABASE "${database}" TO ${NOBODY}`);
-  nobody = new pg.Client({ connectionString: dsnWith({ user: NOBODY }) });
+  nobody = new pg.Client({ connectionString: dsnWith({ user: NOBODY, password: 'nobody-pw' }) });
   await nobody.connect();
 });
 

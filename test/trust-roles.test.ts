@@ -22,7 +22,9 @@ type Kind = (typeof KINDS)[number];
 
 let db: TestDb;
 const pools = new Map<Kind, pg.Pool>();
-const url = (kind: Kind) => dsnWith({ user: `${PREFIX}_${kind}_login`, password: '' });
+/** The logins' password: a server that asks for one (the embedded PostgreSQL) gets it; trust ignores it. */
+const PASSWORD = 'trust-roles-pw';
+const url = (kind: Kind) => dsnWith({ user: `${PREFIX}_${kind}_login`, password: PASSWORD });
 const as = (kind: Kind, text: string, values?: unknown[]) => pools.get(kind)!.query(text.replaceAll('{{S}}', `"${db.schema}"`), values);
 
 /** Rejects with SQLSTATE `code`, and nothing else. */
@@ -61,6 +63,7 @@ before(async () => {
   await db.pool.query(`DROP SCHEMA IF EXISTS public_trap CASCADE`);
   await dropRoles();
   await db.pool.query(roleSetupSql({ schema: db.schema, prefix: PREFIX, logins: true }));
+  for (const kind of KINDS) await db.pool.query(`ALTER ROLE "${PREFIX}_${kind}_login" PASSWORD '${PASSWORD}'`);
   for (const kind of KINDS) pools.set(kind, new pg.Pool({ connectionString: url(kind), max: 4 }));
 });
 
