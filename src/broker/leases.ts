@@ -206,14 +206,19 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
   const archive = sql`${field(b, 1)}::bool`;
   const rows = await db.run(
     sql<{ seq: string }>`
-    UPDATE ${db.table('task_states')} s
-    SET state = CASE WHEN ${archive} THEN 'archived' ELSE 'retry' END,
-        retried = s.retried + CASE WHEN ${field(b, 2)}::bool AND NOT ${archive} THEN 1 ELSE 0 END,
-        run_at = ${db.now()} + CASE WHEN ${archive} THEN interval '0' ELSE ${field(b, 3)}::float8 * interval '1 millisecond' END,
-        error_msg = ${field(b, 4)}, last_failed_at = ${db.now()},
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
-    WHERE ${fenced(b, true)}
-    RETURNING s.seq`,
+    WITH failed AS (
+      UPDATE ${db.table('task_states')} s
+      SET state = CASE WHEN ${archive} THEN 'archived' ELSE 'retry' END,
+          retried = s.retried + CASE WHEN ${field(b, 2)}::bool AND NOT ${archive} THEN 1 ELSE 0 END,
+          run_at = ${db.now()} + CASE WHEN ${archive} THEN interval '0' ELSE ${field(b, 3)}::float8 * interval '1 millisecond' END,
+          error_msg = ${field(b, 4)}, last_failed_at = ${db.now()},
+          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+      WHERE ${fenced(b, true)}
+      RETURNING s.seq, s.queue, s.state
+    ),
+    -- A retry may be due sooner than the forwarders' sleep, as a delayed enqueue may.
+    notified AS (SELECT pg_notify(${db.channels.delayed}, queue) FROM (SELECT DISTINCT queue FROM failed WHERE state = 'retry') q)
+    SELECT seq FROM failed WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`,
     undefined,
     'fail',
   );

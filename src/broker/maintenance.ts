@@ -163,22 +163,27 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
   if (recoveries.length === 0) return [];
   const sorted = [...recoveries].sort((a, b) => compareSeq(a.seq, b.seq));
   return db.run(sql<{ seq: string; archived: boolean }>`
-    UPDATE ${db.table('task_states')} s
-    SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
-        retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
-        run_at = ${db.now()} + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
-        error_msg = 'task lease expired', last_failed_at = ${db.now()},
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
-    FROM ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]),
-                    pg_catalog.unnest(${sorted.map((r) => r.archive)}::bool[]), pg_catalog.unnest(${sorted.map((r) => r.delayMs)}::float8[]))
-      AS h(seq, token, archive, delay_ms)
-    WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
-      -- A row locked by a ctx.transaction that is still running (a busy statement, which
-      -- no idle timeout ends) is skipped, not waited for: the next tick tries it again,
-      -- and the rest of the batch is rescued now.
-      AND s.seq = ANY(ARRAY(SELECT l.seq FROM ${db.table('task_states')} l WHERE l.seq = ANY(${sorted.map((r) => r.seq)}::bigint[])
-                            ORDER BY l.seq FOR UPDATE SKIP LOCKED))
-    RETURNING s.seq::text AS seq, h.archive AS archived`);
+    WITH recovered AS (
+      UPDATE ${db.table('task_states')} s
+      SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
+          retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
+          run_at = ${db.now()} + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
+          error_msg = 'task lease expired', last_failed_at = ${db.now()},
+          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+      FROM ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]),
+                      pg_catalog.unnest(${sorted.map((r) => r.archive)}::bool[]), pg_catalog.unnest(${sorted.map((r) => r.delayMs)}::float8[]))
+        AS h(seq, token, archive, delay_ms)
+      WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
+        -- A row locked by a ctx.transaction that is still running (a busy statement, which
+        -- no idle timeout ends) is skipped, not waited for: the next tick tries it again,
+        -- and the rest of the batch is rescued now.
+        AND s.seq = ANY(ARRAY(SELECT l.seq FROM ${db.table('task_states')} l WHERE l.seq = ANY(${sorted.map((r) => r.seq)}::bigint[])
+                              ORDER BY l.seq FOR UPDATE SKIP LOCKED))
+      RETURNING s.seq::text AS seq, h.archive AS archived, s.queue
+    ),
+    -- A retry may be due sooner than the forwarders' sleep.
+    notified AS (SELECT pg_notify(${db.channels.delayed}, queue) FROM (SELECT DISTINCT queue FROM recovered WHERE NOT archived) q)
+    SELECT seq, archived FROM recovered WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`);
 }
 
 /** Deletes up to `limit` completed tasks whose retention has ended. */
