@@ -1,6 +1,7 @@
 -- Back to 0008: the roles write the tables again (rerun `pgasynq roles` after
 -- migrating down), replace_tasks() and enqueue() as they were.
 DROP FUNCTION {{schema}}.enqueue_tasks(json, timestamptz, boolean);
+DROP FUNCTION {{schema}}.ensure_queues(text[]);
 ALTER FUNCTION {{schema}}.claim_limited(text[], integer[], integer, text, float8, timestamptz, text) RESET search_path;
 ALTER FUNCTION {{schema}}.queue_counts(text) RESET search_path;
 

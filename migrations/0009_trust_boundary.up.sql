@@ -17,6 +17,10 @@
 --    failing with TaskIdConflictError.
 --  * enqueue() in SQL refuses a process_at outside years 1–9999, which a
 --    JavaScript Date and every reader hold.
+--  * ensure_queues() makes queues known before their first task (a server
+--    registers the queues it serves, an admin creates or configures one):
+--    the worker and the admin hold no INSERT on queues, and every name is
+--    checked as an enqueue checks it.
 --  * claim_limited() and queue_counts() run with search_path pinned, as
 --    every other function: an object planted on the caller's path (a
 --    public.unnest(text[]), an operator) is never what they call.
@@ -492,6 +496,30 @@ BEGIN
 END
 $$;
 
+-- Makes each queue of `names` known (a row in queues, unpaused and without
+-- limits when new; a known queue is left as it is), after checking every name
+-- as enqueue() does: 22023 naming the field `queue`, and nothing written.
+CREATE FUNCTION {{schema}}.ensure_queues(names text[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  name text;
+  rule text;
+BEGIN
+  IF names IS NULL OR cardinality(names) > 1000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'queue',
+      MESSAGE = format('pgasynq: invalid queue: names must be an array of at most 1000 (got %s)', coalesce(cardinality(names)::text, 'NULL'));
+  END IF;
+  FOREACH name IN ARRAY names LOOP
+    rule := {{schema}}.enqueue_name_rule(name, 100, false);
+    IF rule IS NOT NULL THEN
+      RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'queue', MESSAGE = format('pgasynq: invalid queue: %s', rule);
+    END IF;
+  END LOOP;
+  -- In name order, as every statement that locks several queues rows.
+  INSERT INTO {{schema}}.queues (name) SELECT DISTINCT n FROM unnest(names) AS n ORDER BY n ON CONFLICT DO NOTHING;
+END
+$$;
+
 ALTER FUNCTION {{schema}}.claim_limited(text[], integer[], integer, text, float8, timestamptz, text) SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.queue_counts(text) SET search_path = pg_catalog, pg_temp;
 
@@ -499,3 +527,4 @@ ALTER FUNCTION {{schema}}.queue_counts(text) SET search_path = pg_catalog, pg_te
 -- and the worker); check_task_rows() is theirs, granted to no one.
 REVOKE EXECUTE ON FUNCTION {{schema}}.enqueue_tasks(json, timestamptz, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.check_task_rows(json) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.ensure_queues(text[]) FROM PUBLIC;

@@ -37,7 +37,8 @@ export interface InspectorOptions extends ConnectionOptions {
 
 /**
  * The admin API. Methods that take a queue reject with QueueNotFoundError
- * when it does not exist; single-task methods with TaskNotFoundError when the
+ * when it does not exist (but createQueue, setQueueLimits and pauseQueue,
+ * which make it known); single-task methods with TaskNotFoundError when the
  * task does not; an action the task's state forbids (deleting, running or
  * archiving an active task, running a pending one, archiving an archived one,
  * editing the payload of a task that is not scheduled) with
@@ -76,7 +77,11 @@ export class Inspector {
     return this.#db;
   }
 
-  /** Every queue's name, sorted. A queue exists once a task was enqueued to it. */
+  /**
+   * Every queue's name, sorted. A queue is known once a task was enqueued to
+   * it, a server that serves it started, or createQueue, setQueueLimits or
+   * pauseQueue named it.
+   */
   async queues(): Promise<string[]> {
     return read.listQueues(this.#open());
   }
@@ -324,12 +329,12 @@ export class Inspector {
 
   /**
    * Stops servers from claiming the queue's tasks; running ones finish, and
-   * enqueueing, scheduling and retries go on. Refused if already paused.
+   * enqueueing, scheduling and retries go on. Refused if already paused. A
+   * queue not known yet is made known, paused: its first tasks wait.
    */
   async pauseQueue(queue: string): Promise<void> {
     const q = v.queueName(queue);
-    const { wasPaused } = await write.setPaused(this.#open(), q, true);
-    if (wasPaused === null) throw new QueueNotFoundError(q);
+    const { wasPaused } = await write.setPaused(this.#open(), q, true, true);
     if (wasPaused) throw new FailedPreconditionError(`queue "${q}" is already paused`);
   }
 
@@ -338,17 +343,36 @@ export class Inspector {
    * tasks at most across all servers, `keyConcurrency` per concurrencyKey,
    * `rateLimit.limit` starts in any `rateLimit.interval` ms. A limit null or
    * left out is cleared (`{}` clears all). The claim enforces them, so they
-   * hold for every server at once, from its next claim on.
+   * hold for every server at once, from its next claim on. A queue not known
+   * yet is made known with them: they hold for its first task.
    */
   async setQueueLimits(queue: string, limits: Partial<QueueLimits>): Promise<void> {
     const q = v.queueName(queue);
-    if (!(await write.setLimits(this.#open(), q, v.queueLimits(limits)))) throw new QueueNotFoundError(q);
+    await write.setLimits(this.#open(), q, v.queueLimits(limits));
+  }
+
+  /**
+   * Makes a queue known before its first task, or configures a known one
+   * (idempotent: an existing queue keeps its tasks, and what `opts` leaves
+   * out). `limits` replaces the queue's limits as setQueueLimits does;
+   * `paused` sets its flag. Resolves to the queue's info afterwards.
+   */
+  async createQueue(queue: string, opts: { limits?: Partial<QueueLimits>; paused?: boolean } = {}): Promise<QueueInfo> {
+    const q = v.queueName(queue);
+    const o = v.plainObject(opts, 'options');
+    v.knownKeys(o, ['limits', 'paused'], 'options');
+    const config = {
+      ...(o.limits === undefined ? {} : { limits: v.queueLimits(o.limits) }),
+      ...(o.paused === undefined ? {} : { paused: v.boolean(o.paused, 'paused') }),
+    };
+    await write.createQueue(this.#open(), q, config);
+    return this.getQueueInfo(q);
   }
 
   /** Lets servers claim the queue's tasks again, at once. Refused if not paused. */
   async unpauseQueue(queue: string): Promise<void> {
     const q = v.queueName(queue);
-    const { wasPaused } = await write.setPaused(this.#open(), q, false);
+    const { wasPaused } = await write.setPaused(this.#open(), q, false, false);
     if (wasPaused === null) throw new QueueNotFoundError(q);
     if (!wasPaused) throw new FailedPreconditionError(`queue "${q}" is not paused`);
   }

@@ -22,7 +22,7 @@ import { Db } from './broker/db.js';
 import { isTransientConnectionError } from './internal/db-errors.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
-import { deleteServer, unservedQueues, type UnservedQueue } from './broker/servers.js';
+import { deleteServer, ensureQueues, unservedQueues, type UnservedQueue } from './broker/servers.js';
 import { DatabaseUnavailableError, FailedPreconditionError, ServerClosedError, ValidationError } from './model/errors.js';
 import { FailureRun, type Logger } from './internal/logger.js';
 import { ServeMux, type Handler } from './mux.js';
@@ -148,6 +148,7 @@ export class Server {
     const reachable = await this.#checkSchema();
     // Looked up before the components start, so start() resolves right after them, as
     // before: run() listens for signals from then on, and a handler may already be running.
+    if (reachable) await this.#registerQueues();
     const unserved = reachable ? await this.#unservedQueues() : [];
     this.#status = 'active';
     const p = (this.#parts = this.wire(fn));
@@ -213,6 +214,19 @@ export class Server {
       );
     }
     return true;
+  }
+
+  /**
+   * Makes the queues this server serves known, so that `queue ls`, the
+   * dashboard and the Inspector see them before their first task. A failure
+   * costs only that (the first enqueue makes a queue known too): it is logged.
+   */
+  async #registerQueues(): Promise<void> {
+    try {
+      await ensureQueues(this.#db, Object.keys(this.#cfg.queues));
+    } catch (err) {
+      this.#log.warn({ err }, 'could not register the queues this server serves');
+    }
   }
 
   /**

@@ -563,7 +563,7 @@ describe('flow control: queue limit, and priority and concurrency key on tasks',
     assert.deepEqual(await json('queue', 'limit', 'lim_json', '--clear'), { ok: true, limits: NONE });
   });
 
-  test('bad values: 2, naming the flag and the rule, and nothing changes; an unknown queue: 1', async () => {
+  test('bad values: 2, naming the flag and the rule, and nothing changes; a queue not known yet is made known', async () => {
     const before = { concurrency: 3, keyConcurrency: null, rateLimit: { limit: 50, interval: 2000 } };
     await inspector.setQueueLimits('lim_bad', before);
     const COUNT = /must be an integer from 1 to 2147483647, or none to clear it\./;
@@ -585,19 +585,44 @@ describe('flow control: queue limit, and priority and concurrency key on tasks',
     ];
     const [runs, unknown, unknownClear, badName] = await Promise.all([
       Promise.all(cases.map(([args]) => pgasynq('queue', 'limit', 'lim_bad', ...args))),
-      pgasynq('queue', 'limit', 'nosuch', '--concurrency', '3'),
-      pgasynq('--json', 'queue', 'limit', 'nosuch', '--clear'),
+      pgasynq('queue', 'limit', 'lim_new', '--concurrency', '3'),
+      pgasynq('--json', 'queue', 'limit', 'lim_new_clear', '--clear'),
       pgasynq('queue', 'limit', 'bad name', '--clear'),
     ]);
     for (const [i, [args, message]] of cases.entries()) {
       assert.ok(runs[i], args.join(' '));
       fails(runs[i], 2, message);
     }
-    fails(unknown, 1, /^error: queue "nosuch" does not exist\n$/);
-    fails(unknownClear, 1, /^error: queue "nosuch" does not exist\n$/);
+    assert.equal(ok(unknown), 'queue "lim_new" limits: concurrency 3\n');
+    assert.deepEqual(JSON.parse(ok(unknownClear)), { ok: true, limits: NONE });
     fails(badName, 2, /queue may contain only/);
     assert.deepEqual(await limitsOf('lim_bad'), before);
-    assert.ok(!(await inspector.queues()).includes('nosuch'), 'no queue was made');
+    assert.deepEqual(await limitsOf('lim_new'), { ...NONE, concurrency: 3 });
+    assert.deepEqual(await limitsOf('lim_new_clear'), NONE);
+    assert.ok(!(await inspector.queues()).includes('bad name'), 'no queue was made of a bad name');
+  });
+
+  test('queue create makes a queue known with its limits and flag; again, it keeps its tasks; bad values: 2', async () => {
+    assert.equal(
+      ok(await pgasynq('queue', 'create', 'made', '--concurrency', '2', '--rate', '10/1s', '--paused')),
+      'queue "made": 0 tasks, limits: concurrency 2, rate 10/1s, paused\n',
+    );
+    const info = await inspector.getQueueInfo('made');
+    assert.deepEqual([info.paused, info.limits], [true, { ...NONE, concurrency: 2, rateLimit: { limit: 10, interval: 1000 } }]);
+    await put('made', 'first');
+    const again = await json<{ queue: string; size: number; paused: boolean; limits: unknown }>('queue', 'create', 'made');
+    assert.deepEqual([again.queue, again.size, again.paused, again.limits], ['made', 1, true, info.limits]);
+    const [badCount, badName, ls] = await Promise.all([
+      pgasynq('queue', 'create', 'made2', '--concurrency', '0'),
+      pgasynq('queue', 'create', 'bad name'),
+      pgasynq('queue', 'ls'),
+    ]);
+    fails(badCount, 2, /option '--concurrency <n>' argument '0' is invalid/);
+    fails(badName, 2, /queue may contain only/);
+    assert.match(ok(ls), /\bmade\b/);
+    assert.ok(!(await inspector.queues()).includes('made2'));
+    assert.equal(ok(await pgasynq('queue', 'pause', 'made_paused')), 'queue "made_paused" paused\n');
+    assert.equal((await inspector.getQueueInfo('made_paused')).paused, true, 'queue pause makes a queue known, paused');
   });
 
   test('--help says which limits it keeps and what --clear does', async () => {

@@ -9,7 +9,9 @@
 import { sql } from 'kysely';
 import type { QueueLimits } from '../model/inspector-types.js';
 import type { TaskState } from '../model/task.js';
-import type { Db } from './db.js';
+import type { AnyTransaction, Db } from './db.js';
+import { ensureQueues } from './servers.js';
+import { transaction } from './transaction.js';
 import type { InQueue } from './inspector-read.js';
 
 /** What a one-task action found and did. */
@@ -160,11 +162,21 @@ export async function requestCancel(db: Db, id: string): Promise<number> {
 
 /**
  * Sets a queue's paused flag. `wasPaused` is the flag before (null: no such
- * queue). Unpausing announces the queue on the tasks and sweep channels, so
- * servers claim its waiting tasks at once, from the head.
+ * queue). With `create`, a queue not known yet is made known first (unpaused),
+ * in the same transaction. Unpausing announces the queue on the tasks and
+ * sweep channels, so servers claim its waiting tasks at once, from the head.
  */
-export async function setPaused(db: Db, queue: string, paused: boolean): Promise<{ wasPaused: boolean | null }> {
-  const rows = await db.run(sql<{ was_paused: boolean | null }>`
+export async function setPaused(db: Db, queue: string, paused: boolean, create: boolean): Promise<{ wasPaused: boolean | null }> {
+  return transaction(db, async (trx) => {
+    if (create) await ensureQueues(db, [queue], trx);
+    return { wasPaused: await writePaused(db, trx, queue, paused) };
+  });
+}
+
+/** Sets the paused flag of a queue in `trx`; resolves to the flag before (null: no such queue). */
+async function writePaused(db: Db, trx: AnyTransaction, queue: string, paused: boolean): Promise<boolean | null> {
+  const rows = await db.run(
+    sql<{ was_paused: boolean | null }>`
     WITH q AS (SELECT name, paused FROM ${db.table('queues')} WHERE name = ${queue} FOR UPDATE),
     changed AS (
       UPDATE ${db.table('queues')} u SET paused = ${paused} FROM q WHERE u.name = q.name AND q.paused <> ${paused}::boolean
@@ -174,18 +186,29 @@ export async function setPaused(db: Db, queue: string, paused: boolean): Promise
       -- The sweep: claims passed over the paused queue and may have raised their floors above its tasks.
       SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed WHERE NOT paused
     )
-    SELECT (SELECT paused FROM q) AS was_paused, (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
-  return { wasPaused: rows[0]?.was_paused ?? null };
+    SELECT (SELECT paused FROM q) AS was_paused, (SELECT pg_catalog.count(*) FROM notified) AS notifications`,
+    trx,
+  );
+  return rows[0]?.was_paused ?? null;
 }
 
 /**
- * Sets a queue's limits, all at once (null clears one); false: no such queue.
- * The servers are woken so that the next claim uses them; the sweep lets
- * their claims start from the head of the queue again, which the plain claim
- * skipped while it was limited.
+ * Sets a queue's limits, all at once (null clears one), making the queue
+ * known first when it is not, in the same transaction: a limit set before the
+ * first enqueue holds for the first task. The servers are woken so that the
+ * next claim uses them; the sweep lets their claims start from the head of
+ * the queue again, which the plain claim skipped while it was limited.
  */
-export async function setLimits(db: Db, queue: string, limits: QueueLimits): Promise<boolean> {
-  const rows = await db.run(sql<{ notifications: string }>`
+export async function setLimits(db: Db, queue: string, limits: QueueLimits): Promise<void> {
+  await transaction(db, async (trx) => {
+    await ensureQueues(db, [queue], trx);
+    await writeLimits(db, trx, queue, limits);
+  });
+}
+
+async function writeLimits(db: Db, trx: AnyTransaction, queue: string, limits: QueueLimits): Promise<void> {
+  await db.run(
+    sql`
     WITH changed AS (
       UPDATE ${db.table('queues')}
       SET concurrency = ${limits.concurrency}::int, key_concurrency = ${limits.keyConcurrency}::int,
@@ -193,8 +216,22 @@ export async function setLimits(db: Db, queue: string, limits: QueueLimits): Pro
       WHERE name = ${queue}
       RETURNING name
     )
-    SELECT pg_catalog.count(*) AS notifications FROM (SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed) n`);
-  return rows[0]!.notifications !== '0';
+    SELECT pg_catalog.count(*) AS notifications FROM (SELECT pg_notify(${db.channels.tasks}, name), pg_notify(${db.channels.sweep}, name) FROM changed) n`,
+    trx,
+  );
+}
+
+/**
+ * Makes a queue known (an existing one keeps its tasks and what is not
+ * given), then applies what is given, in one transaction: `limits` as
+ * setLimits() sets them, `paused` as the flag.
+ */
+export async function createQueue(db: Db, queue: string, config: { limits?: QueueLimits; paused?: boolean }): Promise<void> {
+  await transaction(db, async (trx) => {
+    await ensureQueues(db, [queue], trx);
+    if (config.limits) await writeLimits(db, trx, queue, config.limits);
+    if (config.paused !== undefined) await writePaused(db, trx, queue, config.paused);
+  });
 }
 
 /** What deleteQueue found and did. */

@@ -112,6 +112,7 @@ const REPLACE_TASKS = 'replace_tasks(json, timestamptz, text)';
 const CLAIM_LIMITED = 'claim_limited(text[], integer[], integer, text, float8, timestamptz, text)';
 const SQL_ENQUEUE = 'enqueue(text, jsonb, text, text, timestamptz, integer, integer, text)';
 const ENQUEUE_TASKS = 'enqueue_tasks(json, timestamptz, boolean)';
+const ENSURE_QUEUES = 'ensure_queues(text[])';
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
 const REQUIRED = [
@@ -246,7 +247,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE, ENQUEUE_TASKS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -303,6 +304,10 @@ BEGIN
   GRANT SELECT, UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, DELETE ON ${t('queue_starts')} TO ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(CLAIM_LIMITED)} TO ${id(r.worker)};
+  -- A server makes the queues it serves known at start, and an admin the queue it
+  -- creates or configures, through the owner's ensure_queues() (0009), which checks
+  -- the names: neither holds INSERT on queues.
+  GRANT EXECUTE ON FUNCTION ${t(ENSURE_QUEUES)} TO ${id(r.worker)}, ${id(r.admin)};
   -- Server.start and Scheduler.start check the schema version (which migrations are applied).
   GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
   GRANT SELECT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
@@ -335,7 +340,8 @@ BEGIN
   -- admin (a member of inspector): the Inspector's actions. Task transitions
   -- and payload updates of scheduled tasks, deletions (with the unique locks
   -- they release), cancellation, pause, a queue's limits (setQueueLimits,
-  -- 0007), queue removal with its stats. All
+  -- 0007; createQueue makes a queue known through ensure_queues(), granted
+  -- above), queue removal with its stats. All
   -- through the view (tasks_write() writes the tables): no privilege on them
   -- but the inspector's SELECT. Running, archiving or deleting a waiting task
   -- or one with dependents is the same write; the triggers settle the edges.

@@ -3,7 +3,7 @@
  */
 import { sql } from 'kysely';
 import type { ServerInfo } from '../model/inspector-types.js';
-import type { Db } from './db.js';
+import type { AnyTransaction, Db } from './db.js';
 import { transaction } from './transaction.js';
 
 /** What a server writes of itself: its ServerInfo but for what the database knows (start time, workers). */
@@ -16,6 +16,16 @@ export async function upsertServer(db: Db, s: ServerRecord, ttlMs: number): Prom
     VALUES (${s.id}, ${s.host}, ${s.pid}, ${s.concurrency}, ${JSON.stringify(s.queues)}::jsonb, ${s.strictPriority}, ${s.status},
             ${db.now()} + ${ttlMs}::float8 * interval '1 millisecond')
     ON CONFLICT (id) DO UPDATE SET status = excluded.status, heartbeat_at = ${db.now()}, expires_at = excluded.expires_at`);
+}
+
+/**
+ * Makes the queues known (ensure_queues(), migration 0009): each gets its row
+ * in queues, unpaused and without limits when new; a known one is left as it
+ * is. A server registers the queues it serves; an admin call that configures a
+ * queue creates it.
+ */
+export async function ensureQueues(db: Db, queues: readonly string[], trx?: AnyTransaction): Promise<void> {
+  await db.run(sql`SELECT ${db.table('ensure_queues')}(${queues}::text[])`, trx);
 }
 
 /** Removes the server's row (at shutdown) and rows of servers that stopped refreshing. */

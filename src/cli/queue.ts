@@ -1,9 +1,11 @@
 /**
  * `pgasynq queue ls | inspect Q | history Q [--days N] | pause Q | unpause Q | rm Q [--force]
- * | limit Q [--concurrency N] [--key-concurrency N] [--rate N/DURATION] [--clear]`:
+ * | limit Q [--concurrency N] [--key-concurrency N] [--rate N/DURATION] [--clear]
+ * | create Q [--concurrency N] [--key-concurrency N] [--rate N/DURATION] [--paused]`:
  * each a single Inspector call (queues, getQueueInfo, history, pauseQueue,
- * unpauseQueue, deleteQueue), except `limit`, which reads the limits
- * (getQueueInfo) and writes them back changed (setQueueLimits). With --json,
+ * unpauseQueue, deleteQueue, createQueue), except `limit`, which reads the
+ * limits (createQueue, which makes a queue known) and writes them back
+ * changed (setQueueLimits). With --json,
  * the call's result; `{"ok":true}` for pause, unpause and rm, which return
  * nothing; `{"ok":true,"limits":{...}}` for limit: the limits it set.
  */
@@ -62,6 +64,13 @@ function rateOrNone(value: string): NonNullable<QueueLimits['rateLimit']> | type
   if (interval < 1 || interval > MAX_LIMIT) throw new InvalidArgumentError(`DURATION must be from 1ms to ${MAX_LIMIT}ms (about 24.8 days).`);
   return { limit, interval };
 }
+
+const CREATE_HELP = `
+Idempotent: a queue that is known already keeps its tasks; the limits given
+replace its limits (as queue limit --clear with them would), --paused pauses it,
+and what is not given stays. A queue is also made known by its first enqueue, by
+a server that serves it, and by queue limit and queue pause.
+${jsonNote("Inspector.createQueue(queue, opts): the queue's info afterwards")}`;
 
 const LIMIT_HELP = `
 Sets the limits given and keeps the others as they are: it reads the queue's
@@ -198,10 +207,33 @@ export function registerQueue(program: CliProgram, ctx: CliContext): void {
         throw new UsageError('queue limit needs --concurrency, --key-concurrency, --rate or --clear (queue inspect shows the limits)');
       }
       const limits = await withInspector(ctx, async (i) => {
-        const next: QueueLimits = { ...(opts.clear === true ? NO_LIMITS : (await i.getQueueInfo(name)).limits), ...given };
+        // createQueue: a queue not known yet is made known, without limits, as setQueueLimits would.
+        const next: QueueLimits = { ...(opts.clear === true ? NO_LIMITS : (await i.createQueue(name)).limits), ...given };
         await i.setQueueLimits(name, next);
         return next;
       });
       ctx.emit({ ...OK, limits }, () => `queue "${name}" limits: ${limitsText(limits)}`);
+    });
+
+  queue
+    .command('create')
+    .description('make a queue known before its first task, with its limits and pause flag; a known queue keeps its tasks')
+    .argument('<queue>', 'queue name')
+    .addOption(new Option('--concurrency <n>', 'most active tasks of the queue, all servers together').argParser(countOrNone))
+    .addOption(new Option('--key-concurrency <n>', 'most active tasks per concurrency key').argParser(countOrNone))
+    .addOption(new Option('--rate <n/duration>', 'most starts in any span of DURATION, e.g. 100/1s').argParser(rateOrNone))
+    .option('--paused', 'create it paused: servers take none of its tasks until `queue unpause`')
+    .addHelpText('after', CREATE_HELP)
+    .action(async (name, opts) => {
+      const value = <T>(v: T | typeof NONE) => (v === NONE ? null : v);
+      const limits: Partial<QueueLimits> = {
+        ...(opts.concurrency === undefined ? {} : { concurrency: value(opts.concurrency) }),
+        ...(opts.keyConcurrency === undefined ? {} : { keyConcurrency: value(opts.keyConcurrency) }),
+        ...(opts.rate === undefined ? {} : { rateLimit: value(opts.rate) }),
+      };
+      const info = await withInspector(ctx, (i) =>
+        i.createQueue(name, { ...(Object.keys(limits).length === 0 ? {} : { limits }), ...(opts.paused === true ? { paused: true } : {}) }),
+      );
+      ctx.emit(info, () => `queue "${name}": ${info.size} tasks, limits: ${limitsText(info.limits)}${info.paused ? ', paused' : ''}`);
     });
 }
