@@ -2,12 +2,19 @@
 # The package as a user gets it: `npm pack`, the tarball installed into a project made by
 # `npm init -y` and the README's Quick start followed line by line (ESM, `npx pgasynq migrate`),
 # the README's tasks.ts, producer.ts and worker.ts typechecked there (strict, skipLibCheck off)
-# and run against PostgreSQL; then `require('pgasynq')` from a CommonJS project.
+# and run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
+# Kysely minor the peer range admits (the newest 0.27, 0.28 and the registry's latest), a project
+# on that Kysely that enqueues in its own Kysely transaction and runs a handler's ctx.transaction
+# typed by its tables (.ci/package/kysely.ts), plus a .cts file under nodenext (.ci/package/check.cts).
+#
+# PACKAGE_CHECK_ADMIN_URL: a database to connect to for CREATE DATABASE (default: postgres on
+# 127.0.0.1:5432). PACKAGE_CHECK_DATABASE: the database it creates and drops (default
+# pgasynq_package_check); give each checkout that runs this at the same time its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 admin_url=${PACKAGE_CHECK_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-database=pgasynq_package_check
+database=${PACKAGE_CHECK_DATABASE:-pgasynq_package_check}
 export DATABASE_URL=${admin_url%/*}/$database
 scratch=$(mktemp -d)
 worker=
@@ -17,16 +24,37 @@ cleanup() {
 }
 trap cleanup EXIT
 quiet() { npm "$@" --no-audit --no-fund --loglevel=error >/dev/null; }
+typescript="typescript@$(node -p "require('$repo/node_modules/typescript/package.json').version")"
+# The @types/node of the Node this runs on, as the README tells TypeScript users to pick.
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+types_node="@types/node@$node_major"
+# Every version of @types/node in the current project's node_modules, nested ones included.
+types_node_versions() { find "$PWD/node_modules" -path '*/@types/node/package.json' -exec node -p 'require(process.argv[1]).version' {} \; | sort -u | xargs; }
 
 tarball="$scratch/$(npm pack --silent --pack-destination "$scratch" | tail -n 1)"
 echo "package: $(tar -tzf "$tarball" | wc -l) files, $(stat -c %s "$tarball") bytes packed"
+# The manifest a user installs: no lifecycle scripts (npm would list the package among those
+# with install scripts) and no contributor scripts or devDependencies.
+tar -xzOf "$tarball" package/package.json | node -e "
+const m = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+for (const key of ['scripts', 'devDependencies']) if (key in m) throw new Error('the packed package.json has ' + key + ': ' + JSON.stringify(m[key]));
+"
+echo "the packed package.json has no scripts and no devDependencies"
 
 psql "$admin_url" -q -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS $database" -c "CREATE DATABASE $database" >/dev/null
 
 mkdir "$scratch/esm" && cd "$scratch/esm"
 npm init -y >/dev/null && npm pkg set type=module
 quiet install "$tarball"
-quiet install -D tsx "typescript@$(node -p "require('$repo/node_modules/typescript/package.json').version")"
+# A project without @types/node gets none from pgasynq: the TypeScript user picks their Node's.
+[ -z "$(types_node_versions)" ] || { echo "installing pgasynq brought @types/node $(types_node_versions)"; npm ls --all @types/node; exit 1; }
+echo "installing pgasynq installs no @types/node"
+# What the README asks of TypeScript users: @types/node for their Node, and @types/pg.
+quiet install -D tsx "$typescript" "$types_node" @types/pg
+for v in $(types_node_versions); do
+  [[ $v == "$node_major".* ]] || { echo "@types/node $v installed besides the one picked:"; npm ls --all @types/node; exit 1; }
+done
+echo "with $types_node and @types/pg, the only @types/node is the one picked: $(types_node_versions)"
 node "$repo/.ci/readme-files.mjs" "$repo/README.md" .
 cat > tsconfig.json <<'JSON'
 { "compilerOptions": { "strict": true, "module": "nodenext", "target": "es2022", "skipLibCheck": false, "noEmit": true }, "include": ["*.ts"] }
@@ -63,4 +91,37 @@ const { Client, Server, Task, migrate } = require('pgasynq');
 if (typeof Client !== 'function' || typeof Server !== 'function' || typeof migrate !== 'function') throw new Error('require(pgasynq) lacks its exports');
 console.log('require(\"pgasynq\") works from CommonJS:', new Task('t', { a: 1 }).type);
 "
+
+# Kysely is a peer dependency: the project's own Kysely is the one pgasynq uses, so its
+# Transaction is the type the project's code names. Each minor in the peer range, in a fresh
+# project: kysely.ts typechecks (strict, skipLibCheck off, nodenext) and runs against PostgreSQL.
+newest=$(npm view kysely version)
+specs=("kysely@~0.27" "kysely@~0.28")
+[[ $newest == 0.28.* ]] || specs+=("kysely@$newest")
+first=1
+for spec in "${specs[@]}"; do
+  start=$SECONDS
+  dir="$scratch/${spec//[@~]/_}"
+  mkdir "$dir" && cd "$dir"
+  npm init -y >/dev/null && npm pkg set type=module
+  quiet install "$tarball" "$spec" pg
+  quiet install -D tsx "$typescript" "$types_node" @types/pg
+  version=$(node -p "require('./node_modules/kysely/package.json').version")
+  cp "$repo/.ci/package/kysely.ts" .
+  # The shipped declarations too: they name Kysely's types, now this project's Kysely's.
+  include='"kysely.ts", "node_modules/pgasynq/dist/**/*.d.ts"'
+  if [ -n "$first" ]; then
+    cp "$repo/.ci/package/check.cts" .
+    include="$include, \"check.cts\""
+  fi
+  cat > tsconfig.json <<JSON
+{ "compilerOptions": { "strict": true, "module": "nodenext", "target": "es2022", "skipLibCheck": false, "noEmit": true }, "include": [$include] }
+JSON
+  npx tsc -p .
+  [ -n "$first" ] && echo "a .cts file importing pgasynq typechecks under module nodenext"
+  ./node_modules/.bin/tsx kysely.ts "$version"
+  echo "kysely $version: checked in $((SECONDS - start)) s"
+  first=
+done
+
 psql "$admin_url" -q -c "DROP DATABASE IF EXISTS $database" >/dev/null

@@ -13,8 +13,8 @@ import type pg from 'pg';
  */
 export function preparingPool(pool: pg.Pool, prepared: ReadonlyMap<string, string>): PostgresPool {
   const wrappers = new WeakMap<pg.PoolClient, PostgresPoolClient>();
-  return {
-    async connect() {
+  const wrapped = {
+    async connect(): Promise<PostgresPoolClient> {
       const client = await pool.connect();
       let wrapper = wrappers.get(client);
       if (wrapper === undefined) {
@@ -28,5 +28,9 @@ export function preparingPool(pool: pg.Pool, prepared: ReadonlyMap<string, strin
       return wrapper;
     },
     end: () => pool.end(),
+    // Kysely 0.29 reads the pool's options (for the connection that cancels a query); 0.27
+    // and 0.28 do not declare them, hence a variable rather than an object literal.
+    options: pool.options,
   };
+  return wrapped;
 }
