@@ -196,7 +196,10 @@ describe("code planted on a login's search_path never runs in the library's stat
   test('a public.unnest(text[]) and an operator *(integer, interval): no call from claims, limited claims, enqueues, replaces or the Inspector', async () => {
     // What PostgreSQL up to 14 allows every role, and upgraded databases keep.
     await db.pool.query(`GRANT CREATE ON SCHEMA public TO "${PREFIX}_producer_login"`);
-    await db.pool.query('CREATE TABLE IF NOT EXISTS public.t26_calls (fn text, at timestamptz DEFAULT now())');
+    // Who called, too: other test files share the database (and its public schema), and
+    // their own statements may call an unqualified unnest; only this file's logins count.
+    await db.pool.query('DROP TABLE IF EXISTS public.t26_calls');
+    await db.pool.query('CREATE TABLE public.t26_calls (fn text, who text DEFAULT session_user, at timestamptz DEFAULT now())');
     await db.pool.query('GRANT INSERT, SELECT ON public.t26_calls TO PUBLIC');
     for (const type of ['text[]', 'bigint[]', 'uuid[]']) {
       await as(
@@ -212,7 +215,12 @@ describe("code planted on a login's search_path never runs in the library's stat
        CREATE OPERATOR public.* (LEFTARG = integer, RIGHTARG = interval, FUNCTION = public.t26_times)`,
     );
     const calls = async () =>
-      (await db.pool.query<{ fn: string; n: number }>('SELECT fn, count(*)::int AS n FROM public.t26_calls GROUP BY fn ORDER BY fn')).rows;
+      (
+        await db.pool.query<{ fn: string; n: number }>(
+          "SELECT fn, count(*)::int AS n FROM public.t26_calls WHERE starts_with(who, $1) GROUP BY fn ORDER BY fn",
+          [`${PREFIX}_`],
+        )
+      ).rows;
     // The trap works where nothing is pinned.
     await as('worker', "SELECT unnest(ARRAY['a']::text[])");
     assert.deepEqual(await calls(), [{ fn: 'unnest(text[])', n: 1 }]);
