@@ -34,7 +34,7 @@ const mux = new ServeMux()
   .handle('email:welcome', async (task, ctx) => {
     const { address } = task.payload as WelcomeEmail;
     ctx.logger.info({ address }, 'sending welcome email');
-    console.log(`email to ${address} (attempt ${ctx.retryCount + 1})`);
+    console.log(`email to ${address} (attempt ${ctx.attempt})`);
   })
   .handle('image:thumbnail', async (task, ctx) => {
     const { path, width } = task.payload as Thumbnail;

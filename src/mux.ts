@@ -10,9 +10,15 @@ import type { Task } from './model/task.js';
 export interface TaskContext {
   readonly taskId: string;
   readonly queue: string;
-  /** Retries so far (0 on the first attempt). */
+  /** Retries so far, asynq's GetRetryCount: 0 on the first attempt. */
   readonly retryCount: number;
   readonly maxRetry: number;
+  /**
+   * This run's attempt number, from 1: retryCount + 1, at most maxRetry + 1.
+   * The same number as `attempt` in ctx.logger's lines and the worker's
+   * failure line for this run.
+   */
+  readonly attempt: number;
   /**
    * Aborted on timeout or deadline (TaskTimeoutError), cancellation
    * (TaskCanceledError), lease loss (LeaseExpiredError) and shutdown

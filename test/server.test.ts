@@ -29,7 +29,7 @@ import { queueOrder } from '../src/server/queues.js';
 import { FailureRun } from '../src/internal/logger.js';
 import { backoffMs } from '../src/internal/backoff.js';
 import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
-import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -707,9 +707,8 @@ describe('logging', () => {
     const retried = await log.find('task failed; will retry', (l) => (l.task as { id: string }).id === twice.id);
     assert.equal(retried.level, LEVEL.warn);
     assert.equal(retried.component, 'processor');
-    assert.deepEqual(retried.task, { id: twice.id, type: 'fail', queue: 'lg' });
-    assert.equal(retried.retried, 1);
-    assert.equal(retried.maxRetry, 1);
+    assert.deepEqual(retried.task, { id: twice.id, type: 'fail', queue: 'lg', attempt: 1 });
+    assert.equal(retried.maxAttempts, 2, 'attempt 1 of 2: maxRetry 1 allows two runs');
     assert.equal(retried.retryInMs, 0);
     assert.deepEqual(
       { type: (retried.err as { type: string }).type, message: (retried.err as { message: string }).message },
@@ -720,10 +719,11 @@ describe('logging', () => {
     const exhausted = await log.find('task archived', (l) => (l.task as { id: string }).id === twice.id);
     assert.equal(exhausted.level, LEVEL.error);
     assert.equal(exhausted.reason, 'retries-exhausted');
-    assert.equal(exhausted.retried, 1);
+    assert.equal((exhausted.task as { attempt: number }).attempt, 2);
+    assert.equal(exhausted.maxAttempts, 2);
     const skip = await log.find('task archived', (l) => (l.task as { id: string }).id === skipped.id);
     assert.equal(skip.reason, 'skip-retry');
-    assert.deepEqual(skip.task, { id: skipped.id, type: 'skip', queue: 'lg2' });
+    assert.deepEqual(skip.task, { id: skipped.id, type: 'skip', queue: 'lg2', attempt: 1 });
     assert.equal((skip.err as { type: string }).type, 'SkipRetry');
 
     await server.shutdown();
@@ -1018,8 +1018,9 @@ describe('the default logger, as a user sees it', () => {
       assert.deepEqual(started!.queues, { email: 2, default: 1 });
       assert.equal(unserved!.queue, 'emails');
       assert.deepEqual(unserved!.servedQueues, ['default', 'email']);
-      assert.deepEqual([failed!.retried, failed!.maxRetry, (failed!.err as { message: string }).message], [1, 1, 'smtp down']);
-      assert.deepEqual([archived!.retried, archived!.maxRetry, archived!.reason], [1, 1, 'retries-exhausted']);
+      const attempt = (l: LogLine) => (l.task as { attempt: number }).attempt;
+      assert.deepEqual([attempt(failed!), failed!.maxAttempts, (failed!.err as { message: string }).message], [1, 2, 'smtp down']);
+      assert.deepEqual([attempt(archived!), archived!.maxAttempts, archived!.reason], [2, 2, 'retries-exhausted']);
       assert.ok(!info.stderr.includes('PAYLOAD-SENTINEL'), 'never a payload');
 
       assert.equal(warn.code, 0, warn.stderr);

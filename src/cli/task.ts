@@ -14,6 +14,7 @@
 import { Option } from '@commander-js/extra-typings';
 import type { Inspector } from '../inspector.js';
 import { actOnAll, listTasks } from '../inspector-internal.js';
+import { attemptText, lastFailedText } from '../model/attempt.js';
 import { BULK_STATES, type TaskAction } from '../model/task-actions.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
 import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
@@ -91,6 +92,12 @@ function taskTable(state: TaskState, tasks: TaskInfo[], now: number): string[] {
   }
 }
 
+/** When the task last failed, and which attempt that was when it can be told. */
+function lastFailed(t: TaskInfo, now: number): string {
+  const attempt = lastFailedText(t);
+  return attempt === null ? when(t.lastFailedAt, now) : `${when(t.lastFailedAt, now)}, ${attempt}`;
+}
+
 /** A task's dependencies as `queue/id, …`. */
 const refs = (t: TaskInfo) => t.dependsOn.map((d) => `${d.queue}/${d.id}`).join(', ');
 
@@ -104,8 +111,9 @@ function taskFields(t: TaskInfo): string[] {
     ['payload', jsonText(t.payload)],
     ['headers', Object.keys(t.headers).length === 0 ? '-' : JSON.stringify(t.headers)],
     ['retried', `${t.retried} of ${t.maxRetry}`],
+    ['attempt', attemptText(t)],
     ['last error', t.lastError ?? '-'],
-    ['last failed at', when(t.lastFailedAt, now)],
+    ['last failed at', lastFailed(t, now)],
     ['next process at', when(t.nextProcessAt, now)],
     ['timeout', t.timeout === 0 ? '-' : duration(t.timeout)],
     ['deadline', when(t.deadline, now)],

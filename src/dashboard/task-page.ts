@@ -6,6 +6,7 @@
 import type { DependencyPreview } from '../broker/dependencies.js';
 import { PAGE_VALUE_CHARS, type TaskPageInfo, type ValueExcerpt } from '../broker/rows.js';
 import { listTaskDependencies, listTaskDependents, taskPageInfo } from '../inspector-internal.js';
+import { attemptText, lastFailedText } from '../model/attempt.js';
 import type { TaskRef } from '../model/task.js';
 import { datetime, duration, instant, num, pretty, relative } from './format.js';
 import { html, type Html } from './html.js';
@@ -110,6 +111,7 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
     ['State', badge(t.state, t.state)],
     ['Type', html`<span data-field="type">${t.type}</span>`],
     ['Retried', `${t.retried} of ${t.maxRetry}`],
+    ['Attempt', html`<span data-field="attempt">${attemptText(t)}</span>`],
     ['Timeout', t.timeout === 0 ? 'none (deadline only)' : duration(t.timeout)],
     ['Deadline', t.deadline ? html`${instant(t.deadline)} (${relative(t.deadline, now)})` : 'none'],
     ['Group', t.group ?? '–'],
@@ -124,7 +126,7 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
   evs.push({ at: t.enqueuedAt, label: 'enqueued' });
   if (w) evs.push({ at: w.worker.startedAt, label: 'started', detail: `by ${w.server.host}:${w.server.pid}` });
   else if (t.startedAt) evs.push({ at: t.startedAt, label: 'started', detail: t.leaseOwner ? `by server ${t.leaseOwner.slice(0, 8)}` : undefined });
-  if (t.lastFailedAt) evs.push({ at: t.lastFailedAt, label: 'failed', detail: t.retried > 0 ? `attempt ${t.retried}` : undefined });
+  if (t.lastFailedAt) evs.push({ at: t.lastFailedAt, label: 'failed', detail: lastFailedText(t) ?? undefined });
   if (t.completedAt) evs.push({ at: t.completedAt, label: 'completed' });
   if (t.nextProcessAt && t.state !== 'pending') evs.push({ at: t.nextProcessAt, label: t.state === 'retry' ? 'next retry' : 'due' });
   if (t.completedAt && t.retention > 0) evs.push({ at: new Date(t.completedAt.getTime() + t.retention), label: 'deleted (end of retention)' });

@@ -119,6 +119,12 @@ export interface TaskInfo {
   payload: unknown;
   state: TaskState;
   maxRetry: number;
+  /**
+   * Retries used so far (asynq's Retried): the failures that counted, not the
+   * one that archived the task. Attempt retried + 1 (1-based, at most
+   * maxRetry + 1) is the one an active task runs, the next one of a task still
+   * to run, and the last one of a completed or archived task.
+   */
   retried: number;
   lastError: string | null;
   lastFailedAt: Date | null;

@@ -11,6 +11,7 @@ import type { Db } from '../broker/db.js';
 import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';
 import { isRevokeTask, isSkipRetry, ServerClosedError } from '../model/errors.js';
+import { attemptOf, maxAttemptsOf } from '../model/attempt.js';
 import { snoozeOf } from '../model/snooze.js';
 import { errorSummary, lastErrorText, retryDelayFor } from './retry.js';
 import type { Task } from '../model/task.js';
@@ -40,8 +41,17 @@ const seqSet = (rows: readonly LeaseKey[]) => new Set(rows.map((r) => r.seq));
 /** The lease as the broker's fenced writes take it. */
 export const leaseKey = (l: Lease): LeaseKey => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });
 
-/** A task as log lines name it: never its payload. */
-const taskFields = (row: ClaimedRow) => ({ id: row.id, type: row.type, queue: row.queue });
+/**
+ * A task as log lines name it, never its payload: ctx.logger's bindings and
+ * every line the worker writes about one run, so `task.attempt` is the same
+ * number (1-based, see model/attempt.ts) on all of them.
+ */
+export const taskFields = (row: Pick<ClaimedRow, 'id' | 'type' | 'queue' | 'retried'>) => ({
+  id: row.id,
+  type: row.type,
+  queue: row.queue,
+  attempt: attemptOf(row.retried),
+});
 
 export class Outcomes {
   readonly #db: Db;
@@ -90,7 +100,7 @@ export class Outcomes {
     }
     if (lease.lost) {
       this.#counters.leasesLost++;
-      this.#logger.warn({ task: { id: row.id, queue } }, 'lease lost; the outcome of this attempt is dropped');
+      this.#logger.warn({ task: taskFields(row) }, 'lease lost; the outcome of this attempt is dropped');
       return;
     }
     if (shutdown) {
@@ -119,8 +129,10 @@ export class Outcomes {
       this.#stats.processed(queue);
       this.#stats.failed(queue);
     }
-    // One line per failed attempt, never the payload: what failed, how often, and what comes next.
-    const fields = { task: taskFields(row), retried: row.retried + (counts && !archive ? 1 : 0), maxRetry: row.max_retry, err: errorSummary(error) };
+    // One line per failed attempt, never the payload: what failed, which attempt of how many
+    // (task.attempt of maxAttempts, both 1-based like ctx.attempt), and what comes next. A
+    // failure that does not count is retried as the same attempt number.
+    const fields = { task: taskFields(row), maxAttempts: maxAttemptsOf(row.max_retry), err: errorSummary(error) };
     if (archive) this.#logger.error({ ...fields, reason: isSkipRetry(error) ? 'skip-retry' : 'retries-exhausted' }, 'task archived');
     else this.#logger.warn({ ...fields, counted: counts, retryInMs: Math.round(delayMs) }, 'task failed; will retry');
   }

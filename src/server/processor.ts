@@ -26,11 +26,12 @@ import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } f
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from '../mux.js';
+import { attemptOf } from '../model/attempt.js';
 import { decodePayload, encodePayload } from '../model/payload.js';
 import { Task } from '../model/task.js';
 import { MAX_TIMER_MS } from '../model/validate.js';
 import { Lease } from './lease.js';
-import { leaseKey, Outcomes, type Outcome, type OutcomePolicies } from './outcomes.js';
+import { leaseKey, Outcomes, taskFields, type Outcome, type OutcomePolicies } from './outcomes.js';
 import { backoffMs } from '../internal/backoff.js';
 import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
@@ -330,11 +331,12 @@ export class Processor {
       queue: row.queue,
       retryCount: row.retried,
       maxRetry: row.max_retry,
+      attempt: attemptOf(row.retried),
       get signal() {
         return lease.signal;
       },
       get logger() {
-        return (logger ??= parent.child({ task: { id: row.id, type: row.type, queue: row.queue, attempt: row.retried + 1 } }));
+        return (logger ??= parent.child({ task: taskFields(row) }));
       },
       writeResult: (data) => this.#writeResult(lease, data),
       dependencyResults: () => dependencyResults(this.#db, row.seq),

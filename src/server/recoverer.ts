@@ -19,9 +19,11 @@
  */
 import { dropOrphans, findExpired, loadInputs, recoverLeases, type ExpiredLease, type Recovery } from '../broker/maintenance.js';
 import type { Db } from '../broker/db.js';
+import { maxAttemptsOf } from '../model/attempt.js';
 import { LeaseExpiredError } from '../model/errors.js';
 import type { Logger } from '../internal/logger.js';
 import { decodePayload } from '../model/payload.js';
+import { taskFields } from './outcomes.js';
 import { defaultRetryDelay, retryDelayFor } from './retry.js';
 import { Task } from '../model/task.js';
 import type { StatsCollector } from './stats.js';
@@ -98,9 +100,8 @@ export class Recoverer {
           if (total.archived < ARCHIVED_LINES) {
             this.#logger.error(
               {
-                task: { id: t.id, type: t.type, queue: t.queue },
-                retried: t.retried,
-                maxRetry: t.max_retry,
+                task: taskFields(t),
+                maxAttempts: maxAttemptsOf(t.max_retry),
                 reason: 'retries-exhausted',
                 err: { type: err.name, message: err.message },
               },
