@@ -97,13 +97,13 @@ describe('the worker', () => {
     assert.deepEqual(linesOf('handler ran', doomed.id).map(attemptOf), [1, 2, 3]);
   });
 
-  test('the failure line names the attempt that failed, of maxRetry + 1, and no ambiguous retried count', () => {
+  test('the failure line names the attempt that failed, of maxRetry + 1, with the retries spent before it', () => {
     const failed = linesOf('task failed; will retry', flaky.id);
     assert.deepEqual(failed.map(attemptOf), [1, 2], 'the first failure is attempt 1');
     for (const [i, l] of failed.entries()) {
       assert.deepEqual(l.task, { id: flaky.id, type: 'flaky', queue: 'default', attempt: i + 1 });
       assert.equal(l.maxAttempts, 6);
-      assert.equal(l.retried, undefined);
+      assert.deepEqual([l.retried, l.maxRetry], [i, 5], 'retried as ctx.retryCount saw it: attempt − 1');
       assert.equal((l.err as { message: string }).message, `boom on run ${i + 1}`, 'the attempt number matches the run that threw');
     }
     assert.deepEqual(linesOf('task failed; will retry', doomed.id).map(attemptOf), [1, 2]);
@@ -115,6 +115,7 @@ describe('the worker', () => {
     assert.deepEqual(more, []);
     assert.deepEqual(archived.task, { id: doomed.id, type: 'doomed', queue: 'default', attempt: 3 });
     assert.equal(archived.maxAttempts, 3);
+    assert.deepEqual([archived.retried, archived.maxRetry], [2, 2]);
     assert.equal(archived.reason, 'retries-exhausted');
     assert.equal((archived.err as { message: string }).message, 'boom on run 3');
   });
@@ -139,7 +140,7 @@ describe('the worker', () => {
       const line = await own.find('task archived');
       assert.deepEqual(line.task, { id: info.id, type: 'stalled', queue: 'rec', attempt: 3 });
       assert.equal(line.maxAttempts, 3);
-      assert.equal(line.retried, undefined);
+      assert.deepEqual([line.retried, line.maxRetry], [2, 2]);
     } finally {
       await broker.close();
     }

@@ -217,7 +217,7 @@ describe("code planted on a login's search_path never runs in the library's stat
     const calls = async () =>
       (
         await db.pool.query<{ fn: string; n: number }>(
-          "SELECT fn, count(*)::int AS n FROM public.t26_calls WHERE starts_with(who, $1) GROUP BY fn ORDER BY fn",
+          'SELECT fn, count(*)::int AS n FROM public.t26_calls WHERE starts_with(who, $1) GROUP BY fn ORDER BY fn',
           [`${PREFIX}_`],
         )
       ).rows;

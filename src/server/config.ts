@@ -18,8 +18,11 @@ export interface ServerConfig extends ConnectionOptions {
    * brings a batch rather than the few slots that happen to be free. Held
    * tasks count as active (their leases are heartbeated), start in claim
    * order, and go back to pending at once on stop or shutdown without using
-   * a retry. Keep it 0 when tasks are long: a held task waits for this
-   * server's slots while another server may be idle. @defaultValue 0
+   * a retry. Unset, it adapts: about what the server starts in two claim
+   * round trips (at most 50 × concurrency and 1,000), none when tasks take
+   * longer than a round trip; a number fixes it, 0 turns it off (a held task
+   * waits for this server's slots while another server may be idle).
+   * @defaultValue adaptive (unset; the start line logs `"prefetch":null`)
    */
   prefetch?: number;
   /** Queues to serve, with priority weights. @defaultValue { default: 1 } */

@@ -132,7 +132,14 @@ export class Outcomes {
     // One line per failed attempt, never the payload: what failed, which attempt of how many
     // (task.attempt of maxAttempts, both 1-based like ctx.attempt), and what comes next. A
     // failure that does not count is retried as the same attempt number.
-    const fields = { task: taskFields(row), maxAttempts: maxAttemptsOf(row.max_retry), err: errorSummary(error) };
+    // retried/maxRetry as ctx.retryCount/ctx.maxRetry saw them in this attempt: retries spent before it.
+    const fields = {
+      task: taskFields(row),
+      maxAttempts: maxAttemptsOf(row.max_retry),
+      retried: row.retried,
+      maxRetry: row.max_retry,
+      err: errorSummary(error),
+    };
     if (archive) this.#logger.error({ ...fields, reason: isSkipRetry(error) ? 'skip-retry' : 'retries-exhausted' }, 'task archived');
     else this.#logger.warn({ ...fields, counted: counts, retryInMs: Math.round(delayMs) }, 'task failed; will retry');
   }

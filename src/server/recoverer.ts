@@ -102,6 +102,8 @@ export class Recoverer {
               {
                 task: taskFields(t),
                 maxAttempts: maxAttemptsOf(t.max_retry),
+                retried: t.retried,
+                maxRetry: t.max_retry,
                 reason: 'retries-exhausted',
                 err: { type: err.name, message: err.message },
               },
