@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { runCli, runNode } from './helpers.js';
+import { builtCli, runCli, runNode } from './helpers.js';
 
 function runExample(file: string, args: string[] = []) {
   return runNode([`examples/${file}`, ...args]);
@@ -32,6 +32,13 @@ describe('pgasynq demo', () => {
       logLines[0]!,
       /^\d\d:\d\d:\d\d\.\d{3} ERROR processor: task archived task\.id=\S+ task\.type=import:parse task\.queue=low .*reason=skip-retry/,
     );
+  });
+
+  test('without @electric-sql/pglite installed: 1 (a failure, not bad usage), with the install hint', { timeout: 60_000 }, async () => {
+    const r = await runNode(['--import', './test/fixtures/without-pglite.ts', builtCli(), 'demo']);
+    assert.equal(r.code, 1, r.stderr);
+    assert.match(r.stderr, /^error: the demo's embedded database needs the optional package @electric-sql\/pglite: npm install @electric-sql\/pglite /m);
+    assert.match(r.stderr, /DATABASE_URL=/, 'and the other way: on PostgreSQL');
   });
 });
 

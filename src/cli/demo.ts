@@ -140,7 +140,16 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
       let conn: { embedded?: EmbeddedDatabase; connectionString?: string; schema: string; logger: typeof logger };
       if (useEmbedded) {
         out.write(`starting the embedded database${opts.dataDir ? ` in ${opts.dataDir}` : ' (in memory)'}…\n`);
-        embedded = await createEmbeddedDatabase(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir });
+        embedded = await createEmbeddedDatabase(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir }).catch((err: unknown) => {
+          // A ConfigError (bad usage, exit 2) from the library's point of view; here the command
+          // line was right and the machine lacks a package: a failure (exit 1), with the fix.
+          if (err instanceof ConfigError && err.field === 'embedded') {
+            throw new Error(`the demo's embedded database ${err.rule}; or run the demo on PostgreSQL: DATABASE_URL=postgres://… npx pgasynq demo`, {
+              cause: err,
+            });
+          }
+          throw err;
+        });
         conn = { embedded, schema: ctx.globals.schema, logger };
       } else {
         const explicit = program.getOptionValueSource('schema') !== 'default';
