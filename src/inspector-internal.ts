@@ -25,6 +25,41 @@ export function listTasks(inspector: Inspector, queue: string, state: TaskState,
 }
 
 /**
+ * @internal `pgasynq task ls` without a state: the same page of the queue's
+ * tasks in each of `states`, in that order, each as the Inspector's list
+ * method for that state returns it; aggregating tasks of every group, or of
+ * `group` when given. Rejects as the lists do (QueueNotFoundError,
+ * ValidationError).
+ */
+export async function listTasksByState(
+  inspector: Inspector,
+  queue: string,
+  states: readonly TaskState[],
+  opts?: ListOptions,
+  group?: string,
+): Promise<{ state: TaskState; tasks: TaskInfo[] }[]> {
+  const q = v.queueName(queue);
+  const page = v.listPage(opts);
+  const g = group === undefined ? undefined : v.groupName(group);
+  const db = internals.db(inspector);
+  return Promise.all(
+    states.map(async (state) => ({
+      state,
+      tasks: read.inQueue(q, await read.listTasks(db, q, state, { ...page, group: state === 'aggregating' ? g : undefined })),
+    })),
+  );
+}
+
+/**
+ * @internal `pgasynq task inspect ID`: the queues that hold a task with this
+ * id, by name ([] when none does; ids are unique per queue only).
+ * ValidationError on a bad id.
+ */
+export async function queuesWithTask(inspector: Inspector, id: string): Promise<string[]> {
+  return read.queuesWithTask(internals.db(inspector), v.taskId(id));
+}
+
+/**
  * @internal The Inspector's bulk method for `action` and `state` (for
  * aggregating tasks, of one `group`); resolves to how many tasks it moved or
  * deleted. A pair asynq has no method for is a FailedPreconditionError.

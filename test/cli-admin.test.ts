@@ -237,9 +237,60 @@ describe('reading and refusing', { concurrency: true }, () => {
       assert.match(ok(low), /^\(page 1; there may be more: --page 2\)$/m, 'a full page says so');
     });
 
+    test('task ls without --state: a page of every state, in the order of stats, each under its heading and count', async () => {
+      const [all, paged, text, small, g1] = await Promise.all([
+        json<Record<string, TaskInfo[]>>('task', 'ls', '-q', 'reads'),
+        json<Record<string, TaskInfo[]>>('task', 'ls', '-q', 'reads', '--page', '2', '--size', '1'),
+        pgasynq('task', 'ls', '-q', 'reads'),
+        pgasynq('task', 'ls', '-q', 'reads', '--size', '1'),
+        pgasynq('task', 'ls', '-q', 'reads', '-g', 'g1'),
+      ]);
+      const order = ['active', 'pending', 'waiting', 'aggregating', 'scheduled', 'retry', 'archived', 'completed'];
+      assert.deepEqual(Object.keys(all), order, 'keyed by state, in the order stats lists them');
+      const truth: Record<string, TaskInfo[]> = {
+        active: await inspector.listActiveTasks('reads'),
+        pending: await inspector.listPendingTasks('reads'),
+        waiting: await inspector.listWaitingTasks('reads'),
+        aggregating: [...(await inspector.listAggregatingTasks('reads', 'g1')), ...(await inspector.listAggregatingTasks('reads', 'g2'))],
+        scheduled: await inspector.listScheduledTasks('reads'),
+        retry: await inspector.listRetryTasks('reads'),
+        archived: await inspector.listArchivedTasks('reads'),
+        completed: await inspector.listCompletedTasks('reads'),
+      };
+      for (const st of order) assert.deepEqual(unclock(all[st]), unclock(plain(truth[st])), st);
+      assert.deepEqual(
+        Object.fromEntries(order.map((st) => [st, paged[st]!.map((t) => t.id)])),
+        { active: [], pending: ['p2'], waiting: [], aggregating: ['agg2'], scheduled: [], retry: [], archived: [], completed: [] },
+        '--page and --size apply to each state',
+      );
+
+      const out = ok(text);
+      const headings = out.split('\n').filter((l) => /^\w+: \d+ tasks?$/.test(l));
+      assert.deepEqual(headings, [
+        'active: 1 task',
+        'pending: 2 tasks',
+        'aggregating: 3 tasks',
+        'scheduled: 1 task',
+        'retry: 1 task',
+        'archived: 1 task',
+        'completed: 1 task',
+      ]);
+      assert.match(out, /^retry: 1 task\nid\s+type\s+payload\s+next retry\s+retried\s+last failed\s+last error\n-+/m, 'each state with its own columns');
+      assert.match(out, /^agg3\s+job\s+\{"id":"agg3"\}\s+g2$/m, 'aggregating tasks of every group');
+      assert.match(out, /\n\nno waiting tasks\n$/);
+      const lines = ok(small).split('\n');
+      const pending = lines.indexOf('pending: 2 tasks');
+      assert.match(lines[pending + 3]!, /^p1\s/);
+      assert.equal(lines[pending + 4], '(page 1 of 2: --page 2 for more, or --state pending for this state alone)');
+      assert.equal(lines.filter((l) => l.startsWith('(page 1 of ')).length, 2, 'pending and aggregating have a second page');
+      assert.match(ok(g1), /^aggregating \(group "g1"\): 2 tasks$/m);
+      assert.doesNotMatch(ok(g1), /^agg3\s/m);
+    });
+
     test('task inspect', async () => {
-      const [info, text] = await Promise.all([json('task', 'inspect', 'reads', 'com'), pgasynq('task', 'inspect', 'reads', 'ret')]);
+      const [info, text] = await Promise.all([json<TaskInfo>('task', 'inspect', 'reads', 'com'), pgasynq('task', 'inspect', 'reads', 'ret')]);
       assert.deepEqual(info, plain(await inspector.getTaskInfo('reads', 'com')));
+      assert.ok(typeof info.enqueuedAt === 'string' && 'startedAt' in info, 'enqueuedAt and startedAt in --json');
       const out = ok(text);
       for (const line of [
         /^id:\s+ret$/m,
@@ -252,6 +303,16 @@ describe('reading and refusing', { concurrency: true }, () => {
         assert.match(out, line);
       }
       assert.match(out, new RegExp(String.raw`^next process at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(${IN_AN_HOUR}\)$`, 'm'));
+      assert.match(out, new RegExp(String.raw`^enqueued at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(${AGO}\)$`, 'm'));
+      assert.match(out, /^started at:\s+-$/m, 'never started');
+      assert.match(ok(await pgasynq('task', 'inspect', 'reads', 'act')), new RegExp(String.raw`^started at:\s+\d{4}-\d{2}-\d{2}T[\d:.]+Z \(${AGO}\)$`, 'm'));
+    });
+
+    test('task inspect ID: the task with that id in whichever queue holds it', async () => {
+      const [info, text] = await Promise.all([json('task', 'inspect', 'com'), pgasynq('task', 'inspect', 'bin')]);
+      assert.deepEqual(info, plain(await inspector.getTaskInfo('reads', 'com')));
+      assert.match(ok(text), /^queue:\s+reads_low$/m);
+      assert.match(ok(text), /^payload:\s+<6 bytes>$/m);
     });
 
     test('group ls', async () => {
@@ -302,6 +363,7 @@ describe('reading and refusing', { concurrency: true }, () => {
       const [ls, task] = await Promise.all([pgasynq('--json', 'task', 'ls', '-q', 'nosuch', '-s', 'pending'), pgasynq('task', 'inspect', 'reads', 'nosuch')]);
       fails(ls, 1, /^error: queue "nosuch" does not exist\n$/);
       fails(task, 1, /^error: cannot find task with id=nosuch in queue "reads"\n$/);
+      fails(await pgasynq('task', 'inspect', 'nosuch'), 1, /^error: cannot find task with id=nosuch in any queue\n$/);
     });
 
     test('an invalid state: 2, naming the states; a bulk action asynq lacks: 2', async () => {
@@ -343,8 +405,8 @@ describe('reading and refusing', { concurrency: true }, () => {
     test('--help lists the commands and says what --json prints', async () => {
       const [root, ls] = await Promise.all([cli(['--help']), cli(['task', 'ls', '--help'])]);
       for (const cmd of ['stats', 'queue', 'task', 'group', 'server', 'cron']) assert.match(ok(root), new RegExp(`^  ${cmd}\\b`, 'm'));
-      assert.match(ok(ls), /-s, --state <state>\s+task state \(choices: "active", "pending"/);
-      assert.match(ok(ls), /With --json .* an array of TaskInfo/s);
+      assert.match(ok(ls), /-s, --state <state>\s+task state \(default: every state, a page of each\)\s+\(choices: "active", "pending"/);
+      assert.match(ok(ls), /With --json .* an array of TaskInfo\. Without --state: an object keyed by state/s);
     });
   });
 });
@@ -401,6 +463,20 @@ describe('actions change the rows', { concurrency: true }, () => {
     assert.deepEqual(JSON.parse(ok(r2)), { ok: true });
     assert.deepEqual(await countsOf('arc'), { archived: 2 });
     assert.deepEqual(await countsOf('run'), { pending: 2 });
+  });
+
+  test('task inspect ID held by several queues: 1, naming them and asking for the queue; task inspect QUEUE ID still works', async () => {
+    await put('twin_a', 'twin');
+    await put('twin_b', 'twin');
+    const [both, one] = await Promise.all([pgasynq('task', 'inspect', 'twin'), json<TaskInfo>('task', 'inspect', 'twin_b', 'twin')]);
+    fails(both, 1, /^error: 2 queues hold a task with id=twin \(twin_a, twin_b\): say which, with: pgasynq task inspect QUEUE twin\n$/);
+    assert.equal(one.queue, 'twin_b');
+  });
+
+  test('task inspect: an instant no Date can show is "—"', async () => {
+    await put('far', 'far');
+    await force('far', 'far', "started_at = '10000-01-01T00:00:00Z'");
+    assert.match(ok(await pgasynq('task', 'inspect', 'far')), /^started at:\s+—$/m);
   });
 
   test('task cancel: marks the active task; a task not running is a count of 0', async () => {

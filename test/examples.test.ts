@@ -4,7 +4,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { runCli, runNode } from './helpers.js';
+import { Client, Task } from '../src/index.js';
+import { builtCli, runCli, runNode, testDb } from './helpers.js';
 
 function runExample(file: string, args: string[] = []) {
   return runNode([`examples/${file}`, ...args]);
@@ -32,6 +33,39 @@ describe('pgasynq demo', () => {
       logLines[0]!,
       /^\d\d:\d\d:\d\d\.\d{3} ERROR processor: task archived task\.id=\S+ task\.type=import:parse task\.queue=low .*reason=skip-retry/,
     );
+  });
+
+  test("rerun on a schema that holds an earlier run's tasks, the summary counts this run's only", { timeout: 180_000 }, async () => {
+    const db = await testDb('t_demo_rerun');
+    const client = new Client({ connectionString: db.connectionString, schema: db.schema });
+    try {
+      // What an earlier run leaves behind: its poison task archived, its other tasks completed.
+      await client.enqueue(new Task('import:parse', { file: 'customers.csv' }), { queue: 'low', taskId: 'earlier-poison' });
+      await client.enqueue(new Task('email:send', { to: 'a@example.com' }), { queue: 'critical', taskId: 'earlier-done', retention: 3_600_000 });
+      await db.query("UPDATE {{schema}}.tasks SET state = 'archived', run_at = now(), error_msg = 'malformed CSV' WHERE id = 'earlier-poison'");
+      await db.query("UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 hour' WHERE id = 'earlier-done'");
+      const r = await runCli(['--schema', db.schema, '--json', 'demo', '--tasks', '40', '--concurrency', '8'], { DATABASE_URL: db.connectionString });
+      assert.equal(r.code, 0, r.stderr);
+      const summary = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<
+        'enqueued' | 'processed' | 'digests' | 'mergedIntoDigests' | 'unfinished' | 'archived',
+        number
+      >;
+      assert.equal(summary.archived, 1, `this run's poison task only: ${JSON.stringify(summary)}`);
+      assert.equal(summary.unfinished, 0);
+      assert.equal(summary.processed - summary.digests + summary.mergedIntoDigests + summary.archived, summary.enqueued, JSON.stringify(summary));
+      const archived = await db.query<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'archived'");
+      assert.equal(archived[0]!.n, 2, "the earlier run's archived task is still there");
+    } finally {
+      await client.close();
+      await db.close();
+    }
+  });
+
+  test('without @electric-sql/pglite installed: 1 (a failure, not bad usage), with the install hint', { timeout: 60_000 }, async () => {
+    const r = await runNode(['--import', './test/fixtures/without-pglite.ts', builtCli(), 'demo']);
+    assert.equal(r.code, 1, r.stderr);
+    assert.match(r.stderr, /^error: the demo's embedded database needs the optional package @electric-sql\/pglite: npm install @electric-sql\/pglite /m);
+    assert.match(r.stderr, /DATABASE_URL=/, 'and the other way: on PostgreSQL');
   });
 });
 

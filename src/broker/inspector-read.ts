@@ -108,6 +108,20 @@ export async function taskInfo(db: Db, queue: string, id: string): Promise<InQue
 }
 
 /**
+ * The queues that hold a task with this id, by name ([] when none does).
+ * Task ids are unique per queue, not across queues: one probe of the
+ * (queue, id) key per queue, so the cost grows with the number of queues,
+ * never with the number of tasks.
+ */
+export async function queuesWithTask(db: Db, id: string): Promise<string[]> {
+  const rows = await db.run(sql<{ name: string }>`
+    SELECT q.name FROM ${db.table('queues')} q
+    WHERE EXISTS (SELECT 1 FROM ${db.table('tasks')} t WHERE t.queue = q.name AND t.id = ${id})
+    ORDER BY q.name`);
+  return rows.map((r) => r.name);
+}
+
+/**
  * One task for the dashboard's task page (undefined: no such task), and
  * whether its queue exists: its payload, result, headers and last error cut
  * to PAGE_VALUE_CHARS in PostgreSQL, or with `hide` not read at all.

@@ -4,12 +4,19 @@
  * otherwise on the configured one, in the schema "pgasynq_demo" unless
  * --schema says otherwise. It enqueues a realistic mix, shows live progress
  * per queue, and ends with a summary and the SQL that reads the same state.
+ *
+ * The summary counts this run's tasks only, so a rerun on the same schema
+ * adds nothing of the earlier runs' (their archived tasks stay): every task
+ * the run enqueues, and every digest its aggregator makes, carries the run's
+ * id in the header RUN_HEADER.
  */
+import { randomUUID } from 'node:crypto';
 import { Option } from '@commander-js/extra-typings';
 import { Client } from '../client.js';
 import { createEmbeddedDatabase, type EmbeddedDatabase } from '../embedded.js';
-import { ConfigError, DuplicateTaskError, SkipRetry } from '../model/errors.js';
+import { ConfigError, DuplicateTaskError, isQueueNotFound, SkipRetry } from '../model/errors.js';
 import { Inspector } from '../inspector.js';
+import { listTasksByState } from '../inspector-internal.js';
 import { migrate } from '../migrate.js';
 import { ServeMux } from '../mux.js';
 import { Server } from '../server.js';
@@ -19,6 +26,9 @@ import type { CliProgram } from './root.js';
 
 const QUEUES = { critical: 6, default: 3, low: 1 };
 const STATES = ['pending', 'active', 'scheduled', 'retry', 'aggregating', 'archived', 'completed'] as const;
+const UNFINISHED = ['pending', 'active', 'scheduled', 'retry', 'aggregating'] as const;
+/** The header that tells this run's tasks from earlier runs' in the same schema. */
+const RUN_HEADER = 'demo-run';
 
 const positiveInt = (name: string) => (v: string) => {
   const n = Number(v);
@@ -33,31 +43,35 @@ const sleep = (ms: number, signal: AbortSignal) =>
   });
 const between = (a: number, b: number) => a + Math.floor(Math.random() * (b - a));
 
-/** The demo's task mix: what a small web shop sends to its workers. */
-function tasks(n: number): Task[] {
+/** The demo's task mix: what a small web shop sends to its workers; each with `headers`. */
+function tasks(n: number, headers: Record<string, string>): Task[] {
   const out: Task[] = [];
   for (let i = 0; out.length < n; i++) {
     const r = i % 20;
-    if (r < 7) out.push(new Task('email:send', { to: `user${i}@example.com`, template: 'welcome' }, { queue: 'critical' }));
-    else if (r < 12) out.push(new Task('image:resize', { image: `img/${i}.png`, width: 640 }));
-    else if (r < 14) out.push(new Task('webhook:deliver', { url: `https://example.com/hooks/${i}` }, { maxRetry: 3 }));
-    else if (r < 15) out.push(new Task('report:generate', { day: '2026-11-30', part: i }, { queue: 'low' }));
-    else if (r < 16) out.push(new Task('reminder:send', { user: i }, { queue: 'low', processIn: between(1000, 4000) }));
-    else out.push(new Task('event:track', { user: i % 7, event: 'page_view' }, { queue: 'low', group: `user-${i % 7}` }));
+    if (r < 7) out.push(new Task('email:send', { to: `user${i}@example.com`, template: 'welcome' }, { queue: 'critical', headers }));
+    else if (r < 12) out.push(new Task('image:resize', { image: `img/${i}.png`, width: 640 }, { headers }));
+    else if (r < 14) out.push(new Task('webhook:deliver', { url: `https://example.com/hooks/${i}` }, { maxRetry: 3, headers }));
+    else if (r < 15) out.push(new Task('report:generate', { day: '2026-11-30', part: i }, { queue: 'low', headers }));
+    else if (r < 16) out.push(new Task('reminder:send', { user: i }, { queue: 'low', processIn: between(1000, 4000), headers }));
+    else out.push(new Task('event:track', { user: i % 7, event: 'page_view' }, { queue: 'low', group: `user-${i % 7}`, headers }));
   }
   return out;
 }
 
+/** Whether a task (or a TaskInfo) is one of this run's. */
+type Ours = (t: { headers: Record<string, string> }) => boolean;
+
+/** This run's tasks only (Ours): what a rerun finds of an earlier run's is not counted. */
 interface DemoCounters {
   /** Handlers that succeeded, digests included. */
   processed: number;
-  /** Digest tasks the group aggregator made, and the events merged into them. */
+  /** Digest tasks the group aggregator made, and the events of this run merged into them. */
   digests: number;
   merged: number;
   firstAt: number | null;
 }
 
-function handlers(counters: DemoCounters, started: number): ServeMux {
+function handlers(counters: DemoCounters, started: number, ours: Ours): ServeMux {
   const done = () => {
     counters.processed++;
     counters.firstAt ??= performance.now() - started;
@@ -65,7 +79,7 @@ function handlers(counters: DemoCounters, started: number): ServeMux {
   return new ServeMux()
     .use((next) => async (task, ctx) => {
       await next(task, ctx);
-      done();
+      if (ours(task)) done();
     })
     .handle('email:send', (_t, ctx) => sleep(between(5, 30), ctx.signal))
     .handle('image:resize', async (_t, ctx) => {
@@ -79,10 +93,11 @@ function handlers(counters: DemoCounters, started: number): ServeMux {
     })
     .handle('report:generate', (_t, ctx) => sleep(between(50, 150), ctx.signal))
     .handle('reminder:send', (_t, ctx) => sleep(between(5, 20), ctx.signal))
-    .handle('digest:send', async (task: Task<{ events: number }>, ctx) => {
+    .handle('digest:send', async (task: Task<{ events: number; ofThisRun?: number }>, ctx) => {
       await sleep(between(10, 30), ctx.signal);
+      if (!ours(task)) return;
       counters.digests++;
-      counters.merged += task.payload.events;
+      counters.merged += task.payload.ofThisRun ?? 0;
     })
     .handle('import:parse', () => {
       throw new SkipRetry('malformed CSV on line 3: archived, not retried');
@@ -110,6 +125,22 @@ function render(rows: Counts[], elapsed: number): string[] {
   const head = `pgasynq demo — ${(elapsed / 1000).toFixed(1)} s`;
   const lines = rows.map((r) => `  ${r.queue.padEnd(9)} ${STATES.map((s) => `${s} ${String(r.counts[s]).padStart(4)}`).join('  ')}`);
   return [head, ...lines];
+}
+
+/** How many of this run's tasks the demo's queues hold in `states`, read 1,000 at a time. */
+async function countOurs(inspector: Inspector, ours: Ours, states: readonly (typeof STATES)[number][]): Promise<number> {
+  const pageSize = 1000;
+  let n = 0;
+  for (const queue of Object.keys(QUEUES)) {
+    for (let page = 1; ; page++) {
+      const byState = await listTasksByState(inspector, queue, states, { page, pageSize }).catch((err: unknown) =>
+        isQueueNotFound(err) ? [] : Promise.reject(err),
+      );
+      for (const { tasks } of byState) n += tasks.filter(ours).length;
+      if (byState.every((s) => s.tasks.length < pageSize)) break;
+    }
+  }
+  return n;
 }
 
 const unfinished = (rows: Counts[]) =>
@@ -140,7 +171,16 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
       let conn: { embedded?: EmbeddedDatabase; connectionString?: string; schema: string; logger: typeof logger };
       if (useEmbedded) {
         out.write(`starting the embedded database${opts.dataDir ? ` in ${opts.dataDir}` : ' (in memory)'}…\n`);
-        embedded = await createEmbeddedDatabase(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir });
+        embedded = await createEmbeddedDatabase(opts.dataDir === undefined ? {} : { dataDir: opts.dataDir }).catch((err: unknown) => {
+          // A ConfigError (bad usage, exit 2) from the library's point of view; here the command
+          // line was right and the machine lacks a package: a failure (exit 1), with the fix.
+          if (err instanceof ConfigError && err.field === 'embedded') {
+            throw new Error(`the demo's embedded database ${err.rule}; or run the demo on PostgreSQL: DATABASE_URL=postgres://… npx pgasynq demo`, {
+              cause: err,
+            });
+          }
+          throw err;
+        });
         conn = { embedded, schema: ctx.globals.schema, logger };
       } else {
         const explicit = program.getOptionValueSource('schema') !== 'default';
@@ -157,12 +197,15 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
       const client = new Client(conn);
       const inspector = new Inspector(conn);
       const counters: DemoCounters = { processed: 0, digests: 0, merged: 0, firstAt: null };
+      const run = { [RUN_HEADER]: randomUUID() };
+      const ours: Ours = (t) => t.headers[RUN_HEADER] === run[RUN_HEADER];
       const server = new Server({
         ...conn,
         queues: QUEUES,
         concurrency: opts.concurrency,
         retryDelay: (n) => 300 * (n + 1),
-        groupAggregator: (group, members) => new Task('digest:send', { group, events: members.length }),
+        groupAggregator: (group, members) =>
+          new Task('digest:send', { group, events: members.length, ofThisRun: members.filter(ours).length }, { headers: run }),
         groupGracePeriod: 500,
         groupMaxSize: 10,
       });
@@ -172,17 +215,16 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
       process.once('SIGTERM', onSignal);
       try {
         const started = performance.now();
-        await server.start(handlers(counters, started));
-        const mix = tasks(opts.tasks - 1);
+        await server.start(handlers(counters, started, ours));
+        const mix = tasks(opts.tasks - 1, run);
         await client.enqueueMany(mix);
-        await client.enqueue(new Task('import:parse', { file: 'customers.csv' }, { queue: 'low' }));
-        await client.enqueue(new Task('email:send', { to: 'ceo@example.com', template: 'daily-digest' }, { queue: 'critical', unique: 60_000 }));
-        const duplicate = await client
-          .enqueue(new Task('email:send', { to: 'ceo@example.com', template: 'daily-digest' }, { queue: 'critical', unique: 60_000 }))
-          .then(
-            () => 'accepted (unexpected)',
-            (err: unknown) => (err instanceof DuplicateTaskError ? 'refused: DuplicateTaskError' : String(err)),
-          );
+        await client.enqueue(new Task('import:parse', { file: 'customers.csv' }, { queue: 'low', headers: run }));
+        const ceo = () => new Task('email:send', { to: 'ceo@example.com', template: 'daily-digest' }, { queue: 'critical', unique: 60_000, headers: run });
+        await client.enqueue(ceo());
+        const duplicate = await client.enqueue(ceo()).then(
+          () => 'accepted (unexpected)',
+          (err: unknown) => (err instanceof DuplicateTaskError ? 'refused: DuplicateTaskError' : String(err)),
+        );
         out.write(`enqueued ${opts.tasks + 1} tasks on the ${where} (a second copy of a unique task was ${duplicate})\n`);
 
         let shown = 0;
@@ -230,9 +272,9 @@ export function registerDemo(program: CliProgram, ctx: CliContext): void {
         ctx.io.err.write(held.splice(0).join(''));
         const elapsed = (performance.now() - started) / 1000;
         await server.shutdown();
-        rows = await snapshot(inspector);
-        const left = unfinished(rows);
-        const archived = rows.reduce((n, r) => n + r.counts.archived, 0);
+        // This run's tasks, not the schema's: a rerun finds the earlier runs' archived tasks there.
+        const left = await countOurs(inspector, ours, UNFINISHED);
+        const archived = await countOurs(inspector, ours, ['archived']);
         const enqueued = opts.tasks + 1;
         const summary = {
           enqueued,

@@ -1,8 +1,12 @@
 /**
  * `pgasynq task ls | inspect | cancel | delete | archive | run | deleteall | archiveall | runall`:
- * each a single Inspector call. With --json: the call's result; `{"ok":true}`
- * for delete, archive and run (void); `{"count":N}` for cancel and the bulk
- * actions (which resolve to a count).
+ * each a single Inspector call, but for two that take less than the call
+ * needs: `task ls` without --state (a page of every state, with the queue's
+ * counts) and `task inspect ID` without a queue (first the queues holding
+ * that id). With --json: the call's result (`task ls` without --state: an
+ * object of the pages keyed by state); `{"ok":true}` for delete, archive and
+ * run (void); `{"count":N}` for cancel and the bulk actions (which resolve to
+ * a count).
  *
  * The bulk actions take the states asynq's CLI takes, no others:
  *   deleteall   pending, scheduled, retry, archived, completed, aggregating
@@ -13,7 +17,7 @@
  */
 import { Option } from '@commander-js/extra-typings';
 import type { Inspector } from '../inspector.js';
-import { actOnAll, listTasks } from '../inspector-internal.js';
+import { actOnAll, listTasks, listTasksByState, queuesWithTask } from '../inspector-internal.js';
 import { attemptText, lastFailedText } from '../model/attempt.js';
 import { BULK_STATES, type TaskAction } from '../model/task-actions.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
@@ -108,6 +112,8 @@ function taskFields(t: TaskInfo): string[] {
     ['queue', t.queue],
     ['type', t.type],
     ['state', t.state],
+    ['enqueued at', when(t.enqueuedAt, now)],
+    ['started at', when(t.startedAt, now)],
     ['payload', jsonText(t.payload)],
     ['headers', Object.keys(t.headers).length === 0 ? '-' : JSON.stringify(t.headers)],
     ['retried', `${t.retried} of ${t.maxRetry}`],
@@ -128,6 +134,45 @@ function taskFields(t: TaskInfo): string[] {
   ]);
 }
 
+/**
+ * `task ls` without --state: a heading with the state's count, then that
+ * state's page as `task ls --state` shows it, for each state that has tasks
+ * (in the order stats lists them); the empty states on one line at the end.
+ */
+function everyState(
+  ctx: CliContext,
+  queue: string,
+  counts: Record<TaskState, number>,
+  byState: { state: TaskState; tasks: TaskInfo[] }[],
+  opts: { page: number; size: number; group?: string | undefined },
+): string[] {
+  const s = colours(ctx);
+  const now = Date.now();
+  const lines: string[] = [];
+  const empty: string[] = [];
+  for (const { state, tasks } of byState) {
+    // At least what the page shows, should a task have arrived between the two reads.
+    const count = Math.max(counts[state], tasks.length === 0 ? 0 : (opts.page - 1) * opts.size + tasks.length);
+    const label = state === 'aggregating' && opts.group !== undefined ? `${state} (group "${opts.group}")` : state;
+    if (count === 0) {
+      empty.push(label);
+      continue;
+    }
+    if (lines.length > 0) lines.push('');
+    lines.push(s.bold(`${label}: ${count} task${count === 1 ? '' : 's'}`));
+    const pages = Math.ceil(count / opts.size);
+    if (tasks.length === 0) {
+      lines.push(s.dim(`(nothing on page ${opts.page}: ${pages} page${pages === 1 ? '' : 's'} at --size ${opts.size})`));
+      continue;
+    }
+    lines.push(...taskTable(state, tasks, now));
+    if (opts.page < pages) lines.push(s.dim(`(page ${opts.page} of ${pages}: --page ${opts.page + 1} for more, or --state ${state} for this state alone)`));
+  }
+  if (lines.length === 0) return [`no tasks in queue "${queue}"`];
+  if (empty.length > 0) lines.push('', s.dim(`no ${empty.join(', ')} tasks`));
+  return lines;
+}
+
 const GROUP_HELP = 'group of the aggregating tasks (required with the state aggregating)';
 
 function needGroup(state: TaskState, group: string | undefined): string {
@@ -142,22 +187,40 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
   task
     .command('ls')
     .alias('list')
-    .description('list the tasks of a queue in one state, a page at a time')
+    .description('list the tasks of a queue, a page at a time: in one state, or in every state (grouped by state)')
     .requiredOption('-q, --queue <queue>', 'queue name')
-    .addOption(new Option('-s, --state <state>', 'task state').choices(STATES).makeOptionMandatory())
-    .addOption(new Option('--page <n>', 'page number, from 1').argParser(intInRange(1, 1_000_000_000)).default(1))
-    .addOption(new Option('--size <n>', 'tasks per page').argParser(intInRange(1, 1000)).default(30))
+    .addOption(new Option('-s, --state <state>', 'task state (default: every state, a page of each)').choices(STATES))
+    .addOption(new Option('--page <n>', 'page number, from 1 (of each state)').argParser(intInRange(1, 1_000_000_000)).default(1))
+    .addOption(new Option('--size <n>', 'tasks per page (of each state)').argParser(intInRange(1, 1000)).default(30))
     .option('-g, --group <group>', GROUP_HELP)
     .addHelpText(
       'after',
       jsonNote(
-        'what Inspector.list<State>Tasks(queue, { page, pageSize }) returns (listAggregatingTasks(queue, group, ...) for aggregating): an array of TaskInfo',
+        'what Inspector.list<State>Tasks(queue, { page, pageSize }) returns (listAggregatingTasks(queue, group, ...) for aggregating): an array of TaskInfo. ' +
+          'Without --state: an object keyed by state, in the order stats lists them, each holding that page of the state as an array of TaskInfo ' +
+          '(aggregating: of every group, or of --group)',
       ),
     )
     .action(async (opts) => {
       const state = opts.state;
+      const page = { page: opts.page, pageSize: opts.size };
+      if (state === undefined) {
+        const { counts, byState } = await withInspector(ctx, async (i) => {
+          // The counts and the pages are separate reads: a task that moves in between may show in one only.
+          const [info, byState, groups] = await Promise.all([
+            i.getQueueInfo(opts.queue),
+            listTasksByState(i, opts.queue, STATES, page, opts.group),
+            opts.group === undefined ? undefined : i.groups(opts.queue),
+          ]);
+          const counts = Object.fromEntries(STATES.map((st) => [st, info[st]])) as Record<TaskState, number>;
+          if (groups) counts.aggregating = groups.find((g) => g.group === opts.group)?.size ?? 0;
+          return { counts, byState };
+        });
+        ctx.emit(Object.fromEntries(byState.map((s) => [s.state, s.tasks])), () => everyState(ctx, opts.queue, counts, byState, opts));
+        return;
+      }
       const group = needGroup(state, opts.group);
-      const tasks = await withInspector(ctx, (i) => listTasks(i, opts.queue, state, { page: opts.page, pageSize: opts.size }, group));
+      const tasks = await withInspector(ctx, (i) => listTasks(i, opts.queue, state, page, group));
       ctx.emit(tasks, () => {
         const where = `${state === 'aggregating' ? `group "${group}" of ` : ''}queue "${opts.queue}"`;
         if (tasks.length === 0) return opts.page === 1 ? `no ${state} tasks in ${where}` : `no ${state} tasks on page ${opts.page} of ${where}`;
@@ -169,12 +232,27 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
 
   task
     .command('inspect')
-    .description('one task, every field')
-    .argument('<queue>', 'queue name')
-    .argument('<id>', 'task id')
-    .addHelpText('after', jsonNote('Inspector.getTaskInfo(queue, id): a TaskInfo'))
-    .action(async (queue, id) => {
-      const info = await withInspector(ctx, (i) => i.getTaskInfo(queue, id));
+    .description('one task, every field; with the id alone, the task with that id in whichever queue holds it')
+    .usage('[options] [queue] <id>')
+    .argument('<queue-or-id>', 'queue name, or the task id when it is the only argument')
+    .argument('[id]', 'task id')
+    .addHelpText(
+      'after',
+      '\nTask ids are unique per queue: when several queues hold the id, name the queue (task inspect QUEUE ID).\n' +
+        jsonNote('Inspector.getTaskInfo(queue, id): a TaskInfo'),
+    )
+    .action(async (first, second) => {
+      const info = await withInspector(ctx, async (i) => {
+        if (second !== undefined) return i.getTaskInfo(first, second);
+        const id = first;
+        const queues = await queuesWithTask(i, id);
+        const [queue, ...others] = queues;
+        if (queue === undefined) throw new Error(`cannot find task with id=${id} in any queue`);
+        if (others.length > 0) {
+          throw new Error(`${queues.length} queues hold a task with id=${id} (${queues.join(', ')}): say which, with: pgasynq task inspect QUEUE ${id}`);
+        }
+        return i.getTaskInfo(queue, id);
+      });
       ctx.emit(info, () => taskFields(info));
     });
 
