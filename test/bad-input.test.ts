@@ -592,10 +592,10 @@ const ROWS: Row[] = [
   {
     n: 36,
     surface: 'CLI',
-    input: 'pgasynq task inspect default (no id)',
+    input: 'pgasynq task inspect (no id)',
     error: 'exit 2',
-    message: /^error: missing required argument 'id'\n/,
-    attempt: () => cli('task', 'inspect', 'default'),
+    message: /^error: missing required argument/,
+    attempt: () => cli('task', 'inspect'),
     sqlFree: false,
   },
   {

@@ -114,7 +114,7 @@ const QUEUE_METHODS: [string, (i: Inspector, q: string) => Promise<unknown>][] =
   ['archiveAllRetryTasks', (i, q) => i.archiveAllRetryTasks(q)],
   ['archiveAllAggregatingTasks', (i, q) => i.archiveAllAggregatingTasks(q, 'g')],
   ['archiveAllWaitingTasks', (i, q) => i.archiveAllWaitingTasks(q)],
-  ['pauseQueue', (i, q) => i.pauseQueue(q)],
+  // Not pauseQueue, setQueueLimits or createQueue: they make an unknown queue known (queues-known.test.ts).
   ['unpauseQueue', (i, q) => i.unpauseQueue(q)],
   ['deleteQueue', (i, q) => i.deleteQueue(q)],
   ['deleteQueue force', (i, q) => i.deleteQueue(q, true)],
