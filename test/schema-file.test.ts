@@ -1,0 +1,63 @@
+/**
+ * migrations/schema.sql, the schema as the migrations leave it, must stay
+ * true: this renders a freshly migrated schema as `npm run schema:dump` does
+ * and compares it with the committed file. The rendering depends on the
+ * server's major version (pg_get_viewdef's layout), so on a server of another
+ * version than the one the file records (CI's embedded PostgreSQL 18 run) the
+ * comparison is skipped, saying so.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { test } from 'node:test';
+import pg from 'pg';
+import { schemaText, SCHEMA_FILE, VERSION_LINE } from '../scripts/schema-dump.js';
+import { loadMigrations } from '../src/broker/migrations.js';
+import { DATABASE_URL, testDb } from './helpers.js';
+
+const committed = readFileSync(SCHEMA_FILE, 'utf8');
+
+/** Where two texts first differ, with a few lines of each from there. */
+function firstDifference(want: string, got: string): string {
+  const a = want.split('\n');
+  const b = got.split('\n');
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  const show = (lines: string[]) =>
+    lines
+      .slice(i, i + 6)
+      .map((l) => `    ${l}`)
+      .join('\n') || '    (end of text)';
+  return `first difference at line ${i + 1}:\n  migrations/schema.sql has:\n${show(a)}\n  the migrations produce:\n${show(b)}`;
+}
+
+test('migrations/schema.sql is what the migrations produce', async (t) => {
+  const recorded = Number(VERSION_LINE.exec(committed)?.[1]);
+  assert.ok(Number.isInteger(recorded), 'migrations/schema.sql has no "Rendered by PostgreSQL N." line: run `npm run schema:dump`');
+  const client = new pg.Client({ connectionString: DATABASE_URL });
+  await client.connect();
+  const major = Math.floor(Number((await client.query<{ v: string }>("SELECT current_setting('server_version_num') AS v")).rows[0]!.v) / 10000);
+  await client.end();
+  if (major !== recorded) {
+    t.skip(
+      `migrations/schema.sql was rendered by PostgreSQL ${recorded} and this server is ${major}: not compared here (the run on PostgreSQL ${recorded} compares it)`,
+    );
+    return;
+  }
+  const db = await testDb('schema_file');
+  t.after(() => db.close());
+  const text = await schemaText(db.connectionString, db.schema);
+  if (text !== committed) {
+    assert.fail(`migrations/schema.sql is out of date: run \`npm run schema:dump\` and commit the result.\n${firstDifference(committed, text)}`);
+  }
+});
+
+test('migrations/schema.sql is not a migration', async () => {
+  const names = (await loadMigrations()).map((m) => m.name);
+  assert.ok(names.length > 0);
+  assert.ok(!names.includes('schema'), `loadMigrations() took schema.sql: ${names.join(', ')}`);
+  assert.match(
+    committed,
+    new RegExp(`through ${names.at(-1)} \\(${names.length} files\\)`),
+    'the file was generated before the newest migration: run `npm run schema:dump`',
+  );
+});
