@@ -5,9 +5,9 @@
  * How a tick is enqueued (see src/broker/scheduler.ts for the statement):
  *
  *   - Due-ness is decided on the database clock. Each pass of the loop reads
- *     clock_timestamp() and, for every entry, computes the latest tick at or
- *     before it; the insert of the tick's event is also guarded by
- *     `tick_at <= now()`. The host clock only times the sleeps in between
+ *     clock_timestamp() (through Db.clockTimestamp(), so a test's clock moves
+ *     it) and, for every entry, computes the latest tick at or before it; the
+ *     insert of the tick's event is also guarded by `tick_at <= now()`. The host clock only times the sleeps in between
  *     (a monotonic measure of how long ago the database time was read).
  *   - A due tick is one transaction: insert (entry_id, tick_at) into
  *     scheduler_events ON CONFLICT DO NOTHING, and only if that inserted a

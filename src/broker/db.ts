@@ -43,7 +43,7 @@ export interface ConnectionOptions {
    * @defaultValue true
    */
   preparedStatements?: boolean;
-  /** @internal Tests only: a clock shared by the Client, Server and Inspector of a test, moved forward instead of sleeping. */
+  /** @internal Tests only: a clock shared by the Client, Server, Scheduler and Inspector of a test, moved forward instead of sleeping. */
   clock?: DatabaseClock;
 }
 
@@ -235,8 +235,26 @@ export class Db {
    * PostgreSQL's own, unless a test moved this Db's clock forward.
    */
   now(): RawBuilder<Date> {
+    return this.#shifted(sql<Date>`now()`);
+  }
+
+  /**
+   * clock_timestamp() moved by the same offset: the database's time when the
+   * expression is evaluated, not when the transaction began (the scheduler's
+   * reading of the clock between sleeps).
+   */
+  clockTimestamp(): RawBuilder<Date> {
+    return this.#shifted(sql<Date>`clock_timestamp()`);
+  }
+
+  /**
+   * `base` as is, or moved forward by the test's offset. The offset is a bind
+   * parameter: a statement has two texts at most (offset 0, and any other),
+   * so a named prepared statement keeps its plan as the clock moves.
+   */
+  #shifted(base: RawBuilder<Date>): RawBuilder<Date> {
     const offset = this.clock.offsetMs;
-    return offset === 0 ? sql<Date>`now()` : sql<Date>`(now() + ${offset}::float8 * interval '1 millisecond')`;
+    return offset === 0 ? base : sql<Date>`(${base} + ${offset}::float8 * interval '1 millisecond')`;
   }
 
   /** The schema-qualified name of one of our tables as text, for functions that take a name (pg_get_serial_sequence). */

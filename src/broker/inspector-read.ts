@@ -90,7 +90,7 @@ export async function dailyStats(db: Db, queue: string, days: number): Promise<D
     SELECT q.name AS queue, ((today.d - g.i)::timestamp AT TIME ZONE 'UTC') AS date,
            coalesce(s.processed, 0)::float8 AS processed, coalesce(s.failed, 0)::float8 AS failed
     FROM ${db.table('queues')} q
-    CROSS JOIN (SELECT (now() AT TIME ZONE 'UTC')::date AS d) today
+    CROSS JOIN (SELECT (${db.now()} AT TIME ZONE 'UTC')::date AS d) today
     CROSS JOIN generate_series(0, ${days}::int - 1) AS g(i)
     LEFT JOIN ${db.table('daily_stats')} s ON s.queue = q.name AND s.day = today.d - g.i
     WHERE q.name = ${queue}
@@ -228,7 +228,7 @@ export async function queueFootprint(
     GROUP BY s.state
     UNION ALL
     SELECT NULL, pg_catalog.count(*)::float8 FROM ${db.table('tasks')} t
-    WHERE t.queue = ${queue} AND t.state = 'active' ${ACTIVE_INDEXED} AND t.lease_expires_at < now()`);
+    WHERE t.queue = ${queue} AND t.state = 'active' ${ACTIVE_INDEXED} AND t.lease_expires_at < ${db.now()}`);
   const meanBytes = new Map<TaskState, number>();
   let orphaned = 0;
   for (const r of rows) {
@@ -285,7 +285,7 @@ function serverRows<P>(db: Db, payload: RawBuilder<unknown>): RawBuilder<ServerT
            least(CASE WHEN t.timeout > interval '0' THEN t.started_at + t.timeout END, t.deadline) AS deadline
     FROM ${db.table('servers')} s
     LEFT JOIN ${db.table('tasks')} t ON t.lease_owner = s.id AND t.state = 'active'
-    WHERE s.expires_at > now()
+    WHERE s.expires_at > ${db.now()}
     ORDER BY s.started_at, s.id, t.started_at, t.queue, t.id`;
 }
 
@@ -355,7 +355,7 @@ export async function listSchedulerEntries(db: Db): Promise<SchedulerEntry[]> {
     prev_run_at: Date | null;
   }>`
     SELECT id, spec, task_type, payload, payload_bytes, options, next_run_at, prev_run_at
-    FROM ${db.table('scheduler_entries')} WHERE expires_at > now() ORDER BY id`);
+    FROM ${db.table('scheduler_entries')} WHERE expires_at > ${db.now()} ORDER BY id`);
   return rows.map((r) => ({
     id: r.id,
     spec: r.spec,

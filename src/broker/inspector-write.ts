@@ -54,7 +54,7 @@ export async function deleteTask(db: Db, queue: string, id: string, allowed: rea
 
 /**
  * Moves task `id` of `queue` to `to` ('pending': T19, runTask; 'archived': T20,
- * archiveTask) if its state is in `allowed`. run_at becomes now(): the back
+ * archiveTask) if its state is in `allowed`. run_at becomes db.now(): the back
  * of the pending queue, or the archive time. Lease fields are cleared;
  * error_msg and last_failed_at are kept. A task made pending is announced on
  * the tasks channel so servers claim it at once.
@@ -66,7 +66,7 @@ export async function moveTask(db: Db, queue: string, id: string, to: 'pending' 
     ),
     moved AS (
       UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = now(), lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+      SET state = ${to}, run_at = ${db.now()}, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
       FROM target WHERE t.queue = target.queue AND t.id = target.id AND target.state = ANY(${allowed}::text[])
       RETURNING t.queue, t.state
     ),
@@ -89,7 +89,7 @@ export async function updatePayload(db: Db, queue: string, id: string, json: str
       SELECT t.queue, t.id, t.state FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id} FOR UPDATE
     ),
     updated AS (
-      UPDATE ${db.table('tasks')} t SET payload = ${json}::jsonb, payload_bytes = ${bytes}::bytea, updated_at = now()
+      UPDATE ${db.table('tasks')} t SET payload = ${json}::jsonb, payload_bytes = ${bytes}::bytea, updated_at = ${db.now()}
       FROM target WHERE t.queue = target.queue AND t.id = target.id AND target.state = 'scheduled'
       RETURNING 1
     )
@@ -127,7 +127,7 @@ export async function moveAllInState(db: Db, queue: string, from: TaskState, to:
     WITH q AS (SELECT name FROM ${db.table('queues')} WHERE name = ${queue}),
     moved AS (
       UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = now(), lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+      SET state = ${to}, run_at = ${db.now()}, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
       FROM q WHERE t.queue = q.name AND t.state = ${from} AND (${group}::text IS NULL OR t.group_key = ${group})
       RETURNING 1
     ),
@@ -149,7 +149,7 @@ export async function moveAllInState(db: Db, queue: string, from: TaskState, to:
 export async function requestCancel(db: Db, id: string): Promise<number> {
   const rows = await db.run(sql<{ n: number }>`
     WITH marked AS (
-      UPDATE ${db.table('tasks')} SET cancel_requested = true, updated_at = now()
+      UPDATE ${db.table('tasks')} SET cancel_requested = true, updated_at = ${db.now()}
       WHERE id = ${id} AND state = 'active' AND lease_owner IS NOT NULL -- tasks_active_idx (0003)
       RETURNING 1
     ),

@@ -40,6 +40,7 @@ async function lockedTransaction<T>(db: Db, fn: (client: pg.PoolClient, applied:
     await client.query('BEGIN');
     await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`pgasynq:migrate:${db.schema}`]);
     await client.query(`CREATE SCHEMA IF NOT EXISTS "${db.schema}"`);
+    // The real clock on purpose: applied_at records when a migration ran, and decides nothing.
     await client.query(`CREATE TABLE IF NOT EXISTS "${db.schema}".migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`);
     const rows = (await client.query<{ name: string; applied_at: Date }>(`SELECT name, applied_at FROM "${db.schema}".migrations`)).rows;
     const result = await fn(client, new Map(rows.map((r) => [r.name, r.applied_at])));

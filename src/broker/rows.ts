@@ -60,9 +60,9 @@ export const taskColumns = (db: Db) => sql`
 export const taskFacts = (db: Db) => sql`
   t.queue, t.id, t.type, t.state, t.max_retry, t.retried,
   (extract(epoch FROM t.timeout) * 1000)::float8 AS timeout_ms, t.deadline, t.group_key,
-  CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
+  CASE t.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
   t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at,
-  (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
+  (t.state = 'active' AND t.lease_expires_at < ${db.now()}) AS is_orphaned,
   t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for, t.priority, t.concurrency_key,
   CASE WHEN t.waiting_for IS NOT NULL THEN
     (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(d.dependency_queue, d.dependency_id) ORDER BY d.dependency_seq)
@@ -196,8 +196,8 @@ export function previewColumns(db: Db, hide: boolean): RawBuilder<unknown> {
   ${previewOf(sql`t.result`, sql`t.result_bytes`, hide)} AS result_preview,
   CASE WHEN ${hide}::boolean THEN NULL ELSE left(t.error_msg, ${ERROR_PREVIEW_CHARS}) END AS error_preview,
   t.last_failed_at, t.group_key,
-  CASE t.state WHEN 'pending' THEN now() WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
-  (t.state = 'active' AND t.lease_expires_at < now()) AS is_orphaned,
+  CASE t.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
+  (t.state = 'active' AND t.lease_expires_at < ${db.now()}) AS is_orphaned,
   (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at,
   CASE WHEN t.state = 'waiting' THEN t.waiting_for END AS waiting_for,
   CASE WHEN t.state = 'waiting' THEN

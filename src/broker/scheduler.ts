@@ -21,7 +21,7 @@ export const HISTORY_LIMIT = 1000;
 
 /** The database's clock, now (clock_timestamp, not the transaction's start). */
 export async function databaseNow(db: Db): Promise<Date> {
-  const rows = await db.run(sql<{ now: Date }>`SELECT clock_timestamp() AS now`);
+  const rows = await db.run(sql<{ now: Date }>`SELECT ${db.clockTimestamp()} AS now`);
   return (rows[0] as { now: Date }).now;
 }
 
@@ -31,7 +31,7 @@ export async function databaseNow(db: Db): Promise<Date> {
  */
 export async function lastTicks(db: Db, entryIds: string[]): Promise<{ now: Date; last: Map<string, Date> }> {
   const rows = await db.run(sql<{ now: Date; entry_id: string | null; tick_at: Date | null }>`
-    SELECT clock_timestamp() AS now, l.entry_id, l.tick_at
+    SELECT ${db.clockTimestamp()} AS now, l.entry_id, l.tick_at
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (
       SELECT i.id AS entry_id, (SELECT pg_catalog.max(tick_at) FROM ${db.table('scheduler_events')} e WHERE e.entry_id = i.id) AS tick_at
