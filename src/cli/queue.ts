@@ -65,6 +65,20 @@ function rateOrNone(value: string): NonNullable<QueueLimits['rateLimit']> | type
   return { limit, interval };
 }
 
+/** The limits a command's --concurrency, --key-concurrency and --rate give (none: null), and only those. */
+function givenLimits(opts: {
+  concurrency?: number | typeof NONE;
+  keyConcurrency?: number | typeof NONE;
+  rate?: NonNullable<QueueLimits['rateLimit']> | typeof NONE;
+}): Partial<QueueLimits> {
+  const value = <T>(v: T | typeof NONE) => (v === NONE ? null : v);
+  return {
+    ...(opts.concurrency === undefined ? {} : { concurrency: value(opts.concurrency) }),
+    ...(opts.keyConcurrency === undefined ? {} : { keyConcurrency: value(opts.keyConcurrency) }),
+    ...(opts.rate === undefined ? {} : { rateLimit: value(opts.rate) }),
+  };
+}
+
 const CREATE_HELP = `
 Idempotent: a queue that is known already keeps its tasks; the limits given
 replace its limits (as queue limit --clear with them would), --paused pauses it,
@@ -197,12 +211,7 @@ export function registerQueue(program: CliProgram, ctx: CliContext): void {
     .option('--clear', 'clear every limit first (alone: remove them all)')
     .addHelpText('after', LIMIT_HELP)
     .action(async (name, opts) => {
-      const value = <T>(v: T | typeof NONE) => (v === NONE ? null : v);
-      const given: Partial<QueueLimits> = {
-        ...(opts.concurrency === undefined ? {} : { concurrency: value(opts.concurrency) }),
-        ...(opts.keyConcurrency === undefined ? {} : { keyConcurrency: value(opts.keyConcurrency) }),
-        ...(opts.rate === undefined ? {} : { rateLimit: value(opts.rate) }),
-      };
+      const given = givenLimits(opts);
       if (opts.clear !== true && Object.keys(given).length === 0) {
         throw new UsageError('queue limit needs --concurrency, --key-concurrency, --rate or --clear (queue inspect shows the limits)');
       }
@@ -225,12 +234,7 @@ export function registerQueue(program: CliProgram, ctx: CliContext): void {
     .option('--paused', 'create it paused: servers take none of its tasks until `queue unpause`')
     .addHelpText('after', CREATE_HELP)
     .action(async (name, opts) => {
-      const value = <T>(v: T | typeof NONE) => (v === NONE ? null : v);
-      const limits: Partial<QueueLimits> = {
-        ...(opts.concurrency === undefined ? {} : { concurrency: value(opts.concurrency) }),
-        ...(opts.keyConcurrency === undefined ? {} : { keyConcurrency: value(opts.keyConcurrency) }),
-        ...(opts.rate === undefined ? {} : { rateLimit: value(opts.rate) }),
-      };
+      const limits = givenLimits(opts);
       const info = await withInspector(ctx, (i) =>
         i.createQueue(name, { ...(Object.keys(limits).length === 0 ? {} : { limits }), ...(opts.paused === true ? { paused: true } : {}) }),
       );
