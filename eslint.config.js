@@ -7,6 +7,55 @@ import js from '@eslint/js';
 import prettier from 'eslint-config-prettier';
 import tseslint from 'typescript-eslint';
 
+// README.md's layer table ("Developing pgasynq"), enforced: each folder of src/
+// imports only from its own and the layers below it. `forbidden` matches the
+// specifiers a layer's files may not use (every folder of src/ is flat, so a
+// relative specifier names its layer); static imports, `export … from`,
+// import() and `import('…')` types are all checked, type-only ones included.
+// Tests, benchmarks and examples are not layered.
+const LAYERS = [
+  { files: ['src/model/**'], forbidden: '^\\.\\./', rule: 'src/model/ may import only from model/' },
+  { files: ['src/internal/**'], forbidden: '^\\.\\./(?!model/)', rule: 'src/internal/ may import only from internal/ and model/' },
+  { files: ['src/broker/**'], forbidden: '^\\.\\./(?!internal/|model/)', rule: 'src/broker/ may import only from broker/, internal/ and model/' },
+  {
+    files: ['src/server/**'],
+    forbidden: '^\\.\\./(?!broker/|internal/|model/)',
+    rule: 'src/server/ may import only from server/, broker/, internal/ and model/',
+  },
+  {
+    files: ['src/*.ts'],
+    ignores: ['src/index.ts'],
+    forbidden: '^\\./(cli/|dashboard/|index\\.js$)',
+    rule: 'the public fronts (src/*.ts) may import one another, server/, broker/, internal/ and model/, not cli/, dashboard/ or index.ts',
+  },
+  {
+    files: ['src/dashboard/**'],
+    forbidden: '^\\.\\./(server/|broker/|cli/|index\\.js$)',
+    rule: 'src/dashboard/ may import only the public fronts (src/*.ts, inspector-internal.ts among them), internal/ and model/',
+  },
+  {
+    files: ['src/cli/**'],
+    forbidden: '^\\.\\./(server/|broker/|index\\.js$)',
+    rule: 'src/cli/ may import only the public fronts (src/*.ts, inspector-internal.ts among them), dashboard/, internal/ and model/',
+  },
+];
+
+/** One config block per layer: no-restricted-imports for declarations, no-restricted-syntax for import() (esquery's regex may not hold a `/`). */
+const layerBlocks = LAYERS.map(({ files, ignores, forbidden, rule }) => ({
+  files,
+  ...(ignores ? { ignores } : {}),
+  rules: {
+    'no-restricted-imports': ['error', { patterns: [{ regex: forbidden, message: rule }] }],
+    'no-restricted-syntax': [
+      'error',
+      {
+        selector: `:matches(ImportExpression, TSImportType)[source.value=/${forbidden.replaceAll('/', '\\x2F')}/]`,
+        message: rule,
+      },
+    ],
+  },
+}));
+
 export default tseslint.config(
   // .ci/package/ is typechecked in the projects package-check.sh makes, where pgasynq resolves.
   { ignores: ['dist/', 'bench/.snapshot/', 'bench/node_modules/', 'bench/results/', 'node_modules/', '.ci/package/'] },
@@ -58,5 +107,6 @@ export default tseslint.config(
     files: ['bench/adapters/bullmq.ts', 'bench/adapters/graphile.ts', 'bench/adapters/pgboss.ts'],
     ...tseslint.configs.disableTypeChecked,
   },
+  ...layerBlocks,
   prettier,
 );

@@ -2,7 +2,8 @@
  * Client: puts tasks in queues. No background work; one statement per call
  * (a call with dependencies or replacements: a transaction of a few).
  */
-import { CONNECTION_OPTION_KEYS, Db, type ConnectionOptions, type Transactional } from './broker/db.js';
+import { Db, type Transactional } from './broker/db.js';
+import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
 import { insertWithDependencies } from './broker/dependencies.js';
 import { insertOrReplace } from './broker/replace.js';
 import type { TaskRecord } from './model/task.js';

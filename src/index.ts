@@ -12,7 +12,8 @@ export { migrate, migrateDown, migrationStatus, type MigrationResult, type Migra
 export { defaultRetryDelay, MAX_LAST_ERROR_BYTES } from './server/retry.js';
 export { MAX_PAYLOAD_BYTES } from './model/payload.js';
 export { Snooze } from './model/snooze.js';
-export type { ConnectionOptions, Transactional } from './broker/db.js';
+export type { ConnectionOptions } from './internal/connection.js';
+export type { Transactional } from './broker/db.js';
 export { roleSetupSql, roleNames, ROLE_KINDS, type RoleKind, type RoleSetupOptions } from './roles.js';
 export { createEmbeddedDatabase, type EmbeddedDatabase, type EmbeddedClient } from './embedded.js';
 export type { Logger, LogLevel } from './internal/logger.js';

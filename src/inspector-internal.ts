@@ -4,13 +4,12 @@
  * take the state as a word), and the dashboard's previews and estimates,
  * read in PostgreSQL. Not exported by the package.
  */
-import { dependenciesOf, dependentsOf, type DependencyPreview } from './broker/dependencies.js';
+import { dependenciesOf, dependentsOf } from './broker/dependencies.js';
 import * as read from './broker/inspector-read.js';
-import type { ServerPreview } from './broker/inspector-read.js';
-import type { TaskPageInfo, TaskPreview } from './broker/rows.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
 import { FailedPreconditionError, TaskNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
+import type { DependencyPreview, ServerPreview, TaskPageInfo, TaskPreview } from './model/previews.js';
 import { BULK_STATES, type TaskAction } from './model/task-actions.js';
 import type { TaskInfo, TaskRef, TaskState } from './model/task.js';
 import * as v from './model/validate.js';
@@ -80,8 +79,9 @@ export const MAX_PREVIEW_PAGE_SIZE = 500;
 /**
  * @internal The dashboard's task lists, not part of the public API (the
  * Inspector's lists return whole TaskInfo): a page of a queue's tasks in
- * `state` as previews cut short in PostgreSQL (rows.ts TaskPreview), at most
- * MAX_PREVIEW_PAGE_SIZE of them. `hide`: no payload, result or last error at all.
+ * `state` as previews cut short in PostgreSQL (model/previews.ts
+ * TaskPreview), at most MAX_PREVIEW_PAGE_SIZE of them. `hide`: no payload,
+ * result or last error at all.
  * Rejects as the Inspector's lists do (QueueNotFoundError, ValidationError).
  */
 export async function listTaskPreviews(
@@ -103,8 +103,8 @@ export async function listTaskPreviews(
 /**
  * @internal The dashboard's task page, not part of the public API (getTaskInfo
  * returns the whole task): one task with its payload, result, headers and last
- * error cut short in PostgreSQL (rows.ts TaskPageInfo); `hide`: none of them
- * read. Rejects as getTaskInfo does.
+ * error cut short in PostgreSQL (model/previews.ts TaskPageInfo); `hide`: none
+ * of them read. Rejects as getTaskInfo does.
  */
 export async function taskPageInfo(inspector: Inspector, queue: string, id: string, hide: boolean): Promise<TaskPageInfo> {
   const q = v.queueName(queue);

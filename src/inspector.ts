@@ -3,7 +3,8 @@
  * dashboard are thin shells over. Its statements live in
  * src/broker/inspector-read.ts and inspector-write.ts.
  */
-import { CONNECTION_OPTION_KEYS, Db, type ConnectionOptions } from './broker/db.js';
+import { Db } from './broker/db.js';
+import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
 import * as read from './broker/inspector-read.js';
 import * as write from './broker/inspector-write.js';
 import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';

@@ -2,7 +2,8 @@
  * migrate() and migrationStatus(): apply the SQL files in migrations/ to a
  * schema, or list which are applied. Safe to run twice and from two processes.
  */
-import { Db, type ConnectionOptions } from './broker/db.js';
+import { Db } from './broker/db.js';
+import type { ConnectionOptions } from './internal/connection.js';
 import { appliedMigrations, applyMigration, loadMigrations, revertLastMigration } from './broker/migrations.js';
 import { InvalidOptionError } from './model/errors.js';
 import { resolveLogger } from './internal/logger.js';

@@ -3,7 +3,7 @@
  * and grants them what its statements need (`pgasynq roles` prints it).
  * This front checks the options; broker/roles.ts writes the SQL.
  */
-import { DEFAULT_SCHEMA } from './broker/db.js';
+import { DEFAULT_SCHEMA } from './model/validate.js';
 import { buildRoleSetupSql } from './broker/roles.js';
 import { DEFAULT_ROLE_PREFIX, roleNames } from './model/roles.js';
 import * as v from './model/validate.js';

@@ -29,7 +29,8 @@
 import { randomUUID } from 'node:crypto';
 import { untilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
-import { CONNECTION_OPTION_KEYS, Db, type ConnectionOptions } from './broker/db.js';
+import { Db } from './broker/db.js';
+import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
 import { isTransientConnectionError } from './internal/db-errors.js';
 import { databaseNow, deleteEntries, deleteExpiredEntries, enqueueTick, lastTicks, upsertEntries, type TickOutcome } from './broker/scheduler.js';
 import { validateZone } from './model/cron.js';

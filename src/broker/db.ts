@@ -6,60 +6,14 @@ import { createHash } from 'node:crypto';
 import { Kysely, PostgresDialect, sql, type RawBuilder, type Transaction } from 'kysely';
 import pg from 'pg';
 import { ConfigError } from '../model/errors.js';
-import { CHANNEL_SUFFIXES, MAX_IDENTIFIER_BYTES, schemaName } from '../model/validate.js';
-import { FailureRun, silentLogger, type Logger, type LogLevel } from '../internal/logger.js';
+import { CHANNEL_SUFFIXES, DEFAULT_SCHEMA, MAX_IDENTIFIER_BYTES, schemaName } from '../model/validate.js';
+import { FailureRun, silentLogger, type Logger } from '../internal/logger.js';
 import { isTransientConnectionError, mapDbError } from '../internal/db-errors.js';
 import { EmbeddedDatabase, type EmbeddedClient } from '../internal/embedded-database.js';
 import { redactConnectionString } from '../internal/redact.js';
+import type { ConnectionOptions } from '../internal/connection.js';
 import { DatabaseClock } from '../internal/clock.js';
 import { preparingPool } from './preparing-pool.js';
-
-/** Options every class that talks to the database accepts. */
-export interface ConnectionOptions {
-  /** Falls back to DATABASE_URL. */
-  connectionString?: string;
-  /** A pool of yours: borrowed, never ended by pgasynq. */
-  pool?: pg.Pool;
-  /** @defaultValue 'pgasynq' */
-  schema?: string;
-  /**
-   * Any pino-shaped logger (it needs debug, info, warn, error and child), or
-   * false to silence pgasynq. Payloads are never logged.
-   * @defaultValue a pino logger at `logLevel`, JSON lines on stderr, written synchronously
-   */
-  logger?: Logger | false;
-  /**
-   * The level of the default logger; with a `logger` of your own, set its level instead.
-   * @defaultValue 'info'
-   */
-  logLevel?: LogLevel;
-  /** An in-process database from createEmbeddedDatabase(), instead of a server. */
-  embedded?: EmbeddedDatabase;
-  /**
-   * Plan the hottest statements (claim, enqueue, …) once per connection as
-   * named prepared statements. Set false behind a transaction-pooling proxy
-   * that does not track them (pgbouncer before 1.21, or without
-   * max_prepared_statements): each statement is then planned on every call.
-   * @defaultValue true
-   */
-  preparedStatements?: boolean;
-  /** @internal Tests only: a clock shared by the Client, Server, Scheduler and Inspector of a test, moved forward instead of sleeping. */
-  clock?: DatabaseClock;
-}
-
-/** The options of ConnectionOptions, for the classes that refuse unknown option names. */
-export const CONNECTION_OPTION_KEYS = [
-  'connectionString',
-  'pool',
-  'schema',
-  'logger',
-  'logLevel',
-  'embedded',
-  'preparedStatements',
-  'clock',
-] as const satisfies readonly (keyof ConnectionOptions)[];
-
-export const DEFAULT_SCHEMA = 'pgasynq';
 
 /** How many texts one named statement may take before run() stops preparing its new ones. */
 const MAX_STATEMENT_FORMS = 4;

@@ -8,6 +8,7 @@ import { sql } from 'kysely';
 import { decodePayload } from '../model/payload.js';
 import { taskName, type TaskInfo, type TaskRecord, type TaskRef, type TaskState } from '../model/task.js';
 import { checkDependencyGraph } from '../model/workflow.js';
+import type { DependencyPreview } from '../model/previews.js';
 import type { Db, Transactional } from './db.js';
 import { insertTasks } from './enqueue.js';
 
@@ -43,14 +44,6 @@ export async function dependentsOf(db: Db, queue: string, id: string, limit: num
     ORDER BY d.dependent_seq
     LIMIT ${limit}`);
   return { tasks: rows.map(({ queue, id, state }) => ({ queue, id, state })), total: rows[0]?.total ?? 0 };
-}
-
-/** One dependency of a task as its page shows it: whom it waits for, how that one ended, and whether it is still stored. */
-export interface DependencyPreview extends TaskRef {
-  /** How the dependency was settled; null while it is unfinished. */
-  outcome: 'completed' | 'failed' | null;
-  /** The dependency's state now; null when its rows are gone (deleted, or completed without retention). */
-  state: TaskState | null;
 }
 
 /**

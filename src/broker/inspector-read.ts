@@ -8,7 +8,8 @@ import { sql, type RawBuilder } from 'kysely';
 import { QueueNotFoundError } from '../model/errors.js';
 import { decodePayload } from '../model/payload.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
-import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo, WorkerInfo } from '../model/inspector-types.js';
+import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from '../model/inspector-types.js';
+import type { ServerPreview, ServerWith, TaskPageInfo, TaskPreview } from '../model/previews.js';
 import type { Db } from './db.js';
 import {
   pageValuesJoin,
@@ -19,9 +20,7 @@ import {
   toTaskInfo,
   toTaskPageInfo,
   toTaskPreview,
-  type TaskPageInfo,
   type TaskPageRow,
-  type TaskPreview,
   type TaskPreviewRow,
   type TaskRow,
 } from './rows.js';
@@ -289,9 +288,6 @@ function serverRows<P>(db: Db, payload: RawBuilder<unknown>): RawBuilder<ServerT
     ORDER BY s.started_at, s.id, t.started_at, t.queue, t.id`;
 }
 
-/** ServerInfo whose workers carry a payload of type P. */
-type ServerWith<P> = Omit<ServerInfo, 'activeWorkers'> & { activeWorkers: (Omit<WorkerInfo, 'payload'> & { payload: P })[] };
-
 /** Server rows grouped into servers, each worker's payload made by `payloadOf`. */
 function groupServers<R extends ServerTaskRow, P>(rows: R[], payloadOf: (r: R) => P): ServerWith<P>[] {
   const servers = new Map<string, ServerWith<P>>();
@@ -330,9 +326,6 @@ export async function listServers(db: Db): Promise<ServerInfo[]> {
   const rows = await db.run(serverRows<{ payload: unknown; payload_bytes: Buffer | null }>(db, sql`t.payload, t.payload_bytes`));
   return groupServers(rows, (r) => decodePayload(r.payload, r.payload_bytes));
 }
-
-/** A live server as the dashboard shows it: each worker's payload a preview (rows.ts previewOf), null when hidden. */
-export type ServerPreview = ServerWith<string | null>;
 
 /** listServers with payload previews: what a server runs costs a few hundred bytes per task, however large its payload. */
 export async function listServerPreviews(db: Db, hide: boolean): Promise<ServerPreview[]> {

@@ -3,7 +3,7 @@
  * the one place that turns them into the ConnectionOptions the library takes.
  * Commands print through `emit()` so `--json` behaves the same everywhere.
  */
-import type { ConnectionOptions } from '../broker/db.js';
+import type { ConnectionOptions } from '../internal/connection.js';
 import type { Logger, LogLevel } from '../internal/logger.js';
 import { escapeInvisible } from '../internal/printable.js';
 import { printable } from './format.js';

@@ -19,7 +19,7 @@ import { FailedPreconditionError, isValidationError } from '../model/errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { sanitize } from './sanitize.js';
 import { rootCommand, type CliProgram, type RegisterCommand } from './root.js';
-import { DEFAULT_SCHEMA } from '../broker/db.js';
+import { DEFAULT_SCHEMA } from '../model/validate.js';
 import { registerCron } from './cron.js';
 import { registerDash } from './dash.js';
 import { registerDemo } from './demo.js';

@@ -4,7 +4,7 @@
  * command file fills in.
  */
 import { Command } from '@commander-js/extra-typings';
-import { DEFAULT_SCHEMA } from '../broker/db.js';
+import { DEFAULT_SCHEMA } from '../model/validate.js';
 import type { CliContext } from './context.js';
 
 export function rootCommand() {

@@ -14,10 +14,10 @@
  *   app.get('/metrics', metrics);
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { ConnectionOptions } from '../broker/db.js';
+import type { ConnectionOptions } from '../internal/connection.js';
 import { redact } from '../internal/redact.js';
 import { isQueueNotFound } from '../model/errors.js';
-import type { ServerPreview } from '../broker/inspector-read.js';
+import type { ServerPreview } from '../model/previews.js';
 import { Inspector } from '../inspector.js';
 import { listServerPreviews, queueFootprint } from '../inspector-internal.js';
 import type { QueueInfo } from '../model/inspector-types.js';

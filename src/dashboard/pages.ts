@@ -98,7 +98,7 @@ export function payloadCell(ctx: PageContext, value: unknown): Html {
   return previewCell(ctx, ctx.hidePayloads ? null : preview(value));
 }
 
-/** A preview the broker cut (rows.ts TaskPreview), clipped to one line; "hidden" with hidePayloads. */
+/** A preview the broker cut (model/previews.ts TaskPreview), clipped to one line; "hidden" with hidePayloads. */
 export function previewCell(ctx: PageContext, text: string | null): Html {
   if (ctx.hidePayloads) return hiddenText();
   const p = clip(text ?? '');

@@ -1,6 +1,5 @@
 /** The queue page: a tab per state, its list and actions (the task page is task-page.ts). */
-import type { ServerPreview } from '../broker/inspector-read.js';
-import type { TaskPreview } from '../broker/rows.js';
+import type { ServerPreview, TaskPreview } from '../model/previews.js';
 import type { QueueInfo } from '../model/inspector-types.js';
 import { isTaskNotFound, isValidationError } from '../model/errors.js';
 import type { Inspector } from '../inspector.js';

@@ -22,7 +22,7 @@
 import { createServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { randomBytes } from 'node:crypto';
-import type { ConnectionOptions } from '../broker/db.js';
+import type { ConnectionOptions } from '../internal/connection.js';
 import { redact } from '../internal/redact.js';
 import { ConfigError } from '../model/errors.js';
 import { Inspector } from '../inspector.js';

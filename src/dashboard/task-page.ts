@@ -3,8 +3,7 @@
  * headers, and for a task of a workflow its dependencies and dependents,
  * each a link to its own page, so a chain can be walked both ways.
  */
-import type { DependencyPreview } from '../broker/dependencies.js';
-import { PAGE_VALUE_CHARS, type TaskPageInfo, type ValueExcerpt } from '../broker/rows.js';
+import { PAGE_VALUE_CHARS, type DependencyPreview, type TaskPageInfo, type ValueExcerpt } from '../model/previews.js';
 import { listTaskDependencies, listTaskDependents, taskPageInfo } from '../inspector-internal.js';
 import { attemptText, lastFailedText } from '../model/attempt.js';
 import type { TaskRef } from '../model/task.js';

@@ -107,6 +107,9 @@ const LONGEST_SUFFIX = Object.values(CHANNEL_SUFFIXES).reduce((a, b) => (b.lengt
 /** The longest schema name: 55 characters, so that `<schema>_delayed` is still an identifier. */
 export const MAX_SCHEMA_NAME_LENGTH = MAX_IDENTIFIER_BYTES - LONGEST_SUFFIX.length;
 
+/** The schema pgasynq's tables live in when no `schema` option names another. */
+export const DEFAULT_SCHEMA = 'pgasynq';
+
 /**
  * Schema names are the one identifier we put into SQL text, so the rule is
  * strict: ^[a-z_][a-z0-9_]*$, at most MAX_SCHEMA_NAME_LENGTH characters, and

@@ -3,7 +3,8 @@
  * then frozen. Each mirrors an asynq option; durations are milliseconds.
  */
 import { availableParallelism } from 'node:os';
-import { checkConnectionString, CONNECTION_OPTION_KEYS, type ConnectionOptions } from '../broker/db.js';
+import { checkConnectionString } from '../broker/db.js';
+import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from '../internal/connection.js';
 import { ConfigError } from '../model/errors.js';
 import { resolveLogger, type Logger } from '../internal/logger.js';
 import type { Task } from '../model/task.js';

@@ -25,7 +25,7 @@ import { completeHeld, lockLease, requeue, writeResult } from '../broker/leases.
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
-import type { Handler, TaskContext } from '../mux.js';
+import type { Handler, TaskContext } from './handler.js';
 import { attemptOf } from '../model/attempt.js';
 import { decodePayload, encodePayload } from '../model/payload.js';
 import { Task } from '../model/task.js';
