@@ -41,7 +41,7 @@ export type { ServerConfig } from './server/config.js';
 
 export type ServerStatus = 'new' | 'active' | 'stopped' | 'closed';
 
-/** How often servers flush their processed/failed counts (API.md: at least every 5 s). */
+/** How often servers flush their processed/failed counts: the daily counts the Inspector reads lag by about this much. */
 const STATS_FLUSH_MS = 2000;
 /** The unserved-queue warning at start counts pending tasks up to this many per queue. */
 const UNSERVED_COUNT_CAP = 10_000;

@@ -11,25 +11,29 @@
  * must also leave the tables as they were (nothing half-written), and no
  * message may hold a DSN password.
  *
- * Where our names or wording differ from the plan's (API.md wins; the
- * library's wording was kept where it is as clear), the row says so in `note`:
+ * Where our names or wording differ from the plan's (what the README and
+ * the TSDoc document wins; the library's wording was kept where it is as
+ * clear), the row says so in `note`:
  *
- *   - the CLI is `pgasynq` with API.md's commands (`task inspect Q ID`,
- *     `task ls --queue Q --state S`, `task deleteall Q S`), and its usage
- *     errors are commander's ("missing required argument 'id'");
- *   - `timeout: 0` means "not set" (API.md), so it is accepted, and durations
- *     run up to 2^31-1 ms (Node's timer limit), not 24 h;
+ *   - the CLI is `pgasynq` with the commands of the README's "The pgasynq
+ *     command" (`task inspect Q ID`, `task ls --queue Q --state S`,
+ *     `task deleteall Q S`), and its usage errors are commander's
+ *     ("missing required argument 'id'");
+ *   - `timeout: 0` means "not set" (EnqueueOptions.timeout), so it is
+ *     accepted, and durations run up to 2^31-1 ms (Node's timer limit), not
+ *     24 h;
  *   - cron errors are all InvalidCronSpecError (field `cronspec` or
  *     `location`), a never-firing spec included; a bad Scheduler `location` is
  *     a ConfigError;
- *   - heartbeatInterval must be below leaseDuration / 2 (API.md), not /3; the
- *     smallest recoverInterval is 10 ms; concurrency goes up to 10,000;
+ *   - heartbeatInterval must be below leaseDuration / 2 (the README's server
+ *     options), not /3; the smallest recoverInterval is 10 ms; concurrency
+ *     goes up to 10,000;
  *   - the Inspector pages by number, so there is no cursor to tamper with: an
  *     unknown list option (`cursor`) is refused instead.
  *
  * Row 39 (refuse a destructive CLI action without --yes) is left out on
- * purpose: API.md's CLI (`task deleteall Q S`) has no --yes, and asynq's CLI
- * does not ask either; scripts that run it must keep working.
+ * purpose: the CLI's `task deleteall Q STATE` (README) has no --yes, and
+ * asynq's CLI does not ask either; scripts that run it must keep working.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -374,7 +378,7 @@ const ROWS: Row[] = [
     error: 'InvalidOptionError',
     message: new RegExp(`^timeout must be a finite duration in ms in \\[0, 2147483647\\] \\(got ${timeout}\\)$`),
     attempt: option({ timeout }),
-    note: 'timeout: 0 means "not set" (API.md) and is accepted; the upper bound is 2^31-1 ms, not 24 h',
+    note: 'timeout: 0 means "not set" (EnqueueOptions.timeout) and is accepted; the upper bound is 2^31-1 ms, not 24 h',
   })),
   {
     n: 17,
@@ -547,7 +551,7 @@ const ROWS: Row[] = [
     error: 'ConfigError',
     message: /^heartbeatInterval \(30000 ms\) must be below leaseDuration \/ 2 \(15000 ms\)$/,
     attempt: serverConfig({ heartbeatInterval: 30_000, leaseDuration: 30_000 }),
-    note: 'API.md: below leaseDuration / 2',
+    note: "the README's server options: below leaseDuration / 2",
   },
   {
     n: 33,
@@ -1175,7 +1179,7 @@ describe('§6 accepted safely', () => {
     assert.equal((await inspector.getTaskInfo(info.queue, info.id)).payload, 'x'.repeat(8));
   });
 
-  test('timeout: 0 is accepted and means "not set" (API.md), the 30 min default', async () => {
+  test('timeout: 0 is accepted and means "not set" (EnqueueOptions.timeout), the 30 min default', async () => {
     const info = await client.enqueue(new Task('t0'), { timeout: 0 });
     assert.equal(info.timeout, 30 * 60_000);
   });

@@ -7,8 +7,6 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
-import { selectTask } from '../src/broker/enqueue.js';
-import { claim } from '../src/broker/claim.js';
 import { complete, completeHeld, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
 import { DatabaseClock } from '../src/internal/clock.js';
@@ -16,6 +14,7 @@ import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { startCommitProxy } from './faults/commit-proxy.js';
+import { claim, selectTask } from './broker-helpers.js';
 import { deferred, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;

@@ -24,11 +24,11 @@ import {
   type TaskContext,
 } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
-import { claim } from '../src/broker/claim.js';
 import { queueOrder } from '../src/server/queues.js';
 import { FailureRun } from '../src/internal/logger.js';
 import { backoffMs } from '../src/internal/backoff.js';
 import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
+import { claim } from './broker-helpers.js';
 import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
 
 let db: TestDb;

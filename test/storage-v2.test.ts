@@ -9,8 +9,8 @@ import { after, afterEach, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { Client, Server, SkipRetry, Task, migrate, migrateDown, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
-import { claim } from '../src/broker/claim.js';
 import { requeue } from '../src/broker/leases.js';
+import { claim } from './broker-helpers.js';
 import { DATABASE_URL, deferred, waitFor } from './helpers.js';
 
 const BASE = `t_storage_v2${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;

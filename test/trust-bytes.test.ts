@@ -12,8 +12,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Server, Task, createDashboard } from '../src/index.js';
-import { claim } from '../src/broker/claim.js';
 import { Db } from '../src/broker/db.js';
+import { claim } from './broker-helpers.js';
 import { exited, spawnFixture, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;

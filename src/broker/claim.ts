@@ -318,18 +318,3 @@ function gapsBetween(queues: readonly string[], known: readonly Band[]): { ord: 
 
 /** Below every position: a claim from the head of the queue. */
 export const HEAD = String(-(2n ** 62n));
-
-/** claimFrom() from the head of every queue, taking the queues strictly in order. */
-export async function claim(db: Db, queues: readonly string[], limit: number, owner: string, leaseMs: number): Promise<ClaimedRow[]> {
-  return (
-    await claimFrom(
-      db,
-      queues,
-      { bands: [], olderThan: null },
-      queues.map((_, i) => (i === 0 ? limit : 0)),
-      limit,
-      owner,
-      leaseMs,
-    )
-  ).rows;
-}

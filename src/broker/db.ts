@@ -18,7 +18,6 @@ import { preparingPool } from './preparing-pool.js';
 /** How many texts one named statement may take before run() stops preparing its new ones. */
 const MAX_STATEMENT_FORMS = 4;
 
-/** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */
 /**
  * A Kysely transaction over any tables: pgasynq's statements are raw `sql`
  * templates over tables it does not declare to Kysely, and ctx.transaction
@@ -29,6 +28,7 @@ export type AnyTransaction = Transaction<any>;
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyKysely = Kysely<any>;
 
+/** A transaction the caller holds open: Kysely's, or a pg (or embedded) client inside BEGIN. */
 export type Transactional = AnyTransaction | pg.PoolClient | pg.Client | EmbeddedClient;
 
 /** Whether pg will parse the URL: it percent-encodes spaces and stray % first, then uses WHATWG's URL (pg-connection-string). */

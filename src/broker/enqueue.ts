@@ -14,7 +14,6 @@ import { sql } from 'kysely';
 import { DuplicateTaskError, InvalidOptionError, TaskIdConflictError, TaskNotFoundError } from '../model/errors.js';
 import type { TaskInfo, TaskRecord, TaskState } from '../model/task.js';
 import type { Db, Transactional } from './db.js';
-import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
 
 /**
  * The tasks as one JSON array: a single parameter that PostgreSQL parses
@@ -167,10 +166,4 @@ function translateConflict(err: unknown, records: TaskRecord[]): unknown {
     return new DuplicateTaskError(queue || (first?.queue ?? ''), key);
   }
   return err;
-}
-
-/** One task as TaskInfo, or undefined. */
-export async function selectTask(db: Db, queue: string, id: string): Promise<TaskInfo | undefined> {
-  const rows = await db.run(sql<TaskRow>`SELECT ${taskColumns(db)} FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id}`);
-  return rows[0] && toTaskInfo(rows[0]);
 }

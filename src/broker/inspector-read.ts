@@ -135,15 +135,15 @@ export async function taskPageInfo(db: Db, queue: string, id: string, hide: bool
   return { queueFound: row?.queue_found ?? false, value: row?.id == null ? undefined : toTaskPageInfo(row, hide) };
 }
 
+/** Always true of an active row; saying it lets the planner use tasks_active_idx (migration 0003). */
+const ACTIVE_INDEXED = sql`AND t.lease_owner IS NOT NULL`;
+
 /**
  * The order each list is paged in, as the index of that state serves it:
  * pending in run order, scheduled and retry by due time, archived by archive
  * time, completed by the end of retention (asynq's scores), active by start,
  * aggregating and waiting by enqueue time. `seq` breaks ties, so pages never overlap.
  */
-/** Always true of an active row; saying it lets the planner use tasks_active_idx (migration 0003). */
-const ACTIVE_INDEXED = sql`AND t.lease_owner IS NOT NULL`;
-
 const LIST_ORDER: Record<TaskState, RawBuilder<unknown>> = {
   // The claim's order: higher priority first, FIFO within one (task_states_pending_idx).
   pending: sql`t.priority DESC, t.pending_seq`,

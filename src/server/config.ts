@@ -83,62 +83,62 @@ export interface ServerConfig extends ConnectionOptions {
   listenConnectionString?: string;
 }
 
-const KEYS = [
-  ...CONNECTION_OPTION_KEYS,
-  'listenConnectionString',
-  'concurrency',
-  'prefetch',
-  'queues',
-  'strictPriority',
-  'retryDelay',
-  'isFailure',
-  'errorHandler',
-  'healthCheck',
-  'healthCheckInterval',
-  'shutdownTimeout',
-  'delayedTaskCheckInterval',
-  'groupGracePeriod',
-  'groupMaxDelay',
-  'groupMaxSize',
-  'groupAggregator',
-  'janitorInterval',
-  'janitorBatchSize',
-  'taskCheckInterval',
-  'leaseDuration',
-  'heartbeatInterval',
-  'recoverInterval',
-  'recoverCutoff',
-] as const;
+/** The options ServerConfig adds to the connection's. */
+type ServerOption = Exclude<keyof ServerConfig, keyof ConnectionOptions>;
 
-export interface ResolvedServerConfig {
+/**
+ * Every ServerConfig option beyond the connection's, for knownKeys(): the
+ * compiler refuses this object if it misses an option of ServerConfig or
+ * names one that is not there, so the list cannot fall behind the interface.
+ */
+const SERVER_OPTIONS = {
+  listenConnectionString: true,
+  concurrency: true,
+  prefetch: true,
+  queues: true,
+  strictPriority: true,
+  retryDelay: true,
+  isFailure: true,
+  errorHandler: true,
+  healthCheck: true,
+  healthCheckInterval: true,
+  shutdownTimeout: true,
+  delayedTaskCheckInterval: true,
+  groupGracePeriod: true,
+  groupMaxDelay: true,
+  groupMaxSize: true,
+  groupAggregator: true,
+  janitorInterval: true,
+  janitorBatchSize: true,
+  taskCheckInterval: true,
+  leaseDuration: true,
+  heartbeatInterval: true,
+  recoverInterval: true,
+  recoverCutoff: true,
+} as const satisfies { readonly [K in ServerOption]-?: true };
+
+const KEYS: readonly string[] = [...CONNECTION_OPTION_KEYS, ...Object.keys(SERVER_OPTIONS)];
+
+/** The options without a default: resolved, they stay undefined when not given. */
+type NoDefault = 'retryDelay' | 'errorHandler' | 'healthCheck' | 'groupAggregator' | 'listenConnectionString';
+
+/**
+ * ServerConfig resolved and frozen: every server option set, to its default
+ * when not given (but NoDefault's), in ServerConfig's type; the connection
+ * options are the Db's, but for the resolved logger.
+ */
+export type ResolvedServerConfig = {
+  readonly [K in Exclude<ServerOption, NoDefault | 'prefetch' | 'queues'>]-?: NonNullable<ServerConfig[K]>;
+} & {
+  readonly [K in NoDefault]: ServerConfig[K];
+} & {
   readonly logger: Logger;
-  readonly concurrency: number;
   /** null: adaptive (server/prefetch.ts). */
   readonly prefetch: number | null;
   readonly queues: Readonly<Record<string, number>>;
-  readonly strictPriority: boolean;
-  readonly retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
-  readonly isFailure: (err: Error) => boolean;
-  readonly errorHandler: ((err: Error, task: Task) => void) | undefined;
-  readonly healthCheck: ((err: Error | null) => void) | undefined;
-  readonly healthCheckInterval: number;
-  readonly shutdownTimeout: number;
-  readonly delayedTaskCheckInterval: number;
-  readonly groupGracePeriod: number;
-  readonly groupMaxDelay: number;
-  readonly groupMaxSize: number;
-  readonly groupAggregator: ((group: string, tasks: Task[]) => Task | Promise<Task>) | undefined;
-  readonly janitorInterval: number;
-  readonly janitorBatchSize: number;
-  readonly taskCheckInterval: number;
-  readonly leaseDuration: number;
-  readonly heartbeatInterval: number;
   /** How long after a successful extension was sent the worker still trusts its lease. */
   readonly leaseTrust: number;
-  readonly recoverInterval: number;
-  readonly recoverCutoff: number;
-  readonly listenConnectionString: string | undefined;
-}
+};
 
 /** A connection string for LISTEN: a postgres:// URL or key=value pairs, never shown with its password. */
 function validateListenConnectionString(c: ServerConfig): string | undefined {

@@ -102,10 +102,6 @@ export class Processor {
     this.#claimer = new Claimer(db, cfg);
   }
 
-  get busy(): number {
-    return this.#running;
-  }
-
   start(): void {
     if (this.#claiming) return;
     this.#claiming = true;
