@@ -13,6 +13,7 @@ import type { AnyTransaction, Db } from './db.js';
 import { ensureQueues } from './servers.js';
 import { transaction } from './transaction.js';
 import type { InQueue } from './inspector-read.js';
+import { leaseReleased } from './rows.js';
 
 /** What a one-task action found and did. */
 export interface TaskActionResult {
@@ -66,7 +67,7 @@ export async function moveTask(db: Db, queue: string, id: string, to: 'pending' 
     ),
     moved AS (
       UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = ${db.now()}, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+      SET state = ${to}, run_at = ${db.now()}, ${leaseReleased(db)}
       FROM target WHERE t.queue = target.queue AND t.id = target.id AND target.state = ANY(${allowed}::text[])
       RETURNING t.queue, t.state
     ),
@@ -127,7 +128,7 @@ export async function moveAllInState(db: Db, queue: string, from: TaskState, to:
     WITH q AS (SELECT name FROM ${db.table('queues')} WHERE name = ${queue}),
     moved AS (
       UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = ${db.now()}, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+      SET state = ${to}, run_at = ${db.now()}, ${leaseReleased(db)}
       FROM q WHERE t.queue = q.name AND t.state = ${from} AND (${group}::text IS NULL OR t.group_key = ${group})
       RETURNING 1
     ),

@@ -11,7 +11,7 @@
  */
 import { sql } from 'kysely';
 import type { AnyTransaction, Db } from './db.js';
-import { compareSeq } from './rows.js';
+import { compareSeq, leaseReleased } from './rows.js';
 
 /** Identifies one lease: the task, its state row and the token it was claimed with. */
 export interface LeaseKey {
@@ -139,7 +139,7 @@ export async function complete<T extends Completion>(db: Db, items: readonly T[]
       UPDATE ${db.table('task_states')} s
       SET state = 'completed', completed_at = ${db.now()},
           run_at = ${db.now()} + (SELECT i.retention FROM ${db.table('task_inputs')} i WHERE i.seq = s.seq),
-          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+          ${leaseReleased(db)}
       WHERE s.seq = ANY(ARRAY(SELECT seq FROM h WHERE keep))
       RETURNING s.seq
     ),
@@ -212,7 +212,7 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
           retried = s.retried + CASE WHEN ${field(b, 2)}::bool AND NOT ${archive} THEN 1 ELSE 0 END,
           run_at = ${db.now()} + CASE WHEN ${archive} THEN interval '0' ELSE ${field(b, 3)}::float8 * interval '1 millisecond' END,
           error_msg = ${field(b, 4)}, last_failed_at = ${db.now()},
-          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+          ${leaseReleased(db)}
       WHERE ${fenced(b, true)}
       RETURNING s.seq, s.queue, s.state
     ),
@@ -244,7 +244,7 @@ export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Pr
     WITH snoozed AS (
       UPDATE ${db.table('task_states')} s
       SET state = 'scheduled', run_at = ${db.now()} + ${field(b, 1)}::float8 * interval '1 millisecond',
-          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+          ${leaseReleased(db)}
       WHERE ${fenced(b, true)}
       RETURNING s.seq, s.queue
     ),
@@ -267,7 +267,7 @@ export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]):
   WITH requeued AS (
     UPDATE ${db.table('task_states')} s
     SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+        ${leaseReleased(db)}
     FROM (
       -- Ahead of the queue's first pending task, in the order they were claimed.
       SELECT l.seq, row_number() OVER w AS rank, pg_catalog.count(*) OVER (PARTITION BY l.queue) AS n,

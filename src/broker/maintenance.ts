@@ -6,7 +6,7 @@
  */
 import { sql } from 'kysely';
 import type { Db } from './db.js';
-import { compareSeq, type TaskCore } from './rows.js';
+import { compareSeq, leaseReleased, type TaskCore } from './rows.js';
 
 /**
  * Makes up to `limit` due scheduled and retry tasks pending (or aggregating,
@@ -169,7 +169,7 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
           retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
           run_at = ${db.now()} + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
           error_msg = 'task lease expired', last_failed_at = ${db.now()},
-          lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}
+          ${leaseReleased(db)}
       FROM ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]),
                       pg_catalog.unnest(${sorted.map((r) => r.archive)}::bool[]), pg_catalog.unnest(${sorted.map((r) => r.delayMs)}::float8[]))
         AS h(seq, token, archive, delay_ms)
