@@ -7,25 +7,13 @@
  * `pgasynq task inspect`, and the dashboard's task page in Chromium.
  */
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
-import { chromium, type Browser, type Page } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
 import { Client, Inspector, Server, Task, createDashboard, type Dashboard, type TaskContext, type TaskInfo } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { DATABASE_URL, captureLog, runCli, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
-
-const CHROMIUM = '/usr/bin/chromium';
-const FLAGS = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-  '--no-first-run',
-];
+import { DATABASE_URL, browserSkip, captureLog, launchBrowser, runCli, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -183,10 +171,7 @@ describe('pgasynq task inspect', () => {
   });
 });
 
-const haveChromium = existsSync(CHROMIUM);
-if (!haveChromium && process.env.CI) throw new Error(`${CHROMIUM} is missing: .ci/run installs Debian's chromium package`);
-
-describe('the dashboard’s task page', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-get install -y chromium)` }, () => {
+describe('the dashboard’s task page', { skip: browserSkip() }, () => {
   let browser: Browser;
   let page: Page;
   let dash: Dashboard;
@@ -195,7 +180,7 @@ describe('the dashboard’s task page', { skip: haveChromium ? false : `no ${CHR
   before(async () => {
     dash = createDashboard({ connectionString: db.connectionString, schema: db.schema });
     base = `http://127.0.0.1:${(await dash.listen(0)).port}`;
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: FLAGS });
+    browser = await launchBrowser();
     page = await (await browser.newContext()).newPage();
   });
 

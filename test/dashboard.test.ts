@@ -11,14 +11,13 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
 import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
-import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
 import {
   Client,
   ConfigError,
@@ -33,18 +32,8 @@ import {
   type Dashboard,
   type QueueInfo,
 } from '../src/index.js';
-import { builtCli, testDb, waitFor, type TestDb } from './helpers.js';
+import { browserSkip, builtCli, launchBrowser, testDb, waitFor, type TestDb } from './helpers.js';
 
-const CHROMIUM = '/usr/bin/chromium';
-const FLAGS = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-  '--no-first-run',
-];
 const XSS_TYPE = '<img src=x onerror=alert(1)>';
 const TENANT_KEY = 'acme <b>corp</b>';
 const TENANT_LIMITS = { concurrency: 5, keyConcurrency: 2, rateLimit: { limit: 100, interval: 1000 } };
@@ -792,10 +781,7 @@ describe('pgasynq dash', () => {
 
 // ------------------------------------------------------------------ browser
 
-const haveChromium = existsSync(CHROMIUM);
-if (!haveChromium && process.env.CI) throw new Error(`${CHROMIUM} is missing: .ci/run installs Debian's chromium package`);
-
-describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-get install -y chromium)` }, () => {
+describe('in the browser', { skip: browserSkip() }, () => {
   let browser: Browser;
   let context: BrowserContext;
   let page: Page;
@@ -805,7 +791,7 @@ describe('in the browser', { skip: haveChromium ? false : `no ${CHROMIUM} (apt-g
   const base = () => `http://127.0.0.1:${port.dash}`;
 
   before(async () => {
-    browser = await chromium.launch({ executablePath: CHROMIUM, args: FLAGS });
+    browser = await launchBrowser();
     context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
     page = await context.newPage();
     // Every dialog is recorded; confirm() is accepted (unless a test says otherwise) so actions go through.
