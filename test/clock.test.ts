@@ -12,7 +12,7 @@ import { Client, Inspector, Scheduler, Task } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { addStats } from '../src/broker/servers.js';
 import { DatabaseClock } from '../src/internal/clock.js';
-import { REPO, testDb, type TestDb } from './helpers.js';
+import { REPO, resetTables, testDb, type TestDb } from './helpers.js';
 
 describe('the clock seam', () => {
   // PostgreSQL's clocks, called or named: what a statement would read past the test's clock.
@@ -86,9 +86,7 @@ describe('an Inspector and a Scheduler on a moved clock', () => {
   beforeEach(async () => {
     clock = new DatabaseClock();
     inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema, logger: false, clock });
-    await db.query(
-      'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.scheduler_entries, {{schema}}.scheduler_events',
-    );
+    await resetTables(db);
   });
   afterEach(() => inspector.close());
 

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { Client, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
-import { testDb, waitFor, type TestDb } from './helpers.js';
+import { resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -20,26 +20,15 @@ before(async () => {
 });
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.queues, {{schema}}.servers');
+  await resetTables(db);
 });
 after(async () => {
   await client.close();
   await db.close();
 });
 
-async function startServer(handler: Handler, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: false,
-    taskCheckInterval: 50,
-    shutdownTimeout: 200,
-    ...config,
-  });
-  running.push(server);
-  await server.start(handler);
-  return server;
-}
+const startServer = (handler: Handler, config: ServerConfig = {}) =>
+  startTestServer(db, handler, { taskCheckInterval: 50, shutdownTimeout: 200, ...config }, running);
 
 describe('claim cursor', () => {
   test('a task whose transaction commits after later tasks were claimed is still claimed at once', { timeout: 60_000 }, async () => {

@@ -9,7 +9,7 @@ import { Client, Inspector, InvalidOptionError, Server, Snooze, Task, TaskIdConf
 import { Db } from '../src/broker/db.js';
 import { claimFrom } from '../src/broker/claim.js';
 import { claimShares, queueOrder } from '../src/server/queues.js';
-import { caught, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -20,9 +20,7 @@ before(async () => {
   client = new Client({ connectionString: db.connectionString, schema: db.schema });
 });
 
-beforeEach(async () => {
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.queues, {{schema}}.daily_stats');
-});
+beforeEach(() => resetTables(db));
 
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
@@ -33,20 +31,8 @@ after(async () => {
   await db.close();
 });
 
-async function startServer(handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: false,
-    concurrency: 2,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 60_000,
-    ...config,
-  });
-  running.push(server);
-  await server.start(handle);
-  return server;
-}
+const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
+  startTestServer(db, handle, { concurrency: 2, taskCheckInterval: 50, delayedTaskCheckInterval: 60_000, ...config }, running);
 
 const row = async (id: string) =>
   (

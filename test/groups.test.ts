@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { Client, Inspector, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
-import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { countByState, deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -22,11 +22,7 @@ after(async () => {
   await db.close();
 });
 
-async function reset(): Promise<void> {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
-  );
-}
+const reset = () => resetTables(db);
 
 interface Ran {
   type: string;
@@ -38,26 +34,26 @@ interface Ran {
 async function startServer(config: ServerConfig = {}): Promise<{ server: Server; ran: Ran[]; calls: { group: string; payloads: unknown[] }[] }> {
   const ran: Ran[] = [];
   const calls: { group: string; payloads: unknown[] }[] = [];
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: false,
-    concurrency: 4,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    leaseDuration: 5000,
-    heartbeatInterval: 200,
-    groupGracePeriod: 250,
-    groupAggregator: (group, tasks) => {
-      calls.push({ group, payloads: tasks.map((t) => t.payload) });
-      return new Task('batch', { group, items: tasks.map((t) => t.payload) });
+  const server = await startTestServer(
+    db,
+    (task: Task, ctx: TaskContext) => {
+      ran.push({ type: task.type, payload: task.payload, queue: ctx.queue });
     },
-    ...config,
-  });
-  running.push(server);
-  await server.start((task: Task, ctx: TaskContext) => {
-    ran.push({ type: task.type, payload: task.payload, queue: ctx.queue });
-  });
+    {
+      concurrency: 4,
+      taskCheckInterval: 50,
+      delayedTaskCheckInterval: 50,
+      leaseDuration: 5000,
+      heartbeatInterval: 200,
+      groupGracePeriod: 250,
+      groupAggregator: (group, tasks) => {
+        calls.push({ group, payloads: tasks.map((t) => t.payload) });
+        return new Task('batch', { group, items: tasks.map((t) => t.payload) });
+      },
+      ...config,
+    },
+    running,
+  );
   return { server, ran, calls };
 }
 

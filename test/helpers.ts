@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { chromium, type Browser } from 'playwright-core';
 import pino from 'pino';
-import { migrate, type Logger } from '../src/index.js';
+import { Server, migrate, type Handler, type Logger, type ServeMux, type ServerConfig, type Task, type TaskContext } from '../src/index.js';
 
 export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -57,6 +57,51 @@ export async function testDb(name: string): Promise<TestDb> {
     },
     close: () => pool.end(),
   };
+}
+
+/**
+ * The library's tables that hold data (every one but migrations), emptied by
+ * {@link resetTables}.
+ */
+export const DATA_TABLES = [
+  'task_states',
+  'task_inputs',
+  'task_dependencies',
+  'unique_locks',
+  'daily_stats',
+  'queues',
+  'queue_starts',
+  'servers',
+  'scheduler_entries',
+  'scheduler_events',
+] as const;
+
+/**
+ * Empties db's schema between tests: every table of {@link DATA_TABLES} but
+ * those in `keep`, and the test's own tables in `also`, in one TRUNCATE.
+ */
+export async function resetTables(db: TestDb, { also = [], keep = [] }: { also?: string[]; keep?: string[] } = {}): Promise<void> {
+  const tables = [...DATA_TABLES.filter((t) => !keep.includes(t)), ...also];
+  await db.query(`TRUNCATE ${tables.map((t) => `{{schema}}.${t}`).join(', ')}`);
+}
+
+/**
+ * Starts a Server on db's schema with logging off and `config` (a file's own
+ * durations and a test's overrides) on top; it connects with db's
+ * connection string unless `config.pool` is given. A server added to
+ * `running` is the caller's to shut down (an afterEach of the file's);
+ * otherwise the test shuts it down itself.
+ */
+export async function startTestServer(
+  db: TestDb,
+  handler: ServeMux | ((task: Task<any>, ctx: TaskContext) => unknown),
+  config: ServerConfig = {},
+  running?: Server[],
+): Promise<Server> {
+  const server = new Server({ ...(config.pool ? {} : { connectionString: db.connectionString }), schema: db.schema, logger: false, ...config });
+  running?.push(server);
+  await server.start(handler as ServeMux | Handler);
+  return server;
 }
 
 /** Polls `check` until it returns a truthy value (returned), or fails after `timeoutMs`. */

@@ -13,7 +13,6 @@ import {
   Inspector,
   QueueNotEmptyError,
   QueueNotFoundError,
-  Server,
   Task,
   TaskCanceledError,
   TaskNotFoundError,
@@ -23,7 +22,7 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
-import { deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -39,11 +38,7 @@ after(async () => {
   await client.close();
   await db.close();
 });
-beforeEach(async () => {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.scheduler_entries, {{schema}}.scheduler_events',
-  );
-});
+beforeEach(() => resetTables(db));
 
 const row = async (queue: string, id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE queue = $1 AND id = $2', [queue, id]))[0];
 const put = (queue: string, id: string, extra: Record<string, unknown> = {}) => client.enqueue(new Task('job', { id }), { queue, taskId: id, ...extra });
@@ -63,22 +58,9 @@ async function listen(channel: string): Promise<{ payloads: string[]; close: () 
   return { payloads, close: () => c.end() };
 }
 
-/** Fast durations, as in server.test.ts. */
-async function startServer(handler: (t: Task, c: TaskContext) => void | Promise<unknown>, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: false,
-    concurrency: 4,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    leaseDuration: 2000,
-    heartbeatInterval: 200,
-    ...config,
-  });
-  await server.start(handler as (t: Task, c: TaskContext) => Promise<void>);
-  return server;
-}
+/** Fast durations, as in server.test.ts; each test shuts its server down. */
+const startServer = (handler: (t: Task, c: TaskContext) => void | Promise<unknown>, config: ServerConfig = {}) =>
+  startTestServer(db, handler, { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200, ...config });
 
 /** Every method that takes a queue, called on `q`. */
 const QUEUE_METHODS: [string, (i: Inspector, q: string) => Promise<unknown>][] = [

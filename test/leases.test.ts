@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { Client, LeaseExpiredError, Server, Task, type Handler, type ServerConfig, type TaskContext } from '../src/index.js';
+import { Client, LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { complete, completeHeld, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
@@ -15,7 +15,7 @@ import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { startCommitProxy } from './faults/commit-proxy.js';
 import { claim, selectTask } from './broker-helpers.js';
-import { deferred, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { deferred, exited, resetTables, spawnFixture, startTestServer, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -39,11 +39,7 @@ after(async () => {
   await db.close();
 });
 
-async function reset(): Promise<void> {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.side_effects',
-  );
-}
+const reset = () => resetTables(db, { also: ['side_effects'] });
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
 
@@ -59,12 +55,7 @@ const fast: ServerConfig = {
   shutdownTimeout: 200,
 };
 
-async function startServer(handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({ connectionString: db.connectionString, schema: db.schema, logger: false, ...fast, ...config });
-  running.push(server);
-  await server.start(handler as Handler);
-  return server;
-}
+const startServer = (handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}) => startTestServer(db, handler, { ...fast, ...config }, running);
 
 /** Puts a task straight into the active state with a lease that expired `agoMs` ago. */
 async function activeTask(retried: number, maxRetry: number, leaseExpiresSql: string): Promise<string> {

@@ -7,7 +7,7 @@ import { after, afterEach, before, describe, test } from 'node:test';
 import { Client, ConfigError, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
 import { Prefetch } from '../src/server/prefetch.js';
-import { countByState, deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { countByState, deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -20,9 +20,7 @@ before(async () => {
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
   clock = new DatabaseClock();
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
-  );
+  await resetTables(db);
 });
 after(async () => {
   await client.close();
@@ -47,24 +45,14 @@ async function leasesExtended(n: number, remainingMs: number): Promise<void> {
   );
 }
 
-async function startServer(handler: Handler, config: ServerConfig): Promise<Server> {
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    clock,
-    logger: false,
-    taskCheckInterval: 50,
-    leaseDuration: 3000,
-    heartbeatInterval: 300,
-    recoverInterval: 100,
-    recoverCutoff: 0,
-    shutdownTimeout: 200,
-    ...config,
-  });
-  running.push(server);
-  await server.start(handler);
-  return server;
-}
+/** Reads `clock` at each call: a test's own, made new in afterEach. */
+const startServer = (handler: Handler, config: ServerConfig) =>
+  startTestServer(
+    db,
+    handler,
+    { clock, taskCheckInterval: 50, leaseDuration: 3000, heartbeatInterval: 300, recoverInterval: 100, recoverCutoff: 0, shutdownTimeout: 200, ...config },
+    running,
+  );
 
 const enqueueN = (n: number, opts = {}) =>
   client.enqueueMany(

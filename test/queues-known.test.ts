@@ -13,7 +13,7 @@ import { Db } from '../src/broker/db.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, resetTables, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -32,9 +32,7 @@ after(async () => {
   await db.close();
 });
 
-beforeEach(() =>
-  db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers, {{schema}}.queue_starts'),
-);
+beforeEach(() => resetTables(db));
 
 const server = (over: ConstructorParameters<typeof Server>[0] = {}) =>
   new Server({ connectionString: db.connectionString, schema: db.schema, logger: false, taskCheckInterval: 50, ...over });

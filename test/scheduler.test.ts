@@ -17,7 +17,7 @@ import {
 } from '../src/index.js';
 import { parseDuration, parseSchedule } from '../src/model/cron.js';
 import { HISTORY_LIMIT } from '../src/broker/scheduler.js';
-import { LEVEL, captureLog, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
+import { LEVEL, captureLog, dsnWith, resetTables, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 
@@ -41,11 +41,7 @@ function scheduler(opts: SchedulerOptions = {}): Scheduler {
   return s;
 }
 
-async function reset(): Promise<void> {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.scheduler_entries, {{schema}}.scheduler_events',
-  );
-}
+const reset = () => resetTables(db);
 
 const iso = (d: Date | null) => d?.toISOString() ?? null;
 

@@ -29,7 +29,21 @@ import { FailureRun } from '../src/internal/logger.js';
 import { backoffMs } from '../src/internal/backoff.js';
 import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
 import { claim } from './broker-helpers.js';
-import { LEVEL, captureLog, countByState, dsnWith, deferred, parseLogLines, runNode, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
+import {
+  LEVEL,
+  captureLog,
+  countByState,
+  dsnWith,
+  deferred,
+  parseLogLines,
+  resetTables,
+  runNode,
+  startTestServer,
+  testDb,
+  waitFor,
+  type LogLine,
+  type TestDb,
+} from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -50,28 +64,15 @@ after(async () => {
 });
 
 /** Fast durations for tests; each test empties the tables first. */
-async function startServer(handler: ServeMux | ((t: Task, c: TaskContext) => unknown), config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: false,
-    concurrency: 4,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    leaseDuration: 2000,
-    heartbeatInterval: 200,
-    ...config,
-  });
-  running.push(server);
-  await server.start(handler as ServeMux);
-  return server;
-}
-
-async function reset(): Promise<void> {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers',
+const startServer = (handler: ServeMux | ((t: Task, c: TaskContext) => unknown), config: ServerConfig = {}) =>
+  startTestServer(
+    db,
+    handler,
+    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200, ...config },
+    running,
   );
-}
+
+const reset = () => resetTables(db);
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
 

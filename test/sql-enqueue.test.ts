@@ -9,7 +9,7 @@ import { after, afterEach, before, beforeEach, describe, test } from 'node:test'
 import pg from 'pg';
 import { Client, Inspector, Server, Task, TaskIdConflictError, ValidationError, type ServerConfig, type TaskContext, type TaskInfo } from '../src/index.js';
 import { toRecord, validateOptions } from '../src/model/task.js';
-import { caught, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -25,9 +25,7 @@ before(async () => {
   inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
 });
 
-beforeEach(async () => {
-  await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.queues, {{schema}}.daily_stats');
-});
+beforeEach(() => resetTables(db));
 
 afterEach(async () => {
   await Promise.all(running.splice(0).map((s) => s.shutdown()));
@@ -40,12 +38,8 @@ after(async () => {
   await db.close();
 });
 
-async function startServer(handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({ connectionString: db.connectionString, schema: db.schema, logger: false, concurrency: 2, ...config });
-  running.push(server);
-  await server.start(handle);
-  return server;
-}
+const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
+  startTestServer(db, handle, { concurrency: 2, ...config }, running);
 
 /** `SELECT schema.enqueue(<args>)`: the task id. */
 async function enqueueSql(args: string, values?: unknown[]): Promise<string> {

@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import pg from 'pg';
-import { Client, Inspector, Server, Task, TaskCanceledError, type ServerConfig, type TaskContext } from '../src/index.js';
-import { deferred, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
+import { Client, Inspector, Task, TaskCanceledError, type ServerConfig, type TaskContext } from '../src/index.js';
+import { deferred, dsnWith, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 /** A login with no grants at all: it may connect, and so NOTIFY, and nothing else. */
 const NOBODY = `hc_nobody${(process.env.TEST_SCHEMA_SUFFIX ?? '').replace(/\W/g, '')}`;
@@ -42,7 +42,7 @@ after(async () => {
 });
 
 // Each test starts from no tasks: one left by an earlier test would hold a slot of the next server.
-beforeEach(() => db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs'));
+beforeEach(() => resetTables(db));
 
 /** A forged cancellation, sent by the login with no grants. */
 const forge = (id: string) => nobody.query(`NOTIFY "${db.schema}_cancel", '${id}'`);
@@ -71,23 +71,17 @@ async function startServer(config: Partial<ServerConfig> = {}) {
     if (!d) m.set(id, (d = deferred()));
     return d;
   };
-  const server = new Server({
-    ...(config.pool ? {} : { connectionString: db.connectionString }),
-    schema: db.schema,
-    logger: false,
-    concurrency: 4,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    retryDelay: () => 0,
-    ...config,
-  });
-  await server.start(async (_task: Task, ctx: TaskContext) => {
-    const attempt: (typeof attempts)[number] = { id: ctx.taskId, retryCount: ctx.retryCount };
-    attempts.push(attempt);
-    ctx.signal.addEventListener('abort', () => (attempt.aborted = ctx.signal.reason), { once: true });
-    gate(started, ctx.taskId).resolve();
-    await Promise.race([gate(releases, ctx.taskId).promise, new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }))]);
-  });
+  const server = await startTestServer(
+    db,
+    async (_task: Task, ctx: TaskContext) => {
+      const attempt: (typeof attempts)[number] = { id: ctx.taskId, retryCount: ctx.retryCount };
+      attempts.push(attempt);
+      ctx.signal.addEventListener('abort', () => (attempt.aborted = ctx.signal.reason), { once: true });
+      gate(started, ctx.taskId).resolve();
+      await Promise.race([gate(releases, ctx.taskId).promise, new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }))]);
+    },
+    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, retryDelay: () => 0, ...config },
+  );
   return {
     server,
     attempts,

@@ -12,7 +12,7 @@ import { Db } from '../src/broker/db.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { testDb, waitFor, type TestDb } from './helpers.js';
+import { resetTables, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -30,7 +30,7 @@ after(async () => {
   await db.close();
 });
 
-beforeEach(() => db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.daily_stats, {{schema}}.queues, {{schema}}.servers'));
+beforeEach(() => resetTables(db));
 
 /** Delays a retryDelay gives that no timestamp holds, by task type; every other type waits 5 s. */
 const HUGE: Record<string, number> = { huge: 1e300, max: Number.MAX_VALUE };

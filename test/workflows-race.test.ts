@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
 import { Client, Server, Task, type TaskContext } from '../src/index.js';
 import { sql } from 'kysely';
-import { countReleases, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { countReleases, exited, resetTables, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -27,11 +27,7 @@ before(async () => {
     CREATE TABLE {{schema}}.t_effects (id text, worker text);`);
 });
 
-beforeEach(async () => {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.task_dependencies, {{schema}}.t_releases, {{schema}}.t_gate, {{schema}}.t_final_runs, {{schema}}.t_effects',
-  );
-});
+beforeEach(() => resetTables(db, { also: ['t_releases', 't_gate', 't_final_runs', 't_effects'] }));
 
 afterEach(async () => {
   for (const c of children.splice(0)) {

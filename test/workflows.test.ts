@@ -21,7 +21,7 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
-import { caught, countReleases, deferred, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countReleases, deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
@@ -47,33 +47,20 @@ after(async () => {
   await db.close();
 });
 
-beforeEach(async () => {
-  await db.query(
-    'TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.task_dependencies, {{schema}}.unique_locks, {{schema}}.queues, {{schema}}.t_releases',
-  );
-});
+beforeEach(() => resetTables(db, { also: ['t_releases'] }));
 
 const stateOf = async (id: string, queue = 'default') => (await inspector.getTaskInfo(queue, id)).state;
 const rowCount = async () => (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.task_inputs'))[0]!.n;
 const edgeCount = async () => (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.task_dependencies'))[0]!.n;
 
 /** A server whose handler is `handle` (default: record the task and succeed). */
-async function startServer(handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}): Promise<Server> {
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: false,
-    concurrency: 4,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    recoverInterval: 100,
-    retryDelay: () => 50,
-    ...config,
-  });
-  running.push(server);
-  await server.start(handle);
-  return server;
-}
+const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
+  startTestServer(
+    db,
+    handle,
+    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, recoverInterval: 100, retryDelay: () => 50, ...config },
+    running,
+  );
 
 const t = (id: string, opts: EnqueueOptions = {}, payload: unknown = null) => new Task('step', payload, { taskId: id, ...opts });
 
