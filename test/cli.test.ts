@@ -25,6 +25,7 @@ const ALL = [
   '0007_flow_control',
   '0008_sql_enqueue',
   '0009_trust_boundary',
+  '0010_worker_writes',
 ];
 const pendingStatus = ALL.map((name) => ({ name, applied: false, appliedAt: null }));
 
@@ -170,7 +171,8 @@ describe('pgasynq migrate', () => {
       ['waiting', 'waiting'],
     );
 
-    // 0009, 0008, 0007 and 0006 drop no table holding tasks: rolled back without a question.
+    // 0010, 0009, 0008, 0007 and 0006 drop no table holding tasks: rolled back without a question.
+    assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0010_worker_writes\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0009_trust_boundary\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0008_sql_enqueue\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0007_flow_control\n');
@@ -195,11 +197,12 @@ describe('pgasynq migrate', () => {
     assert.deepEqual(await states(), ['first:pending']);
     assert.equal(
       ok(await inSchema(schema, 'migrate', 'up')),
-      'applied 0005_workflows\napplied 0006_replace\napplied 0007_flow_control\napplied 0008_sql_enqueue\napplied 0009_trust_boundary\n',
+      'applied 0005_workflows\napplied 0006_replace\napplied 0007_flow_control\napplied 0008_sql_enqueue\napplied 0009_trust_boundary\napplied 0010_worker_writes\n',
     );
 
     // --force drops the edges; a task still waiting becomes pending.
     await enqueue([new Task('t', null, { taskId: 'fourth', dependsOn: ['first'] })]);
+    assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0010_worker_writes' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0009_trust_boundary' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0008_sql_enqueue' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0007_flow_control' });

@@ -746,7 +746,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0009 down to 0002 roll back and apply again', async () => {
+  test('migrations 0010 down to 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -758,6 +758,7 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0010_worker_writes');
     assert.equal(await migrateDown(opts), '0009_trust_boundary');
     assert.equal(await migrateDown(opts), '0008_sql_enqueue');
     assert.equal(await migrateDown(opts), '0007_flow_control');
@@ -781,6 +782,7 @@ describe('validation, closing, migration', () => {
         '0007_flow_control',
         '0008_sql_enqueue',
         '0009_trust_boundary',
+        '0010_worker_writes',
       ],
     });
     assert.ok((await objects()).v);

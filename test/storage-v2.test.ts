@@ -16,12 +16,13 @@ import { DATABASE_URL, deferred, waitFor } from './helpers.js';
 const BASE = `t_storage_v2${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
 const V1 = '0003_active_index';
 const V2 = '0004_storage_v2';
-/** Workflows (0005), replace (0006), flow control (0007), SQL enqueue (0008) and the trust boundary (0009) come after v2: up and down go through them too. */
+/** Workflows (0005), replace (0006), flow control (0007), SQL enqueue (0008), the trust boundary (0009) and the worker's writes (0010) come after v2: up and down go through them too. */
 const V3 = '0005_workflows';
 const V4 = '0006_replace';
 const V5 = '0007_flow_control';
 const V6 = '0008_sql_enqueue';
 const V7 = '0009_trust_boundary';
+const V8 = '0010_worker_writes';
 
 let admin: pg.Pool;
 before(() => {
@@ -211,7 +212,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('0004 keeps every task, field for field, and the pending order', async () => {
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8] });
     const rows = await q(schema, 'SELECT * FROM {{schema}}.tasks ORDER BY queue, id');
     assert.deepEqual(await v1Rows(schema), before);
     assert.deepEqual(await pendingOrder(schema), order);
@@ -247,6 +248,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('back to v1 keeps every task, and up again', async () => {
+    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V8);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V7);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V6);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V5);
@@ -269,7 +271,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
     assert.equal((await q(schema, 'SELECT * FROM {{schema}}.active_tasks')).length, 1);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8] });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: 15, states: 15, view: 15, orphans: 0 });
@@ -379,6 +381,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     assert.deepEqual(new Set(before.map((r) => r.state)), new Set(['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating']));
     assert.equal(locks.length, 2);
 
+    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V8);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V7);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V6);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V5);
@@ -393,7 +396,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     assert.equal(dup, 0, 'seq is unique in v1');
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8] });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: before.length, states: before.length, view: before.length, orphans: 0 });

@@ -312,3 +312,6 @@ export async function lockLease(db: Db, trx: AnyTransaction, lease: LeaseKey): P
   );
   return rows.length === 1;
 }
+
+/** The owner's functions (migration 0010) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
+export const LEASE_FUNCTIONS: readonly string[] = [];

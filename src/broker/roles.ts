@@ -72,6 +72,10 @@
  * defaulted, and a half-covered new table is worse than a clear 42501).
  */
 import { ROLE_KINDS, type RoleKind } from '../model/roles.js';
+import { AGGREGATION_FUNCTIONS } from './aggregation.js';
+import { CLAIM_FUNCTIONS } from './claim.js';
+import { LEASE_FUNCTIONS } from './leases.js';
+import { MAINTENANCE_FUNCTIONS } from './maintenance.js';
 
 /** Columns a monitor may not read: what a task carries, as opposed to where it is. */
 const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
@@ -113,6 +117,8 @@ const CLAIM_LIMITED = 'claim_limited(text[], integer[], integer, text, float8, t
 const SQL_ENQUEUE = 'enqueue(text, jsonb, text, text, timestamptz, integer, integer, text)';
 const ENQUEUE_TASKS = 'enqueue_tasks(json, timestamptz, boolean)';
 const ENSURE_QUEUES = 'ensure_queues(text[])';
+/** The owner's functions through which a Server writes tasks (migration 0010), by signature: each statement file lists the ones it calls. */
+const WORKER_FUNCTIONS = [...CLAIM_FUNCTIONS, ...LEASE_FUNCTIONS, ...MAINTENANCE_FUNCTIONS, ...AGGREGATION_FUNCTIONS];
 
 /** Objects the grants name; all must exist (the schema is migrated) or the grants are skipped with a notice. */
 const REQUIRED = [
@@ -247,7 +253,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, ...WORKER_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -304,7 +310,7 @@ BEGIN
   GRANT SELECT, UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, DELETE ON ${t('queue_starts')} TO ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(CLAIM_LIMITED)} TO ${id(r.worker)};
-  -- A server makes the queues it serves known at start, and an admin the queue it
+${WORKER_FUNCTIONS.map((f) => `  GRANT EXECUTE ON FUNCTION ${t(f)} TO ${id(r.worker)};\n`).join('')}  -- A server makes the queues it serves known at start, and an admin the queue it
   -- creates or configures, through the owner's ensure_queues() (0009), which checks
   -- the names: neither holds INSERT on queues.
   GRANT EXECUTE ON FUNCTION ${t(ENSURE_QUEUES)} TO ${id(r.worker)}, ${id(r.admin)};
