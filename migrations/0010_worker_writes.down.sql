@@ -21,3 +21,4 @@
 
 
 DROP FUNCTION {{schema}}.task_clock(float8);
+DROP FUNCTION {{schema}}.task_channel(text);

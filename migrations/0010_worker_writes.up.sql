@@ -31,6 +31,14 @@ BEGIN
 END
 $$;
 
+-- The channel a task function notifies: '_tasks', '_delayed' or '_sweep'
+-- after the schema's name (model/validate.ts CHANNEL_SUFFIXES), as
+-- Db.channels names them. {{schema}} is the quoted name, and a schema name is
+-- ^[a-z_][a-z0-9_]*$, so the quotes are all there is to take off.
+CREATE FUNCTION {{schema}}.task_channel(suffix text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+RETURN btrim('{{schema}}', '"') || suffix;
+
 -- ---------------------------------------------------------------------
 -- The claim (broker/claim.ts)
 -- ---------------------------------------------------------------------
@@ -51,3 +59,4 @@ $$;
 
 
 REVOKE EXECUTE ON FUNCTION {{schema}}.task_clock(float8) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.task_channel(text) FROM PUBLIC;
