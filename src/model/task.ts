@@ -2,9 +2,11 @@
  * Task, its enqueue options and their validation, and the TaskInfo that every
  * read of a task returns.
  */
-import { createHash, randomFillSync } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { InvalidOptionError, InvalidTaskTypeError, PayloadTooLargeError } from './errors.js';
+import { MAX_HEADERS_BYTES, checkHeadersSize, validateHeaders } from './headers.js';
 import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, encodedSize, type EncodedPayload } from './payload.js';
+import { timeOrderedUuid } from './task-id.js';
 import * as v from './validate.js';
 
 export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating' | 'waiting';
@@ -199,52 +201,6 @@ function validateDependsOn(input: unknown): (string | TaskRef)[] {
   });
 }
 
-/** The most keys a task's headers may have. */
-export const MAX_HEADER_KEYS = 1000;
-/** The most bytes a task's headers may take as stored (UTF-8 JSON text): 64 KiB. */
-export const MAX_HEADERS_BYTES = 65_536;
-/** The longest header key, in characters. */
-const MAX_HEADER_KEY_LENGTH = 256;
-
-/**
- * Headers are strings to strings that jsonb stores as given: no NUL, no lone
- * surrogate. Their cap is their own (MAX_HEADER_KEYS, MAX_HEADERS_BYTES), not
- * a share of maxPayloadBytes, so it holds wherever headers are written and
- * the payload's limit means what it says.
- */
-function validateHeaders(input: unknown): Record<string, string> {
-  const h = v.plainObject(input, 'headers');
-  const keys = Object.keys(h);
-  if (keys.length > MAX_HEADER_KEYS) throw new PayloadTooLargeError('headers', `have ${keys.length} keys; the limit is ${MAX_HEADER_KEYS}`);
-  const out = Object.create(null) as Record<string, string>;
-  for (const key of keys) {
-    if (key.length === 0 || key.length > MAX_HEADER_KEY_LENGTH) {
-      throw new InvalidOptionError('headers', `keys must be 1–${MAX_HEADER_KEY_LENGTH} characters (got ${key.length})`);
-    }
-    checkHeaderText(key, 'headers', `key ${v.describeValue(key)}`);
-    const value = h[key];
-    if (typeof value !== 'string') throw new InvalidOptionError(`headers.${key}`, `must be a string (got ${v.describeValue(value)})`);
-    checkHeaderText(value, `headers.${key}`, 'value');
-    out[key] = value;
-  }
-  return checkHeadersSize({ ...out });
-}
-
-function checkHeaderText(text: string, field: string, what: string): void {
-  const nul = text.indexOf('\0');
-  if (nul >= 0) throw new InvalidOptionError(field, `${what} may not contain a NUL character (found at index ${nul})`);
-  const lone = v.loneSurrogateIndex(text);
-  if (lone >= 0) throw new InvalidOptionError(field, `${what} is not valid Unicode (lone surrogate at index ${lone})`);
-}
-
-/** Refuses headers over MAX_HEADERS_BYTES as stored: the Task's and the enqueue's together, once merged. */
-function checkHeadersSize(headers: Record<string, string>, field = 'headers'): Record<string, string> {
-  const size = Buffer.byteLength(JSON.stringify(headers));
-  if (size > MAX_HEADERS_BYTES)
-    throw new PayloadTooLargeError(field, `are ${size} bytes as JSON; the limit is ${MAX_HEADERS_BYTES} (headers have a cap of their own)`);
-  return headers;
-}
-
 /**
  * A unit of work: a type that selects the handler, a payload, and default
  * options that enqueue-time options override.
@@ -421,52 +377,4 @@ function resolveDependencies(given: readonly (string | TaskRef)[], queue: string
 function uniqueKey(task: Task): string {
   const bytes = task.encoded.bytes ?? Buffer.from(task.encoded.json ?? '');
   return `${task.type}:${createHash('md5').update(bytes).digest('hex')}`;
-}
-
-/** Random bytes drawn 4 KiB at a time: one system call per 409 ids, not one per id. */
-const randomPool = Buffer.alloc(4096);
-let randomUsed = randomPool.length;
-const HEX = Array.from({ length: 256 }, (_, i) => i.toString(16).padStart(2, '0'));
-
-/**
- * A new task id: a UUID version 7 (RFC 9562), its first 48 bits the time in
- * ms. Ids made in the same millisecond sort next to each other, so each
- * enqueue adds to the right-hand edge of the (queue, id) index instead of a
- * random page of it (a random UUID's insert touches a different leaf, and
- * after a checkpoint writes that whole page to the WAL). Built from a table
- * of hex pairs: a bulk enqueue makes tens of thousands in a row.
- */
-export function timeOrderedUuid(): string {
-  if (randomUsed + 10 > randomPool.length) {
-    randomFillSync(randomPool);
-    randomUsed = 0;
-  }
-  const r = randomUsed;
-  randomUsed += 10;
-  const p = randomPool;
-  const ms = Date.now();
-  const high = Math.floor(ms / 0x10000); // the upper 32 of the 48 bits
-  const low = ms % 0x10000;
-  return (
-    HEX[high >>> 24]! +
-    HEX[(high >>> 16) & 0xff]! +
-    HEX[(high >>> 8) & 0xff]! +
-    HEX[high & 0xff]! +
-    '-' +
-    HEX[low >>> 8]! +
-    HEX[low & 0xff]! +
-    '-' +
-    HEX[0x70 | (p[r]! & 0x0f)]! +
-    HEX[p[r + 1]!]! +
-    '-' +
-    HEX[0x80 | (p[r + 2]! & 0x3f)]! +
-    HEX[p[r + 3]!]! +
-    '-' +
-    HEX[p[r + 4]!]! +
-    HEX[p[r + 5]!]! +
-    HEX[p[r + 6]!]! +
-    HEX[p[r + 7]!]! +
-    HEX[p[r + 8]!]! +
-    HEX[p[r + 9]!]!
-  );
 }
