@@ -248,6 +248,44 @@ BEGIN
 END
 $$;
 
+-- The aggregator's commit (aggregation.ts commitGroup), in the caller's
+-- transaction, which then enqueues the aggregate: deletes the members `seqs`
+-- of the group that are still aggregating in it, their inputs and the unique
+-- locks they still hold. Returns how many members it deleted (inputs
+-- counted): the caller rolls back unless that is all of them.
+--
+-- The members are deleted from the tables by their seqs, in one statement
+-- (either index that finds them meets them in seq order, so two servers
+-- closing one group lock in the same order).
+CREATE FUNCTION {{schema}}.commit_group(group_queue text, group_name text, seqs bigint[]) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- Planned at every call with the seqs as a constant, whose test PostgreSQL hashes; a generic
+-- plan would compare each row with the seqs one by one.
+SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+  deleted integer;
+BEGIN
+  WITH gone AS (
+    DELETE FROM {{schema}}.task_states s
+    WHERE s.seq = ANY(seqs) AND s.state = 'aggregating' AND s.queue = group_queue AND s.group_key = group_name
+    RETURNING s.seq
+  ),
+  inputs AS (
+    DELETE FROM {{schema}}.task_inputs i WHERE i.seq = ANY(ARRAY(SELECT seq FROM gone))
+    RETURNING i.id, i.unique_key
+  ),
+  -- The locks the members still hold: probed by key, each checked against the member's id
+  -- through one map (ids are unique in a queue), never a join planned on a guess.
+  unlocked AS (
+    DELETE FROM {{schema}}.unique_locks l
+    WHERE l.queue = group_queue AND l.key = ANY(ARRAY(SELECT unique_key FROM inputs WHERE unique_key IS NOT NULL))
+      AND (SELECT jsonb_object_agg(id, unique_key) FROM inputs WHERE unique_key IS NOT NULL) ->> l.task_id = l.key
+  )
+  SELECT count(*)::int INTO deleted FROM inputs;
+  RETURN deleted;
+END
+$$;
+
 REVOKE EXECUTE ON FUNCTION {{schema}}.check_recovery_bounds(float8, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.forward_due(integer, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.recover_leases(bigint[], uuid[], boolean[], float8[], float8, float8, float8) FROM PUBLIC;
@@ -255,6 +293,7 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.drop_orphans(bigint[], uuid[], float8, flo
 REVOKE EXECUTE ON FUNCTION {{schema}}.delete_expired_completed(integer, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.delete_expired_locks(integer, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.trim_archive(integer, float8) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.commit_group(text, text, bigint[]) FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION {{schema}}.task_clock(float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.task_channel(text) FROM PUBLIC;
