@@ -18,7 +18,14 @@
 -- and the aggregator (broker/aggregation.ts)
 -- ---------------------------------------------------------------------
 
-
+DROP FUNCTION {{schema}}.forward_due(integer, float8);
+DROP FUNCTION {{schema}}.recover_leases(bigint[], uuid[], boolean[], float8[], float8, float8, float8);
+DROP FUNCTION {{schema}}.drop_orphans(bigint[], uuid[], float8, float8, float8);
+DROP FUNCTION {{schema}}.check_recovery_bounds(float8, float8);
+DROP FUNCTION {{schema}}.delete_expired_completed(integer, float8);
+DROP FUNCTION {{schema}}.delete_expired_locks(integer, float8);
+DROP FUNCTION {{schema}}.trim_archive(integer, float8);
+DROP FUNCTION {{schema}}.commit_group(text, text, bigint[]);
 
 DROP FUNCTION {{schema}}.task_clock(float8);
 DROP FUNCTION {{schema}}.task_channel(text);

@@ -10,8 +10,13 @@ import { join } from 'node:path';
 import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
 import { Client, Inspector, Scheduler, Task } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
+import { forwardDue, nextDueIn } from '../src/broker/maintenance.js';
 import { addStats } from '../src/broker/servers.js';
 import { DatabaseClock } from '../src/internal/clock.js';
+import { silentLogger } from '../src/internal/logger.js';
+import { Janitor } from '../src/server/janitor.js';
+import { Recoverer } from '../src/server/recoverer.js';
+import { StatsCollector } from '../src/server/stats.js';
 import { REPO, resetTables, testDb, type TestDb } from './helpers.js';
 
 describe('the clock seam', () => {
@@ -179,5 +184,97 @@ describe('an Inspector and a Scheduler on a moved clock', () => {
     await client.enqueue(new Task('job', {}), { queue: 'q' });
     clock.advance(MINUTE);
     assert.ok((await inspector.getQueueInfo('q')).latency >= MINUTE);
+  });
+});
+
+describe("a server's forwarder, recoverer and janitor on a moved clock (their owner's functions take the shift)", () => {
+  let db: TestDb;
+  let client: Client;
+  let clock: DatabaseClock;
+  let server: Db;
+  const MINUTE = 60_000;
+  const HOUR = 60 * MINUTE;
+  const DAY = 24 * HOUR;
+
+  before(async () => {
+    db = await testDb('t_clock_maint');
+    client = new Client({ connectionString: db.connectionString, schema: db.schema, logger: false });
+  });
+  after(async () => {
+    await client.close();
+    await db.close();
+  });
+  beforeEach(async () => {
+    clock = new DatabaseClock();
+    server = new Db({ connectionString: db.connectionString, schema: db.schema, logger: false, clock });
+    await resetTables(db);
+  });
+  afterEach(() => server.close());
+
+  const dbNow = async () => ((await db.query<{ now: Date }>('SELECT now() AS now'))[0] as { now: Date }).now.getTime();
+  const row = async (id: string) =>
+    (
+      await db.query<{ state: string; run_at: Date | null; last_failed_at: Date | null }>(
+        'SELECT state, run_at, last_failed_at FROM {{schema}}.tasks WHERE id = $1',
+        [id],
+      )
+    )[0];
+
+  test('a task scheduled an hour ahead is forwarded once the clock passes its due time, pending from the moved now', async () => {
+    await client.enqueue(new Task('job', {}), { queue: 'q', taskId: 'later', processIn: HOUR });
+    assert.equal(await forwardDue(server, 10), 0);
+    assert.ok((await nextDueIn(server))! > HOUR - MINUTE);
+    clock.advance(HOUR + 1000);
+    assert.ok((await nextDueIn(server))! <= 0);
+    const before = await dbNow();
+    assert.equal(await forwardDue(server, 10), 1);
+    const later = await row('later');
+    assert.ok(later);
+    assert.equal(later.state, 'pending');
+    assert.ok(later.run_at!.getTime() >= before + HOUR, 'pending since the moved now');
+  });
+
+  test('a lease that ran out on the clock is recovered at the moved now, and a state row without inputs is dropped', async () => {
+    await client.enqueue(new Task('job', {}), { queue: 'q', taskId: 'leased' });
+    await db.query(
+      "UPDATE {{schema}}.tasks SET state = 'active', run_at = NULL, lease_owner = 'gone', lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute', started_at = now() WHERE id = 'leased'",
+    );
+    await db.query(`INSERT INTO {{schema}}.task_states (seq, queue, state, lease_owner, lease_token, lease_expires_at)
+                    VALUES (nextval('{{schema}}.task_seq'), 'q', 'active', 'gone', gen_random_uuid(), now() + interval '1 minute')`);
+    const recoverer = new Recoverer(
+      server,
+      silentLogger,
+      { recoverInterval: 60_000, recoverCutoff: 1000, leaseDuration: 30_000, retryDelay: () => MINUTE },
+      new StatsCollector(server),
+    );
+    assert.deepEqual(await recoverer.runOnce(), { retried: 0, archived: 0 });
+    clock.advance(2 * MINUTE);
+    const before = await dbNow();
+    assert.deepEqual(await recoverer.runOnce(), { retried: 1, archived: 0 });
+    const leased = await row('leased');
+    assert.ok(leased);
+    assert.equal(leased.state, 'retry');
+    assert.ok(leased.last_failed_at!.getTime() >= before + 2 * MINUTE, 'failed at the moved now');
+    assert.ok(leased.run_at!.getTime() >= before + 3 * MINUTE, 'due a retry delay after it');
+    assert.deepEqual(await db.query('SELECT seq FROM {{schema}}.task_states WHERE state = $1', ['active']), [], 'the state row without inputs is gone');
+  });
+
+  test('the janitor deletes completed tasks, unique locks and archived tasks whose time ran out on the clock', async () => {
+    await client.enqueue(new Task('job', {}), { queue: 'q', taskId: 'done', retention: HOUR });
+    await db.query("UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() + interval '1 hour' WHERE id = 'done'");
+    await client.enqueue(new Task('job', { unique: true }), { queue: 'q', taskId: 'unique', unique: HOUR });
+    await client.enqueue(new Task('job', {}), { queue: 'q', taskId: 'dead' });
+    await db.query("UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() WHERE id = 'dead'");
+    const janitor = new Janitor(server, silentLogger, { janitorInterval: 60_000, janitorBatchSize: 100 });
+    assert.deepEqual(await janitor.runOnce(), { completed: 0, locks: 0, archived: 0 });
+    clock.advance(HOUR + MINUTE);
+    assert.deepEqual(await janitor.runOnce(), { completed: 1, locks: 1, archived: 0 });
+    // asynq's archive bound: 90 days.
+    clock.advance(90 * DAY);
+    assert.deepEqual(await janitor.runOnce(), { completed: 0, locks: 0, archived: 1 });
+    assert.deepEqual(
+      (await db.query<{ id: string }>('SELECT id FROM {{schema}}.tasks')).map((r) => r.id),
+      ['unique'],
+    );
   });
 });

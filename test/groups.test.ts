@@ -280,6 +280,25 @@ describe('atomicity', () => {
     assert.equal(await aggregating('blocked'), 0);
   });
 
+  test('commit_group() called directly deletes only members still aggregating in the named group, and only their locks', { timeout: 30_000 }, async () => {
+    await reset();
+    const mine = await client.enqueueMany([new Task('item', 1), new Task('item', 2)], { group: 'mine', unique: 60_000 });
+    const theirs = await client.enqueue(new Task('item', 3), { group: 'theirs', unique: 60_000 });
+    const pending = await client.enqueue(new Task('item', 4), { unique: 60_000 });
+    const seqOf = async (id: string) => (await db.query<{ seq: string }>('SELECT seq::text AS seq FROM {{schema}}.task_inputs WHERE id = $1', [id]))[0]!.seq;
+    const seqs = await Promise.all([...mine, theirs, pending].map((t) => seqOf(t.id)));
+    const [committed] = await db.query<{ n: number }>("SELECT {{schema}}.commit_group('default', 'mine', $1::bigint[]) AS n", [seqs]);
+    assert.equal(committed?.n, 2, 'the two members of the group; the caller rolls back on anything short of all it asked for');
+    assert.deepEqual(
+      (await db.query<{ id: string }>('SELECT id FROM {{schema}}.tasks ORDER BY id')).map((r) => r.id),
+      [theirs.id, pending.id].sort(),
+    );
+    assert.deepEqual(
+      (await db.query<{ task_id: string }>('SELECT task_id FROM {{schema}}.unique_locks ORDER BY task_id')).map((r) => r.task_id),
+      [theirs.id, pending.id].sort(),
+    );
+  });
+
   test('two servers aggregating the same groups: each group becomes exactly one aggregate, no member lost or doubled', { timeout: 60_000 }, async () => {
     await reset();
     const groups = 20;

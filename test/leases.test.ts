@@ -201,6 +201,63 @@ describe('recoverer', () => {
     assert.equal((await taskRow(taken)).retried, 1, 'recovered once');
   });
 
+  test('recover_leases() and drop_orphans() called directly keep their fence; bounds out of range are refused', { timeout: 30_000 }, async () => {
+    await reset();
+    const lease = async (id: string) =>
+      (
+        await db.query<{ seq: string; token: string }>(
+          'SELECT s.seq::text AS seq, s.lease_token AS token FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i USING (seq) WHERE i.id = $1',
+          [id],
+        )
+      )[0]!;
+    const live = await lease(await activeTask(0, 5, "now() + interval '1 minute'"));
+    const expired = await lease(await activeTask(0, 5, "now() - interval '1 minute'"));
+    // An active state row without inputs, its lease run out.
+    const [orphan] = await db.query<{ seq: string; token: string }>(
+      `INSERT INTO {{schema}}.task_states (seq, queue, state, lease_owner, lease_token, lease_expires_at)
+       VALUES (nextval('{{schema}}.task_seq'), 'default', 'active', 'gone', gen_random_uuid(), now() - interval '1 minute')
+       RETURNING seq::text AS seq, lease_token AS token`,
+    );
+    const other = '00000000-0000-4000-8000-000000000000';
+    // As the owner, on the statements' own terms: seqs, tokens, decisions, cutoff, lease, shift.
+    const recover = (t: { seq: string; token: string }, cutoffMs: number | null = 30_000, leaseMs: number | null = 30_000) =>
+      db.query('SELECT * FROM {{schema}}.recover_leases(ARRAY[$1]::bigint[], ARRAY[$2]::uuid[], ARRAY[false], ARRAY[0]::float8[], $3, $4, 0)', [
+        t.seq,
+        t.token,
+        cutoffMs,
+        leaseMs,
+      ]);
+    const drop = (t: { seq: string; token: string }, cutoffMs: number | null = 30_000, leaseMs: number | null = 30_000) =>
+      db.query('SELECT * FROM {{schema}}.drop_orphans(ARRAY[$1]::bigint[], ARRAY[$2]::uuid[], $3, $4, 0)', [t.seq, t.token, cutoffMs, leaseMs]);
+    const before = await db.query('SELECT * FROM {{schema}}.task_states ORDER BY seq');
+
+    // A token that no longer matches (the lease moved on): nothing.
+    assert.deepEqual(await recover({ ...expired, token: other }), []);
+    assert.deepEqual(await drop({ ...orphan!, token: other }), []);
+    // The right token, on a lease that has not run out, or not by the cutoff: nothing.
+    assert.deepEqual(await recover(live), []);
+    assert.deepEqual(await recover(expired, 120_000), []);
+    assert.deepEqual(await drop(orphan!, 120_000), []);
+    // A task with inputs is no orphan, however expired its lease.
+    assert.deepEqual(await drop(expired), []);
+    // Bounds the config would refuse: a negative cutoff or a lease of no length would make every live lease recoverable.
+    for (const [cutoffMs, leaseMs, column] of [
+      [-3_600_000, 30_000, 'recoverCutoff'],
+      [Number.NaN, 30_000, 'recoverCutoff'],
+      [null, 30_000, 'recoverCutoff'],
+      [30_000, 0, 'leaseDuration'],
+      [30_000, Number.POSITIVE_INFINITY, 'leaseDuration'],
+    ] as const) {
+      for (const call of [() => recover(live, cutoffMs, leaseMs), () => drop(orphan!, cutoffMs, leaseMs)]) {
+        await assert.rejects(call, (err: { code?: string; column?: string }) => err.code === '22023' && err.column === column);
+      }
+    }
+    assert.deepEqual(await db.query('SELECT * FROM {{schema}}.task_states ORDER BY seq'), before, 'no row changed');
+
+    assert.deepEqual(await recover(expired), [{ task_seq: expired.seq, archived: false }]);
+    assert.deepEqual(await drop(orphan!), [{ drop_orphans: orphan!.seq }]);
+  });
+
   test('a row locked by a running transaction is skipped, not waited for, and rescued once it is free', { timeout: 30_000 }, async () => {
     await reset();
     const busy = await activeTask(0, 5, "now() - interval '1 minute'");

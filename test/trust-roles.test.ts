@@ -14,6 +14,13 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Server, Task, roleSetupSql } from '../src/index.js';
+import { Db } from '../src/broker/db.js';
+import { forwardDue } from '../src/broker/maintenance.js';
+import { silentLogger } from '../src/internal/logger.js';
+import { Aggregator } from '../src/server/aggregator.js';
+import { Janitor } from '../src/server/janitor.js';
+import { Recoverer } from '../src/server/recoverer.js';
+import { StatsCollector } from '../src/server/stats.js';
 import { REPO, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 
 const PREFIX = `t26${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
@@ -189,6 +196,78 @@ describe('a producer writes tasks only through the library', () => {
   test('the monitor cannot read a cron entry’s options (its headers)', async () => {
     await refused(as('monitor', 'SELECT options FROM {{S}}.scheduler_entries'), 'monitor: scheduler_entries.options');
     await as('monitor', 'SELECT id, spec FROM {{S}}.scheduler_entries');
+  });
+});
+
+describe("a worker's maintenance writes tasks only through the owner's functions", () => {
+  test('with no INSERT, UPDATE or DELETE on the task tables, the forwarder, recoverer, janitor and aggregator still do their work', async () => {
+    // What roles.ts is to revoke from the worker once every statement of a Server goes through a function.
+    await db.pool.query(`REVOKE INSERT, UPDATE, DELETE ON "${db.schema}".task_states, "${db.schema}".task_inputs, "${db.schema}".unique_locks
+                         FROM "${PREFIX}_worker"; REVOKE USAGE ON SEQUENCE "${db.schema}".task_seq FROM "${PREFIX}_worker"`);
+    const producer = new Client({ connectionString: url('producer'), schema: db.schema, logger: false });
+    const worker = new Db({ connectionString: url('worker'), schema: db.schema, logger: false });
+    try {
+      await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks');
+      await producer.enqueue(new Task('m', null), { queue: 'maint', taskId: 'due', processIn: 60_000 });
+      await producer.enqueue(new Task('m', null), { queue: 'maint', taskId: 'leased' });
+      await producer.enqueue(new Task('m', null), { queue: 'maint', taskId: 'done' });
+      await producer.enqueue(new Task('m', null), { queue: 'maint', taskId: 'dead' });
+      await producer.enqueue(new Task('m', 'u'), { queue: 'maint', taskId: 'unique', unique: 60_000 });
+      await producer.enqueueMany([new Task('m', 1), new Task('m', 2)], { queue: 'maint', group: 'g' });
+      // As the owner: each row as time and other servers would have left it.
+      await db.query(
+        `UPDATE {{schema}}.task_states s SET run_at = now() - interval '1 second' FROM {{schema}}.task_inputs i WHERE i.seq = s.seq AND i.id = 'due'`,
+      );
+      await db.query(`UPDATE {{schema}}.tasks SET state = 'active', run_at = NULL, lease_owner = 'gone', lease_token = gen_random_uuid(),
+                      lease_expires_at = now() - interval '1 hour' WHERE id = 'leased'`);
+      await db.query(`INSERT INTO {{schema}}.task_states (seq, queue, state, lease_owner, lease_token, lease_expires_at)
+                      VALUES (nextval('{{schema}}.task_seq'), 'maint', 'active', 'gone', gen_random_uuid(), now() - interval '1 hour')`);
+      await db.query("UPDATE {{schema}}.tasks SET state = 'completed', completed_at = now(), run_at = now() - interval '1 second' WHERE id = 'done'");
+      await db.query("UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() - interval '91 days' WHERE id = 'dead'");
+      await db.query("UPDATE {{schema}}.unique_locks SET expires_at = now() - interval '1 second'");
+      await db.query("UPDATE {{schema}}.task_states SET updated_at = now() - interval '1 minute' WHERE group_key = 'g'");
+      // The worker can no longer write them, nor lock them, itself.
+      await refused(as('worker', "UPDATE {{S}}.task_states SET updated_at = now() WHERE queue = 'maint'"), 'UPDATE task_states');
+      await refused(as('worker', "DELETE FROM {{S}}.task_inputs WHERE queue = 'maint'"), 'DELETE task_inputs');
+      await refused(as('worker', 'DELETE FROM {{S}}.unique_locks'), 'DELETE unique_locks');
+      await refused(as('worker', 'SELECT 1 FROM {{S}}.task_states FOR UPDATE SKIP LOCKED'), 'row lock');
+
+      assert.equal(await forwardDue(worker, 10), 1);
+      const recoverer = new Recoverer(
+        worker,
+        silentLogger,
+        { recoverInterval: 60_000, recoverCutoff: 1000, leaseDuration: 30_000, retryDelay: undefined },
+        new StatsCollector(worker),
+      );
+      assert.deepEqual(await recoverer.runOnce(), { retried: 1, archived: 0 });
+      const janitor = new Janitor(worker, silentLogger, { janitorInterval: 60_000, janitorBatchSize: 100 });
+      assert.deepEqual(await janitor.runOnce(), { completed: 1, locks: 1, archived: 1 });
+      const aggregator = new Aggregator(worker, silentLogger, {
+        queues: ['maint'],
+        groupGracePeriod: 1000,
+        groupMaxDelay: 0,
+        groupMaxSize: 0,
+        groupAggregator: (_group, tasks) => new Task('batch', tasks.length),
+      });
+      await aggregator.runOnce();
+
+      // What is left: the forwarded task, the retried one, the one whose lock went, and the aggregate.
+      const rows = await db.query<{ id: string; type: string; state: string }>(
+        "SELECT i.id, i.type, s.state FROM {{schema}}.task_states s LEFT JOIN {{schema}}.task_inputs i USING (seq) WHERE s.queue = 'maint'",
+      );
+      assert.deepEqual(rows.map((r) => `${r.type === 'batch' ? 'batch' : r.id} ${r.state}`).sort(), [
+        'batch pending',
+        'due pending',
+        'leased retry',
+        'unique pending',
+      ]);
+      assert.deepEqual(await db.query('SELECT * FROM {{schema}}.unique_locks'), []);
+    } finally {
+      await worker.close();
+      await producer.close();
+      // The grants as the script makes them, for the tests that follow.
+      await db.pool.query(roleSetupSql({ schema: db.schema, prefix: PREFIX, logins: true }));
+    }
   });
 });
 

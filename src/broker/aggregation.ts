@@ -113,40 +113,17 @@ export async function groupToClose(db: Db, queue: string, group: string, rules: 
  * moved, deleted or taken by another server's commitGroup first, whose row
  * locks make this one wait and then find the rows gone.
  *
- * The members are deleted from the tables by their seqs, in one statement
- * (either index that finds them meets them in seq order, so two servers
- * closing one group lock in the same order). Through the view, each member
- * was a trigger call of three statements, and the view's join was planned on
- * the estimate of the group's size (one row, on stale statistics), which
- * rescanned the queue's inputs once per member.
+ * The members are deleted from the tables by their seqs (commit_group(),
+ * migration 0010): through the view, each member was a trigger call of three
+ * statements, and the view's join was planned on the estimate of the group's
+ * size (one row, on stale statistics), which rescanned the queue's inputs
+ * once per member.
  */
 export async function commitGroup(db: Db, queue: string, group: string, members: readonly MemberRow[], aggregate: TaskRecord): Promise<boolean> {
   const seqs = members.map((m) => m.seq).sort(compareSeq);
   try {
     await transaction(db, async (trx) => {
-      const rows = await db.run(
-        sql<{ n: number }>`
-        WITH gone AS (
-          DELETE FROM ${db.table('task_states')} s
-          WHERE s.seq = ANY(${seqs}::bigint[]) AND s.state = 'aggregating' AND s.queue = ${queue} AND s.group_key = ${group}
-          RETURNING s.seq
-        ),
-        inputs AS (
-          DELETE FROM ${db.table('task_inputs')} i WHERE i.seq = ANY(ARRAY(SELECT seq FROM gone))
-          RETURNING i.id, i.unique_key
-        ),
-        -- The locks the members still hold: probed by key, each checked against the member's id
-        -- through one map (ids are unique in a queue), never a join planned on a guess.
-        unlocked AS (
-          DELETE FROM ${db.table('unique_locks')} l
-          WHERE l.queue = ${queue} AND l.key = ANY(ARRAY(SELECT unique_key FROM inputs WHERE unique_key IS NOT NULL))
-            AND (SELECT pg_catalog.jsonb_object_agg(id, unique_key) FROM inputs WHERE unique_key IS NOT NULL) ->> l.task_id = l.key
-        )
-        SELECT pg_catalog.count(*)::int AS n FROM inputs`,
-        // Not a prepared statement: planned with the seqs as a constant, whose test PostgreSQL
-        // hashes; a generic plan would compare each row with the seqs one by one.
-        trx,
-      );
+      const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('commit_group')}(${queue}::text, ${group}::text, ${seqs}::bigint[]) AS n`, trx);
       if (rows[0]?.n !== members.length) throw new GroupChanged();
       await insertTasks(db, [aggregate], trx);
     });
@@ -161,4 +138,4 @@ export async function commitGroup(db: Db, queue: string, group: string, members:
 class GroupChanged extends Error {}
 
 /** The owner's functions (migration 0010) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
-export const AGGREGATION_FUNCTIONS: readonly string[] = [];
+export const AGGREGATION_FUNCTIONS: readonly string[] = ['commit_group(text, text, bigint[])'];

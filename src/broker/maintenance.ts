@@ -6,38 +6,14 @@
  */
 import { sql } from 'kysely';
 import type { Db } from './db.js';
-import { compareSeq, leaseReleased, type TaskCore } from './rows.js';
+import { compareSeq, type TaskCore } from './rows.js';
 
 /**
  * Makes up to `limit` due scheduled and retry tasks pending (or aggregating,
  * for a grouped task) and notifies their queues. Returns how many moved.
  */
 export async function forwardDue(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(
-    sql<{ n: number }>`
-    WITH moved AS (
-      UPDATE ${db.table('task_states')} s
-      SET state = CASE WHEN s.group_key IS NULL THEN 'pending' ELSE 'aggregating' END,
-          run_at = CASE WHEN s.group_key IS NULL THEN ${db.now()} END,
-          pending_seq = CASE WHEN s.group_key IS NULL THEN d.position END, updated_at = ${db.now()}
-      FROM (
-        -- Positions drawn after the sort: tasks due first go first.
-        SELECT x.seq, pg_catalog.nextval(${db.qualified('task_seq')}) AS position FROM (
-          SELECT seq FROM ${db.table('task_states')}
-          WHERE state IN ('scheduled', 'retry') AND run_at <= ${db.now()}
-          ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
-        ) x
-      ) d
-      WHERE s.seq = d.seq
-      RETURNING s.queue, s.state
-    ),
-    notified AS (
-      SELECT pg_catalog.pg_notify(${db.channels.tasks}, queue) FROM (SELECT DISTINCT queue FROM moved WHERE state = 'pending') q
-    )
-    SELECT pg_catalog.count(*)::int AS n FROM moved WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`,
-    undefined,
-    'forward',
-  );
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('forward_due')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`, undefined, 'forward');
   return rows[0]?.n ?? 0;
 }
 
@@ -80,7 +56,11 @@ export interface RecoveryBounds {
   leaseMs: number;
 }
 
-/** Matches the leases the recoverer takes: expired more than the cutoff ago, or impossibly far in the future. */
+/**
+ * Matches the leases the recoverer takes: expired more than the cutoff ago, or
+ * impossibly far in the future. recover_leases() and drop_orphans() (migration
+ * 0010) check the same before they write.
+ */
 const recoverable = (db: Db, b: RecoveryBounds) => sql`
   (s.lease_expires_at < ${db.now()} - ${b.cutoffMs}::float8 * interval '1 millisecond'
    OR s.lease_expires_at > ${db.now()} + ${b.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')`;
@@ -132,14 +112,8 @@ export async function dropOrphans(db: Db, orphans: readonly { seq: string; token
   if (orphans.length === 0) return [];
   const sorted = [...orphans].sort((a, b) => compareSeq(a.seq, b.seq));
   const rows = await db.run(sql<{ seq: string }>`
-    DELETE FROM ${db.table('task_states')} s
-    USING ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]))
-      AS h(seq, token)
-    WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
-      AND NOT EXISTS (SELECT 1 FROM ${db.table('task_inputs')} i WHERE i.seq = s.seq)
-      AND s.seq = ANY(ARRAY(SELECT l.seq FROM ${db.table('task_states')} l WHERE l.seq = ANY(${sorted.map((r) => r.seq)}::bigint[])
-                            ORDER BY l.seq FOR UPDATE SKIP LOCKED))
-    RETURNING s.seq::text AS seq`);
+    SELECT d::text AS seq FROM ${db.table('drop_orphans')}(${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[],
+      ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clock.offsetMs}::float8) d`);
   return rows.map((r) => r.seq);
 }
 
@@ -163,81 +137,39 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
   if (recoveries.length === 0) return [];
   const sorted = [...recoveries].sort((a, b) => compareSeq(a.seq, b.seq));
   return db.run(sql<{ seq: string; archived: boolean }>`
-    WITH recovered AS (
-      UPDATE ${db.table('task_states')} s
-      SET state = CASE WHEN h.archive THEN 'archived' ELSE 'retry' END,
-          retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
-          run_at = ${db.now()} + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
-          error_msg = 'task lease expired', last_failed_at = ${db.now()},
-          ${leaseReleased(db)}
-      FROM ROWS FROM (pg_catalog.unnest(${sorted.map((r) => r.seq)}::bigint[]), pg_catalog.unnest(${sorted.map((r) => r.token)}::uuid[]),
-                      pg_catalog.unnest(${sorted.map((r) => r.archive)}::bool[]), pg_catalog.unnest(${sorted.map((r) => r.delayMs)}::float8[]))
-        AS h(seq, token, archive, delay_ms)
-      WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token AND ${recoverable(db, bounds)}
-        -- A row locked by a ctx.transaction that is still running (a busy statement, which
-        -- no idle timeout ends) is skipped, not waited for: the next tick tries it again,
-        -- and the rest of the batch is rescued now.
-        AND s.seq = ANY(ARRAY(SELECT l.seq FROM ${db.table('task_states')} l WHERE l.seq = ANY(${sorted.map((r) => r.seq)}::bigint[])
-                              ORDER BY l.seq FOR UPDATE SKIP LOCKED))
-      RETURNING s.seq::text AS seq, h.archive AS archived, s.queue
-    ),
-    -- A retry may be due sooner than the forwarders' sleep.
-    notified AS (SELECT pg_notify(${db.channels.delayed}, queue) FROM (SELECT DISTINCT queue FROM recovered WHERE NOT archived) q)
-    SELECT seq, archived FROM recovered WHERE (SELECT pg_catalog.count(*) FROM notified) >= 0`);
+    SELECT r.task_seq::text AS seq, r.archived FROM ${db.table('recover_leases')}(
+      ${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[], ${sorted.map((r) => r.archive)}::bool[],
+      ${sorted.map((r) => r.delayMs)}::float8[], ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clock.offsetMs}::float8) r`);
 }
 
 /** Deletes up to `limit` completed tasks whose retention has ended. */
 export async function deleteExpiredCompleted(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`
-    WITH d AS (
-      DELETE FROM ${db.table('task_states')} s USING (
-        SELECT seq FROM ${db.table('task_states')} WHERE state = 'completed' AND run_at <= ${db.now()}
-        ORDER BY run_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
-      ) x WHERE s.seq = x.seq RETURNING s.seq
-    ),
-    inputs AS (DELETE FROM ${db.table('task_inputs')} i USING d WHERE i.seq = d.seq)
-    SELECT pg_catalog.count(*)::int AS n FROM d`);
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('delete_expired_completed')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`);
   return rows[0]?.n ?? 0;
 }
 
 /** Deletes up to `limit` unique locks past their TTL. */
 export async function deleteExpiredLocks(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`
-    WITH d AS (
-      DELETE FROM ${db.table('unique_locks')} l USING (
-        SELECT queue, key FROM ${db.table('unique_locks')} WHERE expires_at <= ${db.now()}
-        LIMIT ${limit} FOR UPDATE SKIP LOCKED
-      ) x WHERE l.queue = x.queue AND l.key = x.key RETURNING 1
-    ) SELECT pg_catalog.count(*)::int AS n FROM d`);
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('delete_expired_locks')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`);
   return rows[0]?.n ?? 0;
 }
 
 /**
- * Trims each queue's archive as asynq does: archived tasks older than
- * `maxAgeMs` and all but the newest `maxSize` go, up to `limit` rows per call.
+ * Trims each queue's archive as asynq does: archived tasks older than 90 days
+ * and all but the newest 10,000 go, up to `limit` rows per call (the bounds
+ * are fixed in trim_archive(), migration 0010).
  */
-export async function trimArchive(db: Db, maxSize: number, maxAgeMs: number, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`
-    WITH doomed AS (
-      SELECT a.seq FROM ${db.table('queues')} q CROSS JOIN LATERAL (
-        SELECT s.seq FROM ${db.table('task_states')} s
-        WHERE s.queue = q.name AND s.state = 'archived'
-        ORDER BY s.run_at DESC OFFSET ${maxSize}
-      ) a
-      UNION
-      SELECT seq FROM ${db.table('task_states')}
-      WHERE state = 'archived' AND run_at < ${db.now()} - ${maxAgeMs}::float8 * interval '1 millisecond'
-    ),
-    d AS (
-      DELETE FROM ${db.table('task_states')} s USING (
-        SELECT s.seq FROM ${db.table('task_states')} s JOIN doomed USING (seq)
-        WHERE s.state = 'archived' LIMIT ${limit} FOR UPDATE OF s SKIP LOCKED
-      ) x WHERE s.seq = x.seq RETURNING s.seq
-    ),
-    inputs AS (DELETE FROM ${db.table('task_inputs')} i USING d WHERE i.seq = d.seq)
-    SELECT pg_catalog.count(*)::int AS n FROM d`);
+export async function trimArchive(db: Db, limit: number): Promise<number> {
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('trim_archive')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`);
   return rows[0]?.n ?? 0;
 }
 
 /** The owner's functions (migration 0010) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
-export const MAINTENANCE_FUNCTIONS: readonly string[] = [];
+export const MAINTENANCE_FUNCTIONS: readonly string[] = [
+  'forward_due(integer, float8)',
+  'recover_leases(bigint[], uuid[], boolean[], float8[], float8, float8, float8)',
+  'drop_orphans(bigint[], uuid[], float8, float8, float8)',
+  'delete_expired_completed(integer, float8)',
+  'delete_expired_locks(integer, float8)',
+  'trim_archive(integer, float8)',
+];

@@ -11,8 +11,6 @@ import type { Db } from '../broker/db.js';
 import type { Logger } from '../internal/logger.js';
 import { Ticker } from '../internal/ticker.js';
 
-export const ARCHIVE_MAX_SIZE = 10_000;
-export const ARCHIVE_MAX_AGE_MS = 90 * 24 * 3600_000;
 const STATS_DAYS = 90;
 
 export class Janitor {
@@ -42,7 +40,7 @@ export class Janitor {
     };
     const completed = await drain(() => deleteExpiredCompleted(this.#db, this.#batch));
     const locks = await drain(() => deleteExpiredLocks(this.#db, this.#batch));
-    const archived = await drain(() => trimArchive(this.#db, ARCHIVE_MAX_SIZE, ARCHIVE_MAX_AGE_MS, this.#batch));
+    const archived = await drain(() => trimArchive(this.#db, this.#batch));
     await trimStats(this.#db, STATS_DAYS);
     return { completed, locks, archived };
   }
