@@ -181,14 +181,14 @@ describe('pgasynq migrate', () => {
     assert.equal(refused.code, 1, refused.stderr);
     assert.equal(refused.stdout, '');
     assert.match(refused.stderr, /^error: rolling back 0005_workflows would drop task_dependencies \(2 rows\): pass --force/);
-    assert.deepEqual(await recorded(schema), ALL.slice(0, -4), 'nothing rolled back');
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -5), 'nothing rolled back');
     assert.deepEqual(await states(), ['first:pending', 'second:waiting', 'third:waiting']);
 
     // The dependents deleted, their edges go with them: nothing to refuse, and the other tasks stay.
     await pool.query(`DELETE FROM "${schema}".tasks WHERE id IN ('second', 'third')`);
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM "${schema}".task_dependencies`)).rows[0].n, 0);
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0005_workflows\n');
-    assert.deepEqual(await recorded(schema), ALL.slice(0, -5));
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -6));
     assert.equal((await pool.query(`SELECT to_regclass('"${schema}".task_dependencies')::text AS t`)).rows[0].t, null);
     const columns = await pool.query(
       `SELECT attname FROM pg_attribute WHERE attrelid = '"${schema}".task_states'::regclass AND attname IN ('waiting_for', 'has_dependents') AND NOT attisdropped`,
