@@ -277,6 +277,40 @@ CREATE TRIGGER tasks_write INSTEAD OF INSERT OR DELETE OR UPDATE ON {{schema}}.t
 -- Functions, with EXECUTE revoked from PUBLIC where a migration revoked it
 -- ========================================================================
 
+CREATE OR REPLACE FUNCTION {{schema}}.check_claim_bounds(claim_limit integer, lease_ms double precision)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  IF NOT coalesce(claim_limit BETWEEN 0 AND 100000, false) THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'limit',
+      MESSAGE = format('pgasynq: invalid claim limit: must be an integer in [0, 100000] (got %s)', coalesce(claim_limit::text, 'NULL'));
+  END IF;
+  IF NOT coalesce(lease_ms BETWEEN 100 AND 2147483647, false) THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'leaseDuration',
+      MESSAGE = format('pgasynq: invalid leaseDuration: must be a finite duration in ms in [100, 2147483647] (got %s)', coalesce(lease_ms::text, 'NULL'));
+  END IF;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.check_claim_bounds(claim_limit integer, lease_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.check_delays(delays_ms double precision[])
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  IF EXISTS (SELECT 1 FROM unnest(delays_ms) d WHERE NOT coalesce(d BETWEEN 0 AND 31557600000000, false)) THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'delayMs',
+      MESSAGE = 'pgasynq: invalid delayMs: must be a finite duration in ms in [0, 31557600000000]';
+  END IF;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.check_delays(delays_ms double precision[]) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION {{schema}}.check_recovery_bounds(cutoff_ms double precision, lease_ms double precision)
  RETURNS void
  LANGUAGE plpgsql
@@ -396,13 +430,15 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.check_task_rows(tasks json) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION {{schema}}.claim_limited(queue_names text[], wanted integer[], total integer, owner text, lease_ms double precision, now_at timestamp with time zone, schema_name text)
+CREATE OR REPLACE FUNCTION {{schema}}.claim_limited(queue_names text[], wanted integer[], total integer, owner text, lease_ms double precision, shift_ms double precision)
  RETURNS TABLE(queue text, seq bigint, pending_seq bigint, priority smallint, id text, type text, payload jsonb, payload_bytes bytea, headers jsonb, retried integer, max_retry integer, timeout_ms double precision, deadline_in_ms double precision, retention_ms double precision, lease_token uuid, wait_ms double precision)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
+  now_at timestamptz := {{schema}}.task_clock(shift_ms);
   l {{schema}}.queues%ROWTYPE;
   -- The starts' instant: the database clock once the lock is held (so it only moves
   -- forward from claim to claim), shifted as now_at is (a test's clock).
@@ -418,13 +454,14 @@ DECLARE
   n integer;
   taken integer := 0;
 BEGIN
+  PERFORM {{schema}}.check_claim_bounds(total, lease_ms);
   -- A limited claim commits durably, whatever the server's sessions do (they commit
   -- asynchronously: a lost claim only runs a task again). A claim lost in a crash after
   -- its worker started the tasks would no longer count them: other servers would start
   -- more than the limits allow while they still run. Local to this transaction.
   PERFORM set_config('synchronous_commit', 'on', true);
   -- In one order, so that claims of several limited queues never deadlock.
-  PERFORM pg_advisory_xact_lock(hashtext('pgasynq limits ' || schema_name), k)
+  PERFORM pg_advisory_xact_lock(hashtext('pgasynq limits ' || btrim('{{schema}}', '"')), k)
   FROM (SELECT DISTINCT hashtext(x) AS k FROM unnest(queue_names) x ORDER BY 1) locks;
   at := now_at + (clock_timestamp() - now());
   FOR i IN 1 .. coalesce(array_length(queue_names, 1), 0) LOOP
@@ -533,6 +570,158 @@ BEGIN
   END LOOP;
 END
 $function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.claim_limited(queue_names text[], wanted integer[], total integer, owner text, lease_ms double precision, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.claim_tasks(queue_names text[], shares integer[], gap_ords integer[], gap_his integer[], gap_los integer[], band_ords integer[], band_priorities integer[], band_floors bigint[], older_than xid8, claim_limit integer, owner text, lease_ms double precision, max_bytes double precision, shift_ms double precision)
+ RETURNS TABLE(drawn bigint, xid xid8, xmin xid8, drawers_gone boolean, locked bigint, paused text[], limited text[], seq bigint, pending_seq bigint, priority smallint, queue text, id text, type text, payload jsonb, payload_bytes bytea, headers jsonb, retried integer, max_retry integer, timeout_ms double precision, deadline_in_ms double precision, retention_ms double precision, lease_token uuid)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+BEGIN
+  PERFORM {{schema}}.check_claim_bounds(claim_limit, lease_ms);
+  RETURN QUERY
+  WITH RECURSIVE mark AS MATERIALIZED (
+    -- A sequence that has handed out nothing yet has drawn nothing.
+    SELECT CASE WHEN q.is_called THEN q.last_value ELSE q.last_value - 1 END AS drawn FROM {{schema}}.task_seq q
+  ),
+  me AS MATERIALIZED (
+    -- The transaction id is taken after the sequence was read (see server/cursor.ts).
+    SELECT m.drawn, pg_current_xact_id() AS xid, pg_snapshot_xmin(pg_current_snapshot()) AS xmin FROM mark m
+  ),
+  -- Drawing a position locks task_seq until the transaction ends: when no holder of
+  -- that lock in this database is older than older_than, every position drawn before
+  -- older_than's claim is committed or gone. Unlike xmin, a long transaction elsewhere
+  -- in the cluster does not hold this up. Live state, not the snapshot: a later
+  -- claim's snapshot is the first that surely sees those commits.
+  drawers AS MATERIALIZED (
+    SELECT NOT EXISTS (
+      SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'relation' AND l.granted
+        AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+        AND l.relation = '{{schema}}.task_seq'::regclass
+        -- A prepared transaction has no backend; a holder without an id has written nothing.
+        AND (a.pid IS NULL OR age(a.backend_xid) > age(older_than::xid))
+    ) AS gone
+    WHERE older_than IS NOT NULL
+  ),
+  q AS MATERIALIZED (
+    SELECT u.name, u.share, u.ord
+    FROM ROWS FROM (unnest(queue_names), unnest(shares)) WITH ORDINALITY AS u(name, share, ord)
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.queues p WHERE p.name = u.name
+                      AND (p.paused OR p.concurrency IS NOT NULL OR p.key_concurrency IS NOT NULL OR p.rate_limit IS NOT NULL))
+  ),
+  -- The bands of each gap between the known ones, highest first: one index descent
+  -- each, and one more that ends the gap.
+  found(ord, name, lo, priority) AS (
+    SELECT g.ord, q.name, g.lo, (
+      SELECT s.priority FROM {{schema}}.task_states s
+      WHERE s.queue = q.name AND s.state = 'pending' AND s.priority < g.hi AND s.priority > g.lo
+      ORDER BY s.priority DESC LIMIT 1)
+    FROM ROWS FROM (unnest(gap_ords), unnest(gap_his), unnest(gap_los)) AS g(ord, hi, lo) JOIN q ON q.ord = g.ord
+    UNION ALL
+    SELECT f.ord, f.name, f.lo, (
+      SELECT s.priority FROM {{schema}}.task_states s
+      WHERE s.queue = f.name AND s.state = 'pending' AND s.priority < f.priority AND s.priority > f.lo
+      ORDER BY s.priority DESC LIMIT 1)
+    FROM found f WHERE f.priority IS NOT NULL
+  ),
+  -- Every band to scan, in the claim's order: by queue, highest priority first.
+  bands AS MATERIALIZED (
+    SELECT b.ord, q.name, b.priority, b.floor FROM (
+      SELECT k.ord, k.priority, k.floor
+      FROM ROWS FROM (unnest(band_ords), unnest(band_priorities), unnest(band_floors)) AS k(ord, priority, floor)
+      UNION ALL
+      -- Below every position: from the head of the band.
+      SELECT f.ord, f.priority, -4611686018427387904::bigint FROM found f WHERE f.priority IS NOT NULL
+    ) b JOIN q ON q.ord = b.ord
+    ORDER BY b.ord, b.priority DESC
+  ),
+  -- Each queue's share first (the weights' proportions within one claim)…
+  shared AS (
+    SELECT c.* FROM q CROSS JOIN LATERAL (
+      SELECT x.* FROM bands b CROSS JOIN LATERAL (
+        SELECT s.ctid, s.seq, s.queue, s.priority, s.pending_seq FROM {{schema}}.task_states s
+        WHERE s.queue = b.name AND s.state = 'pending' AND s.priority = b.priority AND s.pending_seq > b.floor
+          -- Referenced here so that the mark is taken before the first row is locked
+          -- (a row lock assigns the transaction id).
+          AND (SELECT me.xid FROM me) IS NOT NULL
+        ORDER BY s.pending_seq
+        LIMIT q.share FOR UPDATE SKIP LOCKED
+      ) x
+      WHERE b.ord = q.ord
+      LIMIT q.share
+    ) c
+  ),
+  -- …then what the shares left, from the bands in order, so no slot stays idle while
+  -- a queue has tasks. The outer LIMIT stops the scans as soon as enough rows are
+  -- locked; the bands are read in the order they were materialized in (an ORDER BY
+  -- here would sort, so lock, every band's rows first).
+  more AS (
+    SELECT m.* FROM bands b CROSS JOIN LATERAL (
+      SELECT s.ctid, s.seq, s.queue, s.priority, s.pending_seq FROM {{schema}}.task_states s
+      WHERE s.queue = b.name AND s.state = 'pending' AND s.priority = b.priority AND s.pending_seq > b.floor
+        AND s.ctid <> ALL(ARRAY(SELECT h.ctid FROM shared h))
+      ORDER BY s.pending_seq
+      LIMIT claim_limit FOR UPDATE SKIP LOCKED
+    ) m
+    WHERE (SELECT count(*) FROM shared) < claim_limit
+    LIMIT greatest(claim_limit::bigint - (SELECT count(*) FROM shared), 0)
+  ),
+  c AS (SELECT * FROM shared UNION ALL SELECT * FROM more),
+  -- The locked rows in the claim's order, with the running sum of their inputs' bytes
+  -- (payload as JSON text or bytea, and headers, as a client receives them). The
+  -- inner join leaves out a state row without inputs: it is not claimed. (LIMIT 1
+  -- keeps the lookup a primary key probe per row: a join planned on the CTE's guessed
+  -- size may hash the whole table.)
+  sized AS (
+    SELECT c.ctid, row_number() OVER w AS n, sum(x.bytes) OVER w AS upto
+    FROM c CROSS JOIN LATERAL (
+      SELECT coalesce(octet_length(i.payload_bytes), octet_length(i.payload::text), 0)::float8
+             + octet_length(i.headers::text)::float8 AS bytes
+      FROM {{schema}}.task_inputs i WHERE i.seq = c.seq LIMIT 1) x
+    WINDOW w AS (ORDER BY array_position(queue_names, c.queue), c.priority DESC, c.pending_seq ROWS UNBOUNDED PRECEDING)
+  ),
+  -- Rows are found by key arrays (= ANY) and index probes, never by joining CTEs:
+  -- their row estimates are guesses, and a join planned on a guess either hashes a
+  -- whole table or rescans a CTE once per row. The locked rows are updated by ctid
+  -- (a TID scan): nothing can move a row this statement holds locked, and a primary
+  -- key descent per row was a quarter of the claim. (A pending row that another
+  -- transaction rewrote after this statement's snapshot is locked in its new version,
+  -- which this UPDATE cannot see: it stays pending for the next claim.)
+  -- pending_seq stays on the active row (only pending rows are indexed by it), so
+  -- the claim order can be returned.
+  claimed AS (
+    UPDATE {{schema}}.task_states s
+    SET state = 'active', lease_owner = owner, lease_token = gen_random_uuid(),
+        lease_expires_at = v_now + lease_ms * interval '1 millisecond', started_at = v_now, run_at = NULL,
+        cancel_requested = false, updated_at = v_now
+    WHERE s.ctid = ANY(ARRAY(SELECT z.ctid FROM sized z WHERE z.n = 1 OR z.upto <= max_bytes))
+    RETURNING s.seq, s.queue, s.pending_seq, s.priority, s.retried, s.lease_token
+  ),
+  tasks AS (
+    SELECT u.seq, u.pending_seq, u.priority, i.queue, i.id, i.type, i.payload, i.payload_bytes,
+      i.headers, u.retried, i.max_retry,
+      (extract(epoch FROM i.timeout) * 1000::numeric)::float8 AS timeout_ms,
+      (extract(epoch FROM i.deadline - v_now) * 1000::numeric)::float8 AS deadline_in_ms,
+      (extract(epoch FROM i.retention) * 1000::numeric)::float8 AS retention_ms,
+      u.lease_token, array_position(queue_names, u.queue) AS ord
+    FROM claimed u CROSS JOIN LATERAL (SELECT * FROM {{schema}}.task_inputs i WHERE i.seq = u.seq) i
+  )
+  SELECT me.drawn, me.xid, me.xmin, (SELECT d.gone FROM drawers d), (SELECT count(*) FROM c),
+    ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE p.paused AND p.name = ANY(queue_names)),
+    ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE NOT p.paused AND p.name = ANY(queue_names)
+          AND (p.concurrency IS NOT NULL OR p.key_concurrency IS NOT NULL OR p.rate_limit IS NOT NULL)),
+    t.seq, t.pending_seq, t.priority, t.queue, t.id, t.type, t.payload, t.payload_bytes, t.headers, t.retried,
+    t.max_retry, t.timeout_ms, t.deadline_in_ms, t.retention_ms, t.lease_token
+  FROM me LEFT JOIN tasks t ON true
+  ORDER BY t.ord, t.priority DESC, t.pending_seq;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.claim_tasks(queue_names text[], shares integer[], gap_ords integer[], gap_his integer[], gap_los integer[], band_ords integer[], band_priorities integer[], band_floors bigint[], older_than xid8, claim_limit integer, owner text, lease_ms double precision, max_bytes double precision, shift_ms double precision) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.commit_group(group_queue text, group_name text, seqs bigint[])
  RETURNS integer
@@ -565,6 +754,73 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.commit_group(group_queue text, group_name text, seqs bigint[]) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.complete_tasks(seqs bigint[], tokens uuid[], keeps boolean[], shift_ms double precision)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(keeps));
+BEGIN
+  IF NOT coalesce(true = ANY(keeps), false) THEN
+    -- No task kept (retention 0, the common case): a plain fenced DELETE, each row
+    -- written once.
+    RETURN QUERY
+    WITH deleted AS (
+      DELETE FROM {{schema}}.task_states s
+      WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+      RETURNING s.seq
+    ),
+    inputs AS (
+      DELETE FROM {{schema}}.task_inputs i WHERE i.seq = ANY(ARRAY(SELECT d.seq FROM deleted d))
+      RETURNING i.queue, i.id, i.unique_key
+    ),
+    unlocked AS (
+      DELETE FROM {{schema}}.unique_locks l USING inputs f
+      WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+    )
+    SELECT d.seq FROM deleted d;
+    RETURN;
+  END IF;
+  RETURN QUERY
+  WITH h AS MATERIALIZED (
+    SELECT s.seq, keeps[(v_at ->> s.seq::text)::int] AS keep FROM {{schema}}.task_states s
+    WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    ORDER BY s.seq FOR UPDATE
+  ),
+  deleted AS (
+    DELETE FROM {{schema}}.task_states s WHERE s.seq = ANY(ARRAY(SELECT h.seq FROM h WHERE NOT h.keep))
+    RETURNING s.seq
+  ),
+  inputs AS (
+    DELETE FROM {{schema}}.task_inputs i WHERE i.seq = ANY(ARRAY(SELECT d.seq FROM deleted d))
+    RETURNING i.queue, i.id, i.unique_key
+  ),
+  unlocked AS (
+    DELETE FROM {{schema}}.unique_locks l USING inputs f
+    WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+  ),
+  kept AS (
+    UPDATE {{schema}}.task_states s
+    SET state = 'completed', completed_at = v_now,
+        run_at = v_now + (SELECT i.retention FROM {{schema}}.task_inputs i WHERE i.seq = s.seq),
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+    WHERE s.seq = ANY(ARRAY(SELECT h.seq FROM h WHERE h.keep))
+    RETURNING s.seq
+  ),
+  unlocked_kept AS (
+    DELETE FROM {{schema}}.unique_locks l
+    USING (SELECT i.queue, i.id, i.unique_key FROM {{schema}}.task_inputs i
+           WHERE i.seq = ANY(ARRAY(SELECT k.seq FROM kept k)) AND i.unique_key IS NOT NULL) f
+    WHERE l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+  )
+  SELECT h.seq FROM h;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.complete_tasks(seqs bigint[], tokens uuid[], keeps boolean[], shift_ms double precision) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.delete_expired_completed(batch_size integer, shift_ms double precision)
  RETURNS integer
@@ -997,6 +1253,57 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.ensure_queues(names text[]) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION {{schema}}.extend_leases(seqs bigint[], tokens uuid[], lease_ms double precision, shift_ms double precision)
+ RETURNS TABLE(task_seq bigint, cancel_requested boolean)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens);
+BEGIN
+  PERFORM {{schema}}.check_claim_bounds(0, lease_ms);
+  RETURN QUERY
+  UPDATE {{schema}}.task_states s SET lease_expires_at = v_now + lease_ms * interval '1 millisecond'
+  WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    AND s.lease_expires_at > v_now
+  RETURNING s.seq, s.cancel_requested;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.extend_leases(seqs bigint[], tokens uuid[], lease_ms double precision, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.fail_tasks(seqs bigint[], tokens uuid[], archives boolean[], counts boolean[], delays_ms double precision[], errors text[], shift_ms double precision)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(archives), cardinality(counts), cardinality(delays_ms), cardinality(errors));
+BEGIN
+  PERFORM {{schema}}.check_delays(delays_ms);
+  RETURN QUERY
+  WITH failed AS (
+    UPDATE {{schema}}.task_states s
+    SET state = CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN 'archived' ELSE 'retry' END,
+        retried = s.retried + CASE WHEN counts[(v_at ->> s.seq::text)::int] AND NOT archives[(v_at ->> s.seq::text)::int] THEN 1 ELSE 0 END,
+        run_at = v_now + CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN interval '0'
+                              ELSE delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond' END,
+        error_msg = errors[(v_at ->> s.seq::text)::int], last_failed_at = v_now,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+    WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    RETURNING s.seq, s.queue, s.state
+  ),
+  notified AS (
+    SELECT pg_notify({{schema}}.task_channel('_delayed'), f.queue) FROM (SELECT DISTINCT queue FROM failed WHERE state = 'retry') f
+  )
+  SELECT f.seq FROM failed f WHERE (SELECT count(*) FROM notified) >= 0;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.fail_tasks(seqs bigint[], tokens uuid[], archives boolean[], counts boolean[], delays_ms double precision[], errors text[], shift_ms double precision) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION {{schema}}.forward_due(batch_size integer, shift_ms double precision)
  RETURNS integer
  LANGUAGE plpgsql
@@ -1031,6 +1338,38 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.forward_due(batch_size integer, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.lease_batch(seqs bigint[], tokens uuid[], VARIADIC field_counts integer[] DEFAULT '{}'::integer[])
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  IF seqs IS NULL OR tokens IS NULL OR cardinality(tokens) <> cardinality(seqs)
+     OR EXISTS (SELECT 1 FROM unnest(field_counts) n WHERE n IS DISTINCT FROM cardinality(seqs)) THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'leases',
+      MESSAGE = 'pgasynq: invalid leases: every array of a batch must have one entry per lease';
+  END IF;
+  RETURN (SELECT coalesce(jsonb_object_agg(u.seq::text, u.n), '{}') FROM unnest(seqs) WITH ORDINALITY AS u(seq, n));
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.lease_batch(seqs bigint[], tokens uuid[], VARIADIC field_counts integer[]) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.lock_lease(task_seq bigint, token uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  PERFORM 1 FROM {{schema}}.task_states s
+  WHERE s.seq = task_seq AND s.lease_token = token AND s.state = 'active'
+  FOR UPDATE;
+  RETURN FOUND;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.lock_lease(task_seq bigint, token uuid) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.queue_counts(queue_name text)
  RETURNS TABLE(pending bigint, active bigint, scheduled bigint, retry bigint, archived bigint, completed bigint, aggregating bigint, groups bigint, oldest_pending timestamp with time zone, waiting bigint)
@@ -1167,6 +1506,43 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.replace_tasks(tasks json, now_at timestamp with time zone, schema_name text) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION {{schema}}.requeue_tasks(seqs bigint[], tokens uuid[], shift_ms double precision)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens);
+BEGIN
+  RETURN QUERY
+  WITH requeued AS (
+    UPDATE {{schema}}.task_states s
+    SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+    FROM (
+      SELECT l.seq, row_number() OVER w AS rank, count(*) OVER (PARTITION BY l.queue) AS n,
+             coalesce((SELECT min(p.pending_seq) FROM {{schema}}.task_states p WHERE p.queue = l.queue AND p.state = 'pending'),
+                      nextval('{{schema}}.task_seq')) AS front,
+             coalesce((SELECT min(p.run_at) FROM {{schema}}.task_states p WHERE p.queue = l.queue AND p.state = 'pending'),
+                      v_now) AS front_at
+      FROM (SELECT x.seq, x.queue FROM {{schema}}.task_states x
+            WHERE x.seq = ANY(seqs) AND x.state = 'active' AND x.lease_token = tokens[(v_at ->> x.seq::text)::int]
+            ORDER BY x.seq FOR UPDATE) l
+      WINDOW w AS (PARTITION BY l.queue ORDER BY l.seq)
+    ) h
+    WHERE s.seq = h.seq
+    RETURNING s.seq, s.queue
+  ),
+  notified AS (
+    SELECT pg_notify({{schema}}.task_channel('_sweep'), r.queue) FROM (SELECT DISTINCT queue FROM requeued) r
+  )
+  SELECT r.seq FROM requeued r WHERE (SELECT count(*) FROM notified) >= 0;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.requeue_tasks(seqs bigint[], tokens uuid[], shift_ms double precision) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION {{schema}}.settle_completed(deps bigint[], res jsonb[], res_bytes bytea[], schema_name text)
  RETURNS void
  LANGUAGE plpgsql
@@ -1277,6 +1653,33 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.settle_failed(dependency bigint, schema_name text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.snooze_tasks(seqs bigint[], tokens uuid[], delays_ms double precision[], shift_ms double precision)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(delays_ms));
+BEGIN
+  PERFORM {{schema}}.check_delays(delays_ms);
+  RETURN QUERY
+  WITH snoozed AS (
+    UPDATE {{schema}}.task_states s
+    SET state = 'scheduled', run_at = v_now + delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond',
+        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+    WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    RETURNING s.seq, s.queue
+  ),
+  notified AS (
+    SELECT pg_notify({{schema}}.task_channel('_delayed'), z.queue) FROM (SELECT DISTINCT queue FROM snoozed) z
+  )
+  SELECT z.seq FROM snoozed z WHERE (SELECT count(*) FROM notified) >= 0;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.snooze_tasks(seqs bigint[], tokens uuid[], delays_ms double precision[], shift_ms double precision) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.task_channel(suffix text)
  RETURNS text
@@ -1518,3 +1921,19 @@ AS $function$
   SELECT char_length(value) + (SELECT count(*) FROM regexp_matches(value, '[^\u0001-\uffff]', 'g'))::integer
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.utf16_length(value text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.write_result(task_seq bigint, token uuid, result jsonb, result_bytes bytea, shift_ms double precision)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+BEGIN
+  UPDATE {{schema}}.task_states s SET result = write_result.result, result_bytes = write_result.result_bytes, updated_at = v_now
+  WHERE s.seq = task_seq AND s.lease_token = token AND s.state = 'active';
+  RETURN FOUND;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.write_result(task_seq bigint, token uuid, result jsonb, result_bytes bytea, shift_ms double precision) FROM PUBLIC;

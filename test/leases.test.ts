@@ -444,24 +444,31 @@ describe('ctx.transaction', () => {
   test('the completion inside ctx.transaction runs from a generic plan, never planned afresh per task', { timeout: 30_000 }, async () => {
     await reset();
     await client.enqueueMany(Array.from({ length: 12 }, (_, i) => new Task('generic', {}, { retention: i % 2 === 0 ? 60_000 : 0 })));
-    // One connection, so every completion below runs on the session the counts are read from.
+    // One connection, so every completion below runs on the session whose plans are shown.
     const one = new pg.Pool({ connectionString: db.connectionString, max: 1 });
+    // auto_explain shows each plan complete_tasks() runs, as a notice: a generic plan
+    // names the function's arrays as parameters ($n), a custom one spells out their values.
+    const plans: string[] = [];
+    one.on('connect', (c) => c.on('notice', (n) => plans.push(n.message ?? '')));
     const session = new Db({ pool: one, schema: db.schema });
     try {
+      await session.run(sql`LOAD 'auto_explain'`);
+      await session.run(sql`SELECT set_config('auto_explain.log_min_duration', '0', false), set_config('auto_explain.log_nested_statements', 'on', false),
+        set_config('auto_explain.log_level', 'notice', false)`);
       for (const row of await claim(session, ['default'], 12, 'me', 30_000)) {
         const done = await session.kysely
           .transaction()
           .execute((trx) => completeHeld(session, trx, { queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token, keep: row.retention_ms > 0 }));
         assert.equal(done, true);
       }
-      const plans = await session.run(
+      const fenced = plans.filter((p) => p.includes('lease_token = tokens['));
+      assert.equal(fenced.length, 12, 'one fenced statement per completion');
+      for (const plan of fenced) assert.match(plan, /seq = ANY \(\$\d+\)/, plan);
+      const statements = await session.run(
         sql<{ name: string; generic: number; custom: number }>`SELECT name, generic_plans::int AS generic, custom_plans::int AS custom
           FROM pg_prepared_statements WHERE name LIKE 'pgasynq:%:complete%' ORDER BY name`,
       );
-      assert.deepEqual(plans, [
-        { name: `pgasynq:${db.schema}:complete`, generic: 6, custom: 0 },
-        { name: `pgasynq:${db.schema}:complete-delete`, generic: 6, custom: 0 },
-      ]);
+      assert.deepEqual(statements, [{ name: `pgasynq:${db.schema}:complete`, generic: 12, custom: 0 }]);
       assert.equal((await db.query("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'completed'"))[0]?.n, 6);
     } finally {
       await session.close();
@@ -525,7 +532,7 @@ describe('ctx.transaction', () => {
     const proxy = await startCommitProxy({
       targetPort: Number(new URL(db.connectionString).port || 5432),
       p: 1,
-      match: /SET state = 'completed', completed_at/,
+      match: /complete_tasks"?\(/,
     });
     let server: Server | undefined;
     try {

@@ -13,7 +13,7 @@ import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
-import { Client, Inspector, Server, Task, roleSetupSql } from '../src/index.js';
+import { Client, Inspector, Server, Snooze, Task, roleSetupSql } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { forwardDue } from '../src/broker/maintenance.js';
 import { silentLogger } from '../src/internal/logger.js';
@@ -21,7 +21,7 @@ import { Aggregator } from '../src/server/aggregator.js';
 import { Janitor } from '../src/server/janitor.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { REPO, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
+import { REPO, deferred, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
 
 const PREFIX = `t26${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
 const KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
@@ -199,11 +199,106 @@ describe('a producer writes tasks only through the library', () => {
   });
 });
 
-describe("a worker's maintenance writes tasks only through the owner's functions", () => {
-  test('with no INSERT, UPDATE or DELETE on the task tables, the forwarder, recoverer, janitor and aggregator still do their work', async () => {
-    // What roles.ts is to revoke from the worker once every statement of a Server goes through a function.
-    await db.pool.query(`REVOKE INSERT, UPDATE, DELETE ON "${db.schema}".task_states, "${db.schema}".task_inputs, "${db.schema}".unique_locks
-                         FROM "${PREFIX}_worker"; REVOKE USAGE ON SEQUENCE "${db.schema}".task_seq FROM "${PREFIX}_worker"`);
+describe("a worker writes tasks only through the owner's functions", () => {
+  test('no INSERT, UPDATE, DELETE or row lock on the task tables, the view, the sequence or the rate log; no moved clock', async () => {
+    for (const stmt of [
+      "UPDATE {{S}}.task_states SET state = 'archived'",
+      'DELETE FROM {{S}}.task_states',
+      'DELETE FROM {{S}}.task_inputs',
+      "INSERT INTO {{S}}.task_states (seq, queue, state) VALUES (-1, 'q', 'active')",
+      'DELETE FROM {{S}}.task_dependencies',
+      'DELETE FROM {{S}}.unique_locks',
+      "UPDATE {{S}}.tasks SET state = 'archived'",
+      'DELETE FROM {{S}}.tasks',
+      // Row locks that would stop claims, the recoverer or the Inspector.
+      'SELECT 1 FROM {{S}}.task_states FOR NO KEY UPDATE SKIP LOCKED',
+      'SELECT 1 FROM {{S}}.tasks FOR UPDATE',
+      'SELECT 1 FROM {{S}}.unique_locks FOR UPDATE',
+      // Positions are the owner's functions' to draw; the rate log is claim_limited()'s.
+      "SELECT nextval('{{S}}.task_seq')",
+      "INSERT INTO {{S}}.queue_starts (queue, started_at, tasks) VALUES ('q', now(), -100)",
+      'DELETE FROM {{S}}.queue_starts',
+      // A claim or extension an hour ahead of the database's clock.
+      "SELECT * FROM {{S}}.claim_limited(ARRAY['q'], ARRAY[1], 1, 'me', 30000, 3600000)",
+      "SELECT * FROM {{S}}.extend_leases('{}', '{}', 30000, 3600000)",
+    ]) {
+      await refused(as('worker', stmt), `worker: ${stmt}`);
+    }
+    // The claim the worker did call before 0010, which took its time and schema from the caller, is gone.
+    await refused(
+      as('worker', "SELECT * FROM {{S}}.claim_limited(ARRAY['q'], ARRAY[1], 1, 'me', 30000, now() + interval '1 hour', 'x')"),
+      'old claim_limited',
+      '42883',
+    );
+    // Bounds a function checks: a lease of no length, arrays that do not pair up.
+    const lease = await refused(as('worker', "SELECT * FROM {{S}}.extend_leases('{1}', ARRAY[gen_random_uuid()], 0, 0)"), 'lease 0', '22023');
+    assert.equal(lease.column, 'leaseDuration');
+    const pairs = await refused(
+      as('worker', "SELECT * FROM {{S}}.fail_tasks('{1,2}', ARRAY[gen_random_uuid()], '{t}', '{t}', '{0}', '{x}', 0)"),
+      'pairs',
+      '22023',
+    );
+    assert.equal(pairs.column, 'leases');
+    const delay = await refused(as('worker', "SELECT * FROM {{S}}.snooze_tasks('{1}', ARRAY[gen_random_uuid()], ARRAY['NaN'::float8], 0)"), 'delay', '22023');
+    assert.equal(delay.column, 'delayMs');
+  });
+
+  test('a Server as the worker claims, extends, completes, fails, snoozes, writes results, locks and gives back its leases', async () => {
+    await db.query('TRUNCATE {{schema}}.task_states, {{schema}}.task_inputs, {{schema}}.unique_locks');
+    const producer = new Client({ connectionString: url('producer'), schema: db.schema, logger: false });
+    const server = new Server({
+      connectionString: url('worker'),
+      schema: db.schema,
+      logger: false,
+      queues: { work: 1 },
+      concurrency: 4,
+      taskCheckInterval: 50,
+      delayedTaskCheckInterval: 50,
+      leaseDuration: 600,
+      heartbeatInterval: 50,
+      shutdownTimeout: 300,
+      retryDelay: () => 10,
+    });
+    const runs = new Map<string, number>();
+    const holding = deferred();
+    try {
+      await server.start(async (_task, ctx) => {
+        const n = (runs.get(ctx.taskId) ?? 0) + 1;
+        runs.set(ctx.taskId, n);
+        if (ctx.taskId === 'fails' && n === 1) throw new Error('once');
+        if (ctx.taskId === 'snoozes' && n === 1) throw new Snooze(10);
+        if (ctx.taskId === 'tx') return ctx.transaction(async () => 'in a transaction');
+        if (ctx.taskId === 'hold') {
+          holding.resolve();
+          // Past two lease lengths: only the heartbeats keep it, until shutdown gives it back.
+          await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve));
+          throw ctx.signal.reason;
+        }
+        await ctx.writeResult({ ok: ctx.taskId });
+      });
+      await producer.enqueueMany(['kept', 'fails', 'snoozes', 'tx', 'hold'].map((id) => new Task('w', null, { queue: 'work', taskId: id, retention: 60_000 })));
+      await holding.promise;
+      await waitFor(async () => (await db.query("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'completed'"))[0]!.n === 4, 20_000);
+      await new Promise((resolve) => setTimeout(resolve, 1300));
+      assert.equal((await db.query("SELECT state FROM {{schema}}.tasks WHERE id = 'hold'"))[0]!.state, 'active', 'heartbeats kept the lease');
+    } finally {
+      await server.shutdown();
+      await producer.close();
+    }
+    const rows = await db.query<{ id: string; state: string; retried: number; result: unknown }>(
+      "SELECT id, state, retried, result FROM {{schema}}.tasks WHERE queue = 'work' ORDER BY id",
+    );
+    assert.deepEqual(rows, [
+      { id: 'fails', state: 'completed', retried: 1, result: { ok: 'fails' } },
+      { id: 'hold', state: 'pending', retried: 0, result: null },
+      { id: 'kept', state: 'completed', retried: 0, result: { ok: 'kept' } },
+      { id: 'snoozes', state: 'completed', retried: 0, result: { ok: 'snoozes' } },
+      { id: 'tx', state: 'completed', retried: 0, result: null },
+    ]);
+    assert.deepEqual(Object.fromEntries(runs), { kept: 1, fails: 2, snoozes: 2, tx: 1, hold: 1 });
+  });
+
+  test('with the grants the script gives, the forwarder, recoverer, janitor and aggregator still do their work', async () => {
     const producer = new Client({ connectionString: url('producer'), schema: db.schema, logger: false });
     const worker = new Db({ connectionString: url('worker'), schema: db.schema, logger: false });
     try {
@@ -226,12 +321,6 @@ describe("a worker's maintenance writes tasks only through the owner's functions
       await db.query("UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() - interval '91 days' WHERE id = 'dead'");
       await db.query("UPDATE {{schema}}.unique_locks SET expires_at = now() - interval '1 second'");
       await db.query("UPDATE {{schema}}.task_states SET updated_at = now() - interval '1 minute' WHERE group_key = 'g'");
-      // The worker can no longer write them, nor lock them, itself.
-      await refused(as('worker', "UPDATE {{S}}.task_states SET updated_at = now() WHERE queue = 'maint'"), 'UPDATE task_states');
-      await refused(as('worker', "DELETE FROM {{S}}.task_inputs WHERE queue = 'maint'"), 'DELETE task_inputs');
-      await refused(as('worker', 'DELETE FROM {{S}}.unique_locks'), 'DELETE unique_locks');
-      await refused(as('worker', 'SELECT 1 FROM {{S}}.task_states FOR UPDATE SKIP LOCKED'), 'row lock');
-
       assert.equal(await forwardDue(worker, 10), 1);
       const recoverer = new Recoverer(
         worker,
@@ -265,8 +354,6 @@ describe("a worker's maintenance writes tasks only through the owner's functions
     } finally {
       await worker.close();
       await producer.close();
-      // The grants as the script makes them, for the tests that follow.
-      await db.pool.query(roleSetupSql({ schema: db.schema, prefix: PREFIX, logins: true }));
     }
   });
 });

@@ -15,24 +15,26 @@
  * edges, delete another's unique lock or hold row locks that stop claims).
  *
  * Tasks (schema v2, migration 0004) live in two tables, task_inputs and
- * task_states, which the worker's hot paths (claims, fenced writes,
- * forwarder, recoverer, janitor) read and write directly; the cold paths
- * (Inspector, aggregator, server registry) go through the view `tasks`,
- * whose INSTEAD OF trigger function tasks_write() is SECURITY DEFINER: a
- * write through the view is gated by the role's column privileges on the
- * view, never on the tables, so the view carries v1's grants on `tasks` and
- * the tables only what the hot-path statements need (nothing v1's grants on
- * `tasks` did not allow: the pending position stands for v1's run_at order).
+ * task_states. A Server writes them only through the owner's functions of
+ * migration 0010 (the claim, claim_limited(), the fenced writes of a lease,
+ * the forwarder, the recoverer, the janitor, the aggregator's commit), each
+ * SECURITY DEFINER, fencing and deciding time itself (a moved clock is the
+ * owner's alone): each statement file lists the functions it calls, and the
+ * worker is granted exactly those, with SELECT on what it reads. The cold
+ * paths (Inspector, a replace's read back) go through the view `tasks`, whose
+ * INSTEAD OF trigger function tasks_write() is SECURITY DEFINER: a write
+ * through the view is gated by the role's column privileges on the view,
+ * never on the tables, so the view carries the admin's grants and the tables
+ * none of anyone's writes.
  *
  * Flow control (migration 0007): a task's priority and concurrency key are
  * written at enqueue, as its other state columns; a queue's limits are set by
  * the admin (Inspector.setQueueLimits) and read by the worker, whose claim of
- * a limited queue is claim_limited(), SECURITY INVOKER: it runs with the
- * worker's own privileges (task_states, task_inputs, queues, and the log of
- * starts a rate limit keeps, queue_starts).
+ * a limited queue is claim_limited() (SECURITY DEFINER since 0010: it counts
+ * active tasks, logs the starts a rate limit keeps in queue_starts, and
+ * claims, as the owner).
  *
- * claim_limited() and queue_counts() pin search_path (0009), as every other
- * function does.
+ * queue_counts() pins search_path (0009), as every other function does.
  *
  * enqueue() in SQL (migration 0008) is SECURITY DEFINER: the producer calls
  * it (from a trigger of its own table, say) without touching the tables, so
@@ -98,11 +100,6 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
   ['scheduler_entries', 'options'],
 ];
 
-/** What the worker's statements change about a task (leases.ts, maintenance.ts): never its identity or payload. */
-const WORKER_TASK_COLUMNS =
-  'state, retried, run_at, lease_owner, lease_token, lease_expires_at, started_at, cancel_requested, error_msg, last_failed_at, completed_at, result, result_bytes, updated_at';
-/** The same on task_states, with the pending position (claim, forwarder and requeue set it; run_at ordered v1's pending tasks). */
-const WORKER_STATE_COLUMNS = `${WORKER_TASK_COLUMNS}, pending_seq`;
 /**
  * What the Inspector's actions change (inspector-write.ts). Not priority: no action
  * changes it (a repair in SQL that does, through the view, is the owner's).
@@ -113,7 +110,6 @@ const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expir
 const QUEUE_LIMIT_COLUMNS = 'concurrency, key_concurrency, rate_limit, rate_interval_ms';
 /** Functions the grants name, by signature: each must exist, as the objects of REQUIRED. */
 const REPLACE_TASKS = 'replace_tasks(json, timestamptz, text)';
-const CLAIM_LIMITED = 'claim_limited(text[], integer[], integer, text, float8, timestamptz, text)';
 const SQL_ENQUEUE = 'enqueue(text, jsonb, text, text, timestamptz, integer, integer, text)';
 const ENQUEUE_TASKS = 'enqueue_tasks(json, timestamptz, boolean)';
 const ENSURE_QUEUES = 'ensure_queues(text[])';
@@ -253,7 +249,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, CLAIM_LIMITED, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, ...WORKER_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, ...WORKER_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -278,45 +274,33 @@ BEGIN
   GRANT EXECUTE ON FUNCTION ${t(ENQUEUE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(REPLACE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(SQL_ENQUEUE)} TO ${id(r.producer)};
-  -- The worker draws pending positions (forwarder, requeue: nextval() on task_seq, the
-  -- identity's sequence of task_inputs.seq); its claim reads how far they are drawn
-  -- (SELECT last_value: the claim cursor).
-  GRANT USAGE, SELECT ON SEQUENCE ${t('task_seq')} TO ${id(r.worker)};
-
-  -- worker: claims and fenced writes (task_states: UPDATE of the lease,
-  -- state, position, error and result columns only; task_inputs: never
-  -- updated), completion without retention, the janitor, archive trimming
-  -- and aggregation (DELETE), the forwarder and recoverer, the scheduler and
-  -- aggregator's enqueues, the server registry, stats (queues: the totals
-  -- only, never paused). The server registry uses the view
-  -- (its FOR UPDATE needs an UPDATE privilege on it): v1's grants on tasks.
-  -- unique_locks: UPDATE of one column only because the janitor's
-  -- FOR UPDATE SKIP LOCKED needs it; no statement updates a lock.
-  -- Enqueues (the scheduler's, the aggregator's, a handler's) go through
-  -- enqueue_tasks(), as the producer's: no INSERT of tasks, edges or locks.
-  -- Workflows: ctx.dependencyResults() reads the edges. Completing, archiving or
-  -- deleting a task with dependents settles them through the owner's
-  -- SECURITY DEFINER triggers: no UPDATE or DELETE of task_dependencies.
-  -- Flow control (0007): a queue with limits is claimed by claim_limited(),
-  -- SECURITY INVOKER, as the worker: it reads the queue's limits (the SELECT
-  -- on queues), counts and claims on task_states with the worker's claim
-  -- columns, and for a rate limit prunes, reads and logs the queue's starts
-  -- in queue_starts (SELECT, INSERT, DELETE; no UPDATE: a start is never
-  -- rewritten). No UPDATE of the limits: they are the admin's.
-  GRANT SELECT, UPDATE (${WORKER_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.worker)};
-  GRANT SELECT, DELETE ON ${t('task_inputs')} TO ${id(r.worker)};
-  GRANT SELECT, UPDATE (${WORKER_STATE_COLUMNS}), DELETE ON ${t('task_states')} TO ${id(r.worker)};
+  -- worker: every write a Server makes to a task (the claim, claim_limited() for
+  -- queues with limits, the fenced writes of a lease, the forwarder, the recoverer,
+  -- the janitor, the aggregator's commit) is a call of one of the owner's functions
+  -- (0010, SECURITY DEFINER, fencing and deciding time themselves), and its enqueues
+  -- (the scheduler's, the aggregator's, a handler's) go through enqueue_tasks(), as
+  -- the producer's. So it holds no INSERT, UPDATE or DELETE on task_inputs,
+  -- task_states, task_dependencies or unique_locks, no row lock it could take on
+  -- them (SELECT … FOR UPDATE needs an UPDATE privilege), nothing on task_seq and
+  -- nothing on queue_starts (the rate limits' log, claim_limited()'s alone). It
+  -- reads what it reads: the task tables and the view (the server registry counts
+  -- pending tasks, ctx.dependencyResults() reads the edges, the scheduler reads
+  -- unique locks), the queues' limits, and adds to the queues' totals (stats; never
+  -- paused, never the limits: they are the admin's). Completing, archiving or
+  -- deleting a task with dependents settles them through the owner's SECURITY
+  -- DEFINER triggers.
+  GRANT SELECT ON ${t('tasks')} TO ${id(r.worker)};
+  GRANT SELECT ON ${t('task_inputs')} TO ${id(r.worker)};
+  GRANT SELECT ON ${t('task_states')} TO ${id(r.worker)};
   GRANT SELECT ON ${t('task_dependencies')} TO ${id(r.worker)};
+  GRANT SELECT ON ${t('unique_locks')} TO ${id(r.worker)};
   GRANT SELECT, UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};
-  GRANT SELECT, INSERT, DELETE ON ${t('queue_starts')} TO ${id(r.worker)};
-  GRANT EXECUTE ON FUNCTION ${t(CLAIM_LIMITED)} TO ${id(r.worker)};
 ${WORKER_FUNCTIONS.map((f) => `  GRANT EXECUTE ON FUNCTION ${t(f)} TO ${id(r.worker)};\n`).join('')}  -- A server makes the queues it serves known at start, and an admin the queue it
   -- creates or configures, through the owner's ensure_queues() (0009), which checks
   -- the names: neither holds INSERT on queues.
   GRANT EXECUTE ON FUNCTION ${t(ENSURE_QUEUES)} TO ${id(r.worker)}, ${id(r.admin)};
   -- Server.start and Scheduler.start check the schema version (which migrations are applied).
   GRANT SELECT ON ${t('migrations')} TO ${id(r.worker)};
-  GRANT SELECT, UPDATE (expires_at), DELETE ON ${t('unique_locks')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (status, heartbeat_at, expires_at), DELETE ON ${t('servers')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE (processed, failed), DELETE ON ${t('daily_stats')} TO ${id(r.worker)};
   GRANT SELECT, INSERT, UPDATE, DELETE ON ${t('scheduler_entries')} TO ${id(r.worker)};

@@ -12,8 +12,8 @@
  *     batched completion (`plain` tasks: the handler returned, the library
  *     completes the task in one statement, which has committed when its
  *     CommandComplete is sent).
- * "Completes a task" = the transaction ran the completion statement (its SQL
- * sets `state = 'completed', completed_at`) and it changed rows (a retried
+ * "Completes a task" = the transaction ran the completion statement (it
+ * calls complete_tasks(), which deletes a task or marks it completed) and it changed rows (a retried
  * completion that the token fenced off, `SELECT 0`, is relayed: it committed
  * nothing); claims, heartbeats, retries and every other statement are relayed
  * untouched. The server has committed (the completion's transaction commits
@@ -58,7 +58,7 @@ after(async () => {
 test(`F02b commit-reply-lost: p = ${P} of completion replies cut; no second effect, no retry of a committed task`, { timeout: 240_000 }, async () => {
   h = await createHarness('f02b');
   const harness = h;
-  proxy = await startCommitProxy({ targetPort: h.cluster.port, p: P, match: /SET state = 'completed', completed_at/ });
+  proxy = await startCommitProxy({ targetPort: h.cluster.port, p: P, match: /complete_tasks"?\(/ });
   const env = { DATABASE_URL: proxy.url(h.connectionString), ORACLE_DATABASE_URL: h.connectionString, REPORT_EXEC: '1' };
   const workers = await Promise.all(['w1', 'w2', 'w3'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 50, sleepMax: 250, env })));
   h.startSampler();

@@ -294,6 +294,16 @@ describe('SEC1 roles', () => {
       as('worker', "INSERT INTO {{S}}.task_states (seq, queue, state, lease_owner) VALUES (-1, 'q', 'pending', 'me')"),
       'worker: INSERT a lease column of task_states',
     );
+    // Every write to a task is the owner's functions' (0010): none of the worker's own, and no row lock.
+    await refused(as('worker', "UPDATE {{S}}.task_states SET state = 'archived' WHERE false"), 'worker: UPDATE task_states state');
+    await refused(as('worker', 'DELETE FROM {{S}}.task_states WHERE false'), 'worker: DELETE task_states');
+    await refused(as('worker', 'DELETE FROM {{S}}.task_inputs WHERE false'), 'worker: DELETE task_inputs');
+    await refused(as('worker', 'DELETE FROM {{S}}.unique_locks WHERE false'), 'worker: DELETE unique_locks');
+    await refused(as('worker', "UPDATE {{S}}.tasks SET state = 'archived' WHERE false"), 'worker: UPDATE tasks state');
+    await refused(as('worker', 'DELETE FROM {{S}}.tasks WHERE false'), 'worker: DELETE tasks');
+    await refused(as('worker', 'SELECT 1 FROM {{S}}.task_states FOR UPDATE SKIP LOCKED'), 'worker: lock task_states');
+    await refused(as('worker', "SELECT nextval('{{S}}.task_seq')"), 'worker: nextval task_seq');
+    await refused(as('worker', 'DELETE FROM {{S}}.queue_starts WHERE false'), 'worker: DELETE queue_starts');
     await refused(as('worker', 'UPDATE {{S}}.queues SET paused = true WHERE false'), 'worker: pause a queue');
     await refused(as('worker', 'DELETE FROM {{S}}.queues WHERE false'), 'worker: DELETE queues');
     const inspector = new Inspector({ connectionString: url('worker'), schema: S });
@@ -666,10 +676,10 @@ describe('SEC1 roles', () => {
       await refused(as('admin', 'UPDATE {{S}}.tasks SET priority = 1 WHERE false'), 'admin: UPDATE tasks.priority');
       await refused(as('worker', 'UPDATE {{S}}.task_states SET priority = 1 WHERE false'), 'worker: UPDATE task_states.priority');
       await refused(as('producer', 'UPDATE {{S}}.task_states SET concurrency_key = NULL WHERE false'), 'producer: UPDATE task_states.concurrency_key');
-      // claim_limited() runs as its caller: the worker's.
-      await refused(as('producer', `SELECT * FROM {{S}}.claim_limited(ARRAY['lim'], ARRAY[1], 1, 'me', 1000, now(), '${S}')`), 'producer: claim_limited()');
+      // claim_limited() is the worker's alone (0010: the owner's, granted to the worker).
+      await refused(as('producer', "SELECT * FROM {{S}}.claim_limited(ARRAY['lim'], ARRAY[1], 1, 'me', 1000, 0)"), 'producer: claim_limited()');
 
-      // worker: a Server claims the limited queue (claim_limited(), queue_starts), two at a time, one per tenant,
+      // worker: a Server claims the limited queue (claim_limited()), two at a time, one per tenant,
       // the priority-10 tasks first.
       const started: string[] = [];
       const running = new Map<string, string>();
