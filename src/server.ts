@@ -32,7 +32,8 @@ import { HorizonWatch } from './server/horizon-watch.js';
 import { Heartbeater } from './server/heartbeater.js';
 import { Janitor } from './server/janitor.js';
 import { Aggregator } from './server/aggregator.js';
-import { Processor, type ProcessorCounters } from './server/processor.js';
+import { Processor } from './server/processor.js';
+import { LeaseTable, type LeaseCounters } from './server/lease-table.js';
 import { Recoverer } from './server/recoverer.js';
 import { StatsCollector } from './server/stats.js';
 import { resolveServerConfig, type ResolvedServerConfig, type ServerConfig } from './server/config.js';
@@ -74,10 +75,10 @@ export class Server {
   }
 
   /** Counters of this server since it started: claims, fenced writes, lost leases, recoveries. */
-  metrics(): ProcessorCounters & { recovered: number; archivedByRecoverer: number } {
+  metrics(): LeaseCounters & { recovered: number; archivedByRecoverer: number } {
     const p = this.#parts;
     return {
-      ...(p?.processor.counters ?? { claimed: 0, fencedWrites: 0, leasesLost: 0 }),
+      ...(p?.leases.counters ?? { claimed: 0, fencedWrites: 0, leasesLost: 0 }),
       recovered: p?.recoverer.counters.retried ?? 0,
       archivedByRecoverer: p?.recoverer.counters.archived ?? 0,
     };
@@ -87,7 +88,7 @@ export class Server {
     const cfg = this.#cfg;
     const log = cfg.logger;
     const stats = new StatsCollector(this.#db);
-    const processor = new Processor(this.#db, log.child({ component: 'processor' }), { ...cfg, serverId: this.id }, handler, stats);
+    const leases = new LeaseTable();
     const notifier = createNotifier(this.#db, log.child({ component: 'notifier' }), {
       listenConnectionString: cfg.listenConnectionString,
       pollInterval: cfg.taskCheckInterval,
@@ -96,7 +97,7 @@ export class Server {
     const heartbeater = new Heartbeater(
       this.#db,
       log.child({ component: 'heartbeater' }),
-      processor,
+      leases,
       () => ({
         id: this.id,
         host: hostname(),
@@ -108,7 +109,9 @@ export class Server {
       }),
       cfg,
     );
-    processor.onSlowClaim = () => heartbeater.wake();
+    const processor = new Processor(this.#db, log.child({ component: 'processor' }), { ...cfg, serverId: this.id }, handler, stats, leases, () =>
+      heartbeater.wake(),
+    );
     const recoverer = new Recoverer(this.#db, log.child({ component: 'recoverer' }), cfg, stats);
     const janitor = new Janitor(this.#db, log.child({ component: 'janitor' }), cfg);
     // Groups: only with an aggregator, and only the server's own queues.
@@ -127,7 +130,7 @@ export class Server {
       forwarder.wake();
     });
     const horizonWatch = new HorizonWatch(this.#db, log.child({ component: 'horizon' }), cfg.healthCheckInterval);
-    return { stats, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker, horizonWatch };
+    return { stats, leases, processor, notifier, forwarder, heartbeater, recoverer, janitor, aggregator, healthchecker, horizonWatch };
   }
 
   /**
@@ -293,7 +296,7 @@ export class Server {
     await deleteServer(this.#db, this.id).catch((err: unknown) => this.#log.warn({ err }, 'could not remove the server row'));
     dbg('close');
     await this.#db.close();
-    this.#log.info({ serverId: this.id, claimed: p.processor.counters.claimed, uptimeMs: Math.round(performance.now() - this.#startedAt) }, 'server stopped');
+    this.#log.info({ serverId: this.id, claimed: p.leases.counters.claimed, uptimeMs: Math.round(performance.now() - this.#startedAt) }, 'server stopped');
   }
 
   [Symbol.asyncDispose](): Promise<void> {

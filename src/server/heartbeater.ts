@@ -19,7 +19,7 @@ import { upsertServer, type ServerRecord } from '../broker/servers.js';
 import type { Db } from '../broker/db.js';
 import { TaskCanceledError } from '../model/errors.js';
 import type { Logger } from '../internal/logger.js';
-import type { Processor } from './processor.js';
+import type { LeaseTable } from './lease-table.js';
 import { Ticker } from '../internal/ticker.js';
 
 /** The least time between two lookups of cancel hints: what a flood of forged NOTIFYs can cost. */
@@ -30,7 +30,7 @@ const MAX_HINTED_IDS = 1000;
 export class Heartbeater {
   readonly #db: Db;
   readonly #logger: Logger;
-  readonly #processor: Processor;
+  readonly #leases: LeaseTable;
   readonly #server: () => ServerRecord;
   readonly #leaseDuration: number;
   readonly #interval: number;
@@ -40,10 +40,10 @@ export class Heartbeater {
   /** The running round of cancel lookups, while there is one. */
   #lookups: Promise<void> | undefined;
 
-  constructor(db: Db, logger: Logger, processor: Processor, server: () => ServerRecord, opts: { heartbeatInterval: number; leaseDuration: number }) {
+  constructor(db: Db, logger: Logger, leases: LeaseTable, server: () => ServerRecord, opts: { heartbeatInterval: number; leaseDuration: number }) {
     this.#db = db;
     this.#logger = logger;
-    this.#processor = processor;
+    this.#leases = leases;
     this.#server = server;
     this.#leaseDuration = opts.leaseDuration;
     this.#interval = opts.heartbeatInterval;
@@ -81,7 +81,7 @@ export class Heartbeater {
         await nextTurn();
         const hinted = this.#hinted;
         this.#hinted = new Set();
-        const leases = [...this.#processor.leases.values()].filter((l) => !l.abortReason && (hinted === 'all' || hinted.has(l.id)));
+        const leases = this.#leases.all().filter((l) => !l.abortReason && (hinted === 'all' || hinted.has(l.id)));
         if (leases.length === 0) return;
         const startedAt = performance.now();
         try {
@@ -111,7 +111,7 @@ export class Heartbeater {
 
   async #extendLeases(): Promise<void> {
     // A lease inside ctx.transaction is locked by that transaction, which no one else can take from it.
-    const held = [...this.#processor.leases.values()].filter((l) => l.heartbeats);
+    const held = this.#leases.all().filter((l) => l.heartbeats);
     if (held.length > 0) {
       const sentAt = performance.now();
       const extended = await extendLeases(this.#db, held, this.#leaseDuration);
@@ -128,7 +128,7 @@ export class Heartbeater {
       }
       if (lost > 0) {
         // Each missing row is a fenced heartbeat write: counted like any other.
-        this.#processor.counters.fencedWrites += lost;
+        this.#leases.counters.fencedWrites += lost;
         this.#logger.warn({ lost }, 'fenced heartbeat: leases lost');
       }
     }

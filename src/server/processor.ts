@@ -5,10 +5,10 @@
  * write.
  *
  * Modes: idle → claiming (start) → draining (stopClaiming) → idle. Only the
- * claim loop adds to `leases`; only a finished worker (or the give-back of
- * held tasks at stop) removes an entry; the heartbeater reads `leases`,
- * extends those whose state asks for it and reports the rows it missed
- * (lease.ts: each lease is a state machine of its own).
+ * claim loop adds to the server's lease table (lease-table.ts); only a
+ * finished worker (or the give-back of held tasks at stop) removes an entry;
+ * the heartbeater reads the table, extends those whose state asks for it and
+ * reports the rows it missed (lease.ts: each lease is a state machine of its own).
  *
  * With prefetch (adaptive by default, see prefetch.ts), a claim may bring more
  * tasks than there are free slots: the extra ones wait in `#held`, leased and
@@ -37,6 +37,7 @@ import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
 import { Claimer } from './claimer.js';
 import type { StatsCollector } from './stats.js';
+import type { LeaseTable } from './lease-table.js';
 
 export interface ProcessorConfig extends OutcomePolicies {
   serverId: string;
@@ -52,23 +53,14 @@ export interface ProcessorConfig extends OutcomePolicies {
   heartbeatInterval: number;
 }
 
-/** Counters a test or a metrics endpoint may read. */
-export interface ProcessorCounters {
-  claimed: number;
-  /** Writes about a task that matched no row: the lease was gone (fencing). */
-  fencedWrites: number;
-  leasesLost: number;
-}
-
 export class Processor {
-  /** Leases of the tasks this server runs (held or running), by seq. */
-  readonly leases = new Map<string, Lease>();
-  readonly counters: ProcessorCounters = { claimed: 0, fencedWrites: 0, leasesLost: 0 };
+  /** Leases of the tasks this server runs (held or running), and their counters. */
+  readonly #leases: LeaseTable;
   /**
    * Called after a claim whose reply was slow (over a quarter of the heartbeat interval):
    * its leases' trust runs from the claim's send, and the regular beat could come too late.
    */
-  onSlowClaim: (() => void) | undefined;
+  readonly #onSlowClaim: () => void;
   readonly #db: Db;
   readonly #logger: Logger;
   readonly #cfg: ProcessorConfig;
@@ -85,20 +77,21 @@ export class Processor {
   #loop: Promise<void> | undefined;
   /** Woken by a notification or a freed slot: the loop claims again before sleeping. */
   readonly #sleeper = new Sleeper();
-  #idle: (() => void)[] = [];
   #claimFailures = 0;
   /** Claim failures other than a lost database (the Db's health log reports those), rate-limited. */
   readonly #claimErrors: FailureRun;
 
-  constructor(db: Db, logger: Logger, cfg: ProcessorConfig, handler: Handler, stats: StatsCollector) {
+  constructor(db: Db, logger: Logger, cfg: ProcessorConfig, handler: Handler, stats: StatsCollector, leases: LeaseTable, onSlowClaim: () => void) {
     this.#db = db;
+    this.#leases = leases;
+    this.#onSlowClaim = onSlowClaim;
     this.#logger = logger;
     this.#claimErrors = new FailureRun(logger, 'claim failed', 'claim succeeded again', 'error');
     this.#cfg = cfg;
     this.#handler = handler;
     // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
     this.#prefetch = new Prefetch(cfg.prefetch, cfg.concurrency, Math.min(1000, 50 * cfg.concurrency));
-    this.#outcomes = new Outcomes(db, logger, cfg, stats, this.counters);
+    this.#outcomes = new Outcomes(db, logger, cfg, stats, leases.counters);
     this.#claimer = new Claimer(db, cfg);
   }
 
@@ -157,8 +150,7 @@ export class Processor {
 
   #forget(lease: Lease): void {
     lease.release();
-    this.leases.delete(lease.seq);
-    if (this.leases.size === 0) for (const fn of this.#idle.splice(0)) fn();
+    this.#leases.delete(lease);
   }
 
   /**
@@ -170,18 +162,20 @@ export class Processor {
     await this.stopClaiming();
     if (await this.#idleWithin(timeoutMs)) return;
     this.#logger.warn(
-      { tasks: this.leases.size, shutdownTimeoutMs: timeoutMs },
+      { tasks: this.#leases.size, shutdownTimeoutMs: timeoutMs },
       'shutdown timeout reached; aborting the running tasks, which go back to pending',
     );
-    for (const lease of this.leases.values()) lease.abort(new ServerClosedError());
+    for (const lease of this.#leases.all()) lease.abort(new ServerClosedError());
     await this.#idleWithin(graceMs);
   }
 
   #idleWithin(ms: number): Promise<boolean> {
-    if (this.leases.size === 0) return Promise.resolve(true);
     return new Promise((resolve) => {
-      const timer = setTimeout(() => resolve(false), ms);
-      this.#idle.push(() => {
+      const timer = setTimeout(() => {
+        cancel();
+        resolve(false);
+      }, ms);
+      const cancel = this.#leases.whenEmpty(() => {
         clearTimeout(timer);
         resolve(true);
       });
@@ -196,7 +190,7 @@ export class Processor {
       // Tasks whose outcome is still being written hold their leases too. Without a
       // cap on them, claims would outrun a database slower than the handlers, and
       // every heartbeat would extend a growing crowd of finished tasks.
-      const free = Math.min(capacity - this.#running - this.#held.length, 2 * capacity - this.leases.size);
+      const free = Math.min(capacity - this.#running - this.#held.length, 2 * capacity - this.#leases.size);
       // Refill the held tasks once half of them have started: fewer, larger claims.
       if (free <= 0 || this.#held.length > prefetch / 2) {
         // Nothing to claim for: wait for a slot to free. A pending hint must not end
@@ -222,14 +216,14 @@ export class Processor {
         await this.#sleep(backoffMs(this.#claimFailures, 50, this.#cfg.taskCheckInterval));
         continue;
       }
-      this.counters.claimed += rows.length;
+      this.#leases.counters.claimed += rows.length;
       for (const row of rows) {
         const lease = new Lease({ queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
-        this.leases.set(lease.seq, lease);
+        this.#leases.add(lease);
         this.#held.push({ row, lease, claimedAt: sentAt });
       }
       this.#dispatch();
-      if (rows.length > 0 && roundTrip > this.#cfg.heartbeatInterval / 4) this.onSlowClaim?.();
+      if (rows.length > 0 && roundTrip > this.#cfg.heartbeatInterval / 4) this.#onSlowClaim();
       if (rows.length < free) {
         // asynq sleeps interval/2 + rand[0, interval) when the queues are empty. A queue held
         // back by its limits is tried again sooner: another server's task may end at any time.
