@@ -7,6 +7,7 @@
 import { dependenciesOf, dependentsOf } from './broker/dependencies.js';
 import * as read from './broker/inspector-read.js';
 import { inspectorInternals as internals, type Inspector } from './inspector.js';
+import { deleteAllInState, listInState, moveAllInState } from './inspector-states.js';
 import { FailedPreconditionError, TaskNotFoundError } from './model/errors.js';
 import type { ListOptions } from './model/inspector-types.js';
 import type { DependencyPreview, ServerPreview, TaskPageInfo, TaskPreview } from './model/previews.js';
@@ -20,7 +21,7 @@ import * as v from './model/validate.js';
  * dashboard, which take the state as a word.
  */
 export function listTasks(inspector: Inspector, queue: string, state: TaskState, opts?: ListOptions, group?: string): Promise<TaskInfo[]> {
-  return internals.list(inspector, queue, state, opts, group);
+  return listInState(internals.db(inspector), queue, state, opts, group);
 }
 
 /**
@@ -67,8 +68,8 @@ export function actOnAll(inspector: Inspector, action: TaskAction, queue: string
   if (!BULK_STATES[action].includes(state)) {
     return Promise.reject(new FailedPreconditionError(`cannot ${action} all ${state} tasks (${action} all applies to ${BULK_STATES[action].join(', ')})`));
   }
-  if (action === 'delete') return internals.deleteAll(inspector, queue, state, group);
-  return internals.moveAll(inspector, queue, state, action === 'run' ? 'pending' : 'archived', group);
+  if (action === 'delete') return deleteAllInState(internals.db(inspector), queue, state, group);
+  return moveAllInState(internals.db(inspector), queue, state, action === 'run' ? 'pending' : 'archived', group);
 }
 
 // ------------------------------------------------------------------ the dashboard's reads

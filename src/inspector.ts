@@ -7,6 +7,7 @@ import { Db } from './broker/db.js';
 import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
 import * as read from './broker/inspector-read.js';
 import * as write from './broker/inspector-write.js';
+import { deleteAllInState, listInState, moveAllInState } from './inspector-states.js';
 import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
 import { resolveLogger } from './internal/logger.js';
 import { encodePayload, maxPayloadBytesOption } from './model/payload.js';
@@ -23,12 +24,7 @@ const INSPECTOR_OPTION_KEYS = [...CONNECTION_OPTION_KEYS, 'maxPayloadBytes'] as 
  * extra calls need (inspector-internal.ts): set by the class's static block,
  * which alone sees them.
  */
-export let inspectorInternals: {
-  db(inspector: Inspector): Db;
-  list(inspector: Inspector, queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]>;
-  deleteAll(inspector: Inspector, queue: string, state: TaskState, group?: unknown): Promise<number>;
-  moveAll(inspector: Inspector, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number>;
-};
+export let inspectorInternals: { db(inspector: Inspector): Db };
 
 /** Inspector options: the connection, and the payload size cap. */
 export interface InspectorOptions extends ConnectionOptions {
@@ -58,12 +54,7 @@ export class Inspector {
   readonly #maxPayloadBytes: number;
 
   static {
-    inspectorInternals = {
-      db: (inspector) => inspector.#open(),
-      list: (inspector, queue, state, opts, group) => inspector.#list(queue, state, opts, group),
-      deleteAll: (inspector, queue, state, group) => inspector.#deleteAll(queue, state, group),
-      moveAll: (inspector, queue, from, to, group) => inspector.#moveAll(queue, from, to, group),
-    };
+    inspectorInternals = { db: (inspector) => inspector.#open() };
   }
 
   constructor(opts: InspectorOptions = {}) {
@@ -113,51 +104,44 @@ export class Inspector {
     return info;
   }
 
-  async #list(queue: string, state: TaskState, opts: unknown, group?: unknown): Promise<TaskInfo[]> {
-    const q = v.queueName(queue);
-    const g = state === 'aggregating' ? v.groupName(group) : undefined;
-    const page = v.listPage(opts);
-    return read.inQueue(q, await read.listTasks(this.#open(), q, state, { ...page, group: g }));
-  }
-
   /** Pending tasks in the order they will run. */
   listPendingTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'pending', opts);
+    return listInState(this.#open(), queue, 'pending', opts);
   }
 
   /** Active tasks by start time; `isOrphaned` marks those whose lease expired. */
   listActiveTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'active', opts);
+    return listInState(this.#open(), queue, 'active', opts);
   }
 
   /** Scheduled tasks, soonest due first. */
   listScheduledTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'scheduled', opts);
+    return listInState(this.#open(), queue, 'scheduled', opts);
   }
 
   /** Tasks waiting to be retried, soonest due first. */
   listRetryTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'retry', opts);
+    return listInState(this.#open(), queue, 'retry', opts);
   }
 
   /** Archived tasks, oldest archived first. */
   listArchivedTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'archived', opts);
+    return listInState(this.#open(), queue, 'archived', opts);
   }
 
   /** Completed tasks kept for their retention, the first to expire first (asynq's order). */
   listCompletedTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'completed', opts);
+    return listInState(this.#open(), queue, 'completed', opts);
   }
 
   /** Aggregating tasks of one group, in enqueue order. */
   listAggregatingTasks(queue: string, group: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'aggregating', opts, group);
+    return listInState(this.#open(), queue, 'aggregating', opts, group);
   }
 
   /** Tasks waiting for their dependencies, in enqueue order; `waitingFor` says for how many. */
   listWaitingTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
-    return this.#list(queue, 'waiting', opts);
+    return listInState(this.#open(), queue, 'waiting', opts);
   }
 
   /** Throws the error a single-task action's result calls for. */
@@ -231,101 +215,89 @@ export class Inspector {
     return write.requestCancel(this.#open(), taskId);
   }
 
-  async #deleteAll(queue: string, state: TaskState, group?: unknown): Promise<number> {
-    const q = v.queueName(queue);
-    const g = state === 'aggregating' ? v.groupName(group) : null;
-    return read.inQueue(q, await write.deleteAllInState(this.#open(), q, state, g));
-  }
-
-  async #moveAll(queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number> {
-    const q = v.queueName(queue);
-    const g = from === 'aggregating' ? v.groupName(group) : null;
-    return read.inQueue(q, await write.moveAllInState(this.#open(), q, from, to, g));
-  }
-
   /** Deletes every pending task of the queue; resolves to how many. Unique locks they hold are released. */
   deleteAllPendingTasks(queue: string): Promise<number> {
-    return this.#deleteAll(queue, 'pending');
+    return deleteAllInState(this.#open(), queue, 'pending');
   }
 
   /** Deletes every scheduled task of the queue; resolves to how many. Unique locks they hold are released. */
   deleteAllScheduledTasks(queue: string): Promise<number> {
-    return this.#deleteAll(queue, 'scheduled');
+    return deleteAllInState(this.#open(), queue, 'scheduled');
   }
 
   /** Deletes every task of the queue waiting for a retry; resolves to how many. */
   deleteAllRetryTasks(queue: string): Promise<number> {
-    return this.#deleteAll(queue, 'retry');
+    return deleteAllInState(this.#open(), queue, 'retry');
   }
 
   /** Deletes every archived task of the queue; resolves to how many. */
   deleteAllArchivedTasks(queue: string): Promise<number> {
-    return this.#deleteAll(queue, 'archived');
+    return deleteAllInState(this.#open(), queue, 'archived');
   }
 
   /** Deletes every completed task of the queue before its retention ends; resolves to how many. */
   deleteAllCompletedTasks(queue: string): Promise<number> {
-    return this.#deleteAll(queue, 'completed');
+    return deleteAllInState(this.#open(), queue, 'completed');
   }
 
   /** Deletes every aggregating task of one group of the queue; resolves to how many. */
   deleteAllAggregatingTasks(queue: string, group: string): Promise<number> {
-    return this.#deleteAll(queue, 'aggregating', group);
+    return deleteAllInState(this.#open(), queue, 'aggregating', group);
   }
 
   /** Deletes every waiting task of the queue; resolves to how many. Tasks that depend on them count them as failed. */
   deleteAllWaitingTasks(queue: string): Promise<number> {
-    return this.#deleteAll(queue, 'waiting');
+    return deleteAllInState(this.#open(), queue, 'waiting');
   }
 
   /** Makes every scheduled task of the queue pending now; resolves to how many. */
   runAllScheduledTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'scheduled', 'pending');
+    return moveAllInState(this.#open(), queue, 'scheduled', 'pending');
   }
 
   /** Makes every retry task of the queue pending now, without waiting for its delay; resolves to how many. */
   runAllRetryTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'retry', 'pending');
+    return moveAllInState(this.#open(), queue, 'retry', 'pending');
   }
 
   /** Makes every archived task of the queue pending again, retry count unchanged; resolves to how many. */
   runAllArchivedTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'archived', 'pending');
+    return moveAllInState(this.#open(), queue, 'archived', 'pending');
   }
 
   /** Makes every task of the group pending, one by one, without aggregating them. */
   runAllAggregatingTasks(queue: string, group: string): Promise<number> {
-    return this.#moveAll(queue, 'aggregating', 'pending', group);
+    return moveAllInState(this.#open(), queue, 'aggregating', 'pending', group);
   }
 
   /** Makes every waiting task of the queue pending now, without waiting for its dependencies; resolves to how many. */
   runAllWaitingTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'waiting', 'pending');
+    return moveAllInState(this.#open(), queue, 'waiting', 'pending');
   }
 
   /** Archives every pending task of the queue; resolves to how many. */
   archiveAllPendingTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'pending', 'archived');
+    return moveAllInState(this.#open(), queue, 'pending', 'archived');
   }
 
   /** Archives every scheduled task of the queue; resolves to how many. */
   archiveAllScheduledTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'scheduled', 'archived');
+    return moveAllInState(this.#open(), queue, 'scheduled', 'archived');
   }
 
   /** Archives every retry task of the queue; resolves to how many. */
   archiveAllRetryTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'retry', 'archived');
+    return moveAllInState(this.#open(), queue, 'retry', 'archived');
   }
 
   /** Archives every waiting task of the queue; resolves to how many. Tasks that depend on them count them as failed. */
   archiveAllWaitingTasks(queue: string): Promise<number> {
-    return this.#moveAll(queue, 'waiting', 'archived');
+    return moveAllInState(this.#open(), queue, 'waiting', 'archived');
   }
 
   /** Archives every aggregating task of one group of the queue; resolves to how many. */
   archiveAllAggregatingTasks(queue: string, group: string): Promise<number> {
-    return this.#moveAll(queue, 'aggregating', 'archived', group);
+    return moveAllInState(this.#open(), queue, 'aggregating', 'archived', group);
   }
 
   /**
