@@ -184,5 +184,8 @@ DROP FUNCTION {{schema}}.trim_archive(integer, float8);
 DROP FUNCTION {{schema}}.commit_group(text, text, bigint[]);
 DROP FUNCTION {{schema}}.check_claim_bounds(integer, float8);
 
+DROP TRIGGER task_states_release_lease ON {{schema}}.task_states;
+DROP FUNCTION {{schema}}.release_lease();
+
 DROP FUNCTION {{schema}}.task_clock(float8);
 DROP FUNCTION {{schema}}.task_channel(text);

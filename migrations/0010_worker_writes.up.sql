@@ -39,6 +39,26 @@ CREATE FUNCTION {{schema}}.task_channel(suffix text) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 RETURN btrim('{{schema}}', '"') || suffix;
 
+-- A task that is not active holds no lease: every write that moves a task out
+-- of active (a completion kept for its retention, a failure, a snooze, a give
+-- back, a recovery, an Inspector action, a repair in SQL through the view or
+-- the table) has its lease cleared here, the one place that says so. The
+-- condition is evaluated before any function is called: a claim, an extension
+-- or any write of an active task costs nothing more.
+CREATE FUNCTION {{schema}}.release_lease() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  NEW.lease_owner := NULL;
+  NEW.lease_token := NULL;
+  NEW.lease_expires_at := NULL;
+  RETURN NEW;
+END
+$$;
+CREATE TRIGGER task_states_release_lease BEFORE UPDATE ON {{schema}}.task_states FOR EACH ROW
+WHEN (NEW.state <> 'active' AND (NEW.lease_owner IS NOT NULL OR NEW.lease_token IS NOT NULL OR NEW.lease_expires_at IS NOT NULL))
+EXECUTE FUNCTION {{schema}}.release_lease();
+REVOKE EXECUTE ON FUNCTION {{schema}}.release_lease() FROM PUBLIC;
+
 -- ---------------------------------------------------------------------
 -- The claim (broker/claim.ts)
 -- ---------------------------------------------------------------------
@@ -503,7 +523,7 @@ BEGIN
     UPDATE {{schema}}.task_states s
     SET state = 'completed', completed_at = v_now,
         run_at = v_now + (SELECT i.retention FROM {{schema}}.task_inputs i WHERE i.seq = s.seq),
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     WHERE s.seq = ANY(ARRAY(SELECT h.seq FROM h WHERE h.keep))
     RETURNING s.seq
   ),
@@ -539,7 +559,7 @@ BEGIN
         run_at = v_now + CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN interval '0'
                               ELSE delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond' END,
         error_msg = errors[(v_at ->> s.seq::text)::int], last_failed_at = v_now,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
     RETURNING s.seq, s.queue, s.state
   ),
@@ -566,7 +586,7 @@ BEGIN
   WITH snoozed AS (
     UPDATE {{schema}}.task_states s
     SET state = 'scheduled', run_at = v_now + delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond',
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
     RETURNING s.seq, s.queue
   ),
@@ -594,7 +614,7 @@ BEGIN
   WITH requeued AS (
     UPDATE {{schema}}.task_states s
     SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     FROM (
       SELECT l.seq, row_number() OVER w AS rank, count(*) OVER (PARTITION BY l.queue) AS n,
              coalesce((SELECT min(p.pending_seq) FROM {{schema}}.task_states p WHERE p.queue = l.queue AND p.state = 'pending'),
@@ -708,8 +728,7 @@ BEGIN
         retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
         run_at = v_now + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
         error_msg = 'task lease expired', last_failed_at = v_now,
-        -- rows.ts leaseReleased(), spelled out.
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     FROM ROWS FROM (unnest(seqs), unnest(tokens), unnest(archives), unnest(delays_ms)) AS h(seq, token, archive, delay_ms)
     WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token
       AND (s.lease_expires_at < v_now - cutoff_ms * interval '1 millisecond'

@@ -183,6 +183,7 @@ CREATE INDEX task_states_pending_key_idx ON {{schema}}.task_states USING btree (
 CREATE INDEX task_states_waiting_idx ON {{schema}}.task_states USING btree (queue, seq) WHERE state = 'waiting'::text;
 CREATE TRIGGER task_states_deleted AFTER DELETE ON {{schema}}.task_states REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.task_states_deleted();
 CREATE TRIGGER task_states_finished AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW WHEN (new.has_dependents AND (new.state = ANY (ARRAY['completed'::text, 'archived'::text])) AND old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION {{schema}}.task_states_finished();
+CREATE TRIGGER task_states_release_lease BEFORE UPDATE ON {{schema}}.task_states FOR EACH ROW WHEN (new.state <> 'active'::text AND (new.lease_owner IS NOT NULL OR new.lease_token IS NOT NULL OR new.lease_expires_at IS NOT NULL)) EXECUTE FUNCTION {{schema}}.release_lease();
 
 CREATE TABLE {{schema}}.unique_locks (
   queue text NOT NULL,
@@ -807,7 +808,7 @@ BEGIN
     UPDATE {{schema}}.task_states s
     SET state = 'completed', completed_at = v_now,
         run_at = v_now + (SELECT i.retention FROM {{schema}}.task_inputs i WHERE i.seq = s.seq),
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     WHERE s.seq = ANY(ARRAY(SELECT h.seq FROM h WHERE h.keep))
     RETURNING s.seq
   ),
@@ -1292,7 +1293,7 @@ BEGIN
         run_at = v_now + CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN interval '0'
                               ELSE delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond' END,
         error_msg = errors[(v_at ->> s.seq::text)::int], last_failed_at = v_now,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
     RETURNING s.seq, s.queue, s.state
   ),
@@ -1409,8 +1410,7 @@ BEGIN
         retried = s.retried + CASE WHEN h.archive THEN 0 ELSE 1 END,
         run_at = v_now + CASE WHEN h.archive THEN interval '0' ELSE h.delay_ms * interval '1 millisecond' END,
         error_msg = 'task lease expired', last_failed_at = v_now,
-        -- rows.ts leaseReleased(), spelled out.
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     FROM ROWS FROM (unnest(seqs), unnest(tokens), unnest(archives), unnest(delays_ms)) AS h(seq, token, archive, delay_ms)
     WHERE s.seq = h.seq AND s.state = 'active' AND s.lease_token = h.token
       AND (s.lease_expires_at < v_now - cutoff_ms * interval '1 millisecond'
@@ -1430,6 +1430,20 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.recover_leases(seqs bigint[], tokens uuid[], archives boolean[], delays_ms double precision[], cutoff_ms double precision, lease_ms double precision, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.release_lease()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+  NEW.lease_owner := NULL;
+  NEW.lease_token := NULL;
+  NEW.lease_expires_at := NULL;
+  RETURN NEW;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.release_lease() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.replace_tasks(tasks json, now_at timestamp with time zone, schema_name text)
  RETURNS TABLE(ord bigint, replaced boolean)
@@ -1520,7 +1534,7 @@ BEGIN
   WITH requeued AS (
     UPDATE {{schema}}.task_states s
     SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     FROM (
       SELECT l.seq, row_number() OVER w AS rank, count(*) OVER (PARTITION BY l.queue) AS n,
              coalesce((SELECT min(p.pending_seq) FROM {{schema}}.task_states p WHERE p.queue = l.queue AND p.state = 'pending'),
@@ -1669,7 +1683,7 @@ BEGIN
   WITH snoozed AS (
     UPDATE {{schema}}.task_states s
     SET state = 'scheduled', run_at = v_now + delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond',
-        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = v_now
+        updated_at = v_now
     WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
     RETURNING s.seq, s.queue
   ),

@@ -99,6 +99,23 @@ describe('lease at claim', () => {
     await assert.rejects(db.query("UPDATE {{schema}}.tasks SET state = 'active' WHERE id = $1", [info.id]), /tasks_active_has_lease/);
   });
 
+  test('a task moved out of active holds no lease, whoever moves it (the table, the view, a repair in SQL)', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueueMany([new Task('a', null, { taskId: 'by-table' }), new Task('a', null, { taskId: 'by-view' })]);
+    assert.equal((await claim(broker, ['default'], 10, 'server-a', 30_000)).length, 2);
+    await db.query("UPDATE {{schema}}.task_states s SET state = 'retry', run_at = now() FROM {{schema}}.task_inputs i WHERE i.seq = s.seq AND i.id = 'by-table'");
+    await db.query("UPDATE {{schema}}.tasks SET state = 'archived' WHERE id = 'by-view'");
+    for (const id of ['by-table', 'by-view']) {
+      const r = await taskRow(id);
+      assert.deepEqual([r.lease_owner, r.lease_token, r.lease_expires_at], [null, null, null], id);
+    }
+    // The lease of an active task is left as it is: an extension is not a move.
+    await client.enqueue(new Task('a', null, { taskId: 'running' }));
+    const [row] = await claim(broker, ['default'], 10, 'server-a', 30_000);
+    assert.equal((await extendLeases(broker, [{ queue: 'default', id: 'running', seq: row!.seq, token: row!.lease_token }], 60_000)).length, 1);
+    assert.equal((await taskRow('running')).lease_token, row!.lease_token);
+  });
+
   test('TaskInfo.isOrphaned: active with an expired lease, not yet recovered', { timeout: 30_000 }, async () => {
     await reset();
     const fresh = await activeTask(0, 5, "now() + interval '10 seconds'");

@@ -13,7 +13,6 @@ import type { AnyTransaction, Db } from './db.js';
 import { ensureQueues } from './servers.js';
 import { transaction } from './transaction.js';
 import type { InQueue } from './inspector-read.js';
-import { leaseReleased } from './rows.js';
 
 /** What a one-task action found and did. */
 export interface TaskActionResult {
@@ -67,7 +66,7 @@ export async function moveTask(db: Db, queue: string, id: string, to: 'pending' 
     ),
     moved AS (
       UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = ${db.now()}, ${leaseReleased(db)}
+      SET state = ${to}, run_at = ${db.now()}, updated_at = ${db.now()}
       FROM target WHERE t.queue = target.queue AND t.id = target.id AND target.state = ANY(${allowed}::text[])
       RETURNING t.queue, t.state
     ),
@@ -128,7 +127,7 @@ export async function moveAllInState(db: Db, queue: string, from: TaskState, to:
     WITH q AS (SELECT name FROM ${db.table('queues')} WHERE name = ${queue}),
     moved AS (
       UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = ${db.now()}, ${leaseReleased(db)}
+      SET state = ${to}, run_at = ${db.now()}, updated_at = ${db.now()}
       FROM q WHERE t.queue = q.name AND t.state = ${from} AND (${group}::text IS NULL OR t.group_key = ${group})
       RETURNING 1
     ),

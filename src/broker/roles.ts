@@ -102,9 +102,11 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
 
 /**
  * What the Inspector's actions change (inspector-write.ts). Not priority: no action
- * changes it (a repair in SQL that does, through the view, is the owner's).
+ * changes it (a repair in SQL that does, through the view, is the owner's). Not the
+ * lease: no action moves an active task, and a task moved out of active has its lease
+ * cleared by the table's trigger (0010 release_lease()).
  */
-const ADMIN_TASK_COLUMNS = 'state, run_at, lease_owner, lease_token, lease_expires_at, payload, payload_bytes, cancel_requested, updated_at';
+const ADMIN_TASK_COLUMNS = 'state, run_at, payload, payload_bytes, cancel_requested, updated_at';
 
 /** A queue's limits (migration 0007): the admin sets them (inspector-write.ts setLimits), the worker's claim reads them. */
 const QUEUE_LIMIT_COLUMNS = 'concurrency, key_concurrency, rate_limit, rate_interval_ms';

@@ -19,14 +19,6 @@ import type { TaskInfo, TaskState } from '../model/task.js';
 import type { Db } from './db.js';
 
 /** Orders seqs (bigints as text) ascending: statements lock rows in seq order, so batches cannot deadlock. */
-/**
- * The SET list that ends a task's lease (a finished, failed, snoozed, given
- * back, recovered or moved attempt): owner, token and expiry cleared, the row
- * marked updated. Written once, so no writer forgets a column; the text is
- * the same in every statement, so their prepared forms do not multiply.
- */
-export const leaseReleased = (db: Db): RawBuilder<unknown> => sql`lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ${db.now()}`;
-
 export const compareSeq = (a: string, b: string): number => (BigInt(a) < BigInt(b) ? -1 : BigInt(a) > BigInt(b) ? 1 : 0);
 
 /**

@@ -72,7 +72,8 @@ const HOLD_S = Number(process.env.F20_HOLD_S ?? 90);
 const AFTER_S = 15;
 const HORIZON_NAMED_WITHIN_S = 90;
 const HORIZON_ENDED_WITHIN_S = 30;
-const CLAIM_SQL_LIKE = '%WITH RECURSIVE mark AS MATERIALIZED%';
+/** The claim is one call of claim_tasks() (migration 0010); pg_stat_statements counts the call, its statement inside included. */
+const CLAIM_SQL_LIKE = '%claim_tasks"(%';
 /** pg_stat_statements shows constants as $n: the head scan's text ends `ORDER BY priority DESC, pending_seq LIMIT $2`. */
 const HEAD_SQL_LIKE = '%ORDER BY priority DESC, pending_seq LIMIT $%';
 let h: Harness | undefined;
