@@ -103,7 +103,9 @@ describe('lease at claim', () => {
     await reset();
     await client.enqueueMany([new Task('a', null, { taskId: 'by-table' }), new Task('a', null, { taskId: 'by-view' })]);
     assert.equal((await claim(broker, ['default'], 10, 'server-a', 30_000)).length, 2);
-    await db.query("UPDATE {{schema}}.task_states s SET state = 'retry', run_at = now() FROM {{schema}}.task_inputs i WHERE i.seq = s.seq AND i.id = 'by-table'");
+    await db.query(
+      "UPDATE {{schema}}.task_states s SET state = 'retry', run_at = now() FROM {{schema}}.task_inputs i WHERE i.seq = s.seq AND i.id = 'by-table'",
+    );
     await db.query("UPDATE {{schema}}.tasks SET state = 'archived' WHERE id = 'by-view'");
     for (const id of ['by-table', 'by-view']) {
       const r = await taskRow(id);
