@@ -1,12 +1,15 @@
 -- Back to 0009: the server writes the tables itself again (rerun `pgasynq
 -- roles` after migrating down, to give the worker its table grants back).
+-- What an earlier, unreleased form of 0010 did not create is dropped only if
+-- it exists, and 0007's claim_limited() is made again whether or not it is
+-- still there: a schema migrated by either form goes back to 0009.
 
 -- ---------------------------------------------------------------------
 -- The claim (broker/claim.ts)
 -- ---------------------------------------------------------------------
 
-DROP FUNCTION {{schema}}.claim_tasks(text[], integer[], integer[], integer[], integer[], integer[], integer[], bigint[], xid8, integer, text, float8, float8, float8);
-DROP FUNCTION {{schema}}.claim_limited(text[], integer[], integer, text, float8, float8);
+DROP FUNCTION IF EXISTS {{schema}}.claim_tasks(text[], integer[], integer[], integer[], integer[], integer[], integer[], bigint[], xid8, integer, text, float8, float8, float8);
+DROP FUNCTION IF EXISTS {{schema}}.claim_limited(text[], integer[], integer, text, float8, float8);
 
 -- 0007's claim_limited(), with 0009's pinned search_path.
 -- Claims from the limited queues `queue_names`, in that order, up to
@@ -15,7 +18,7 @@ DROP FUNCTION {{schema}}.claim_limited(text[], integer[], integer, text, float8,
 -- each queue that its limits kept from giving all it was asked while tasks
 -- were pending, one row with seq NULL: wait_ms is when the rate window
 -- frees a start (NULL when only active tasks finishing can free a slot).
-CREATE FUNCTION {{schema}}.claim_limited(queue_names text[], wanted integer[], total integer, owner text, lease_ms float8,
+CREATE OR REPLACE FUNCTION {{schema}}.claim_limited(queue_names text[], wanted integer[], total integer, owner text, lease_ms float8,
                                          now_at timestamptz, schema_name text)
 RETURNS TABLE (queue text, seq bigint, pending_seq bigint, priority smallint, id text, type text, payload jsonb,
                payload_bytes bytea, headers jsonb, retried integer, max_retry integer, timeout_ms float8,
@@ -159,15 +162,15 @@ ALTER FUNCTION {{schema}}.claim_limited(text[], integer[], integer, text, float8
 -- The fenced writes of a lease (broker/leases.ts)
 -- ---------------------------------------------------------------------
 
-DROP FUNCTION {{schema}}.lock_lease(bigint, uuid);
-DROP FUNCTION {{schema}}.extend_leases(bigint[], uuid[], float8, float8);
-DROP FUNCTION {{schema}}.complete_tasks(bigint[], uuid[], boolean[], float8);
-DROP FUNCTION {{schema}}.fail_tasks(bigint[], uuid[], boolean[], boolean[], float8[], text[], float8);
-DROP FUNCTION {{schema}}.snooze_tasks(bigint[], uuid[], float8[], float8);
-DROP FUNCTION {{schema}}.requeue_tasks(bigint[], uuid[], float8);
-DROP FUNCTION {{schema}}.write_result(bigint, uuid, jsonb, bytea, float8);
-DROP FUNCTION {{schema}}.lease_batch(bigint[], uuid[], integer[]);
-DROP FUNCTION {{schema}}.check_delays(float8[]);
+DROP FUNCTION IF EXISTS {{schema}}.lock_lease(bigint, uuid);
+DROP FUNCTION IF EXISTS {{schema}}.extend_leases(bigint[], uuid[], float8, float8);
+DROP FUNCTION IF EXISTS {{schema}}.complete_tasks(bigint[], uuid[], boolean[], float8);
+DROP FUNCTION IF EXISTS {{schema}}.fail_tasks(bigint[], uuid[], boolean[], boolean[], float8[], text[], float8);
+DROP FUNCTION IF EXISTS {{schema}}.snooze_tasks(bigint[], uuid[], float8[], float8);
+DROP FUNCTION IF EXISTS {{schema}}.requeue_tasks(bigint[], uuid[], float8);
+DROP FUNCTION IF EXISTS {{schema}}.write_result(bigint, uuid, jsonb, bytea, float8);
+DROP FUNCTION IF EXISTS {{schema}}.lease_batch(bigint[], uuid[], integer[]);
+DROP FUNCTION IF EXISTS {{schema}}.check_delays(float8[]);
 
 -- ---------------------------------------------------------------------
 -- The forwarder, the recoverer and the janitor (broker/maintenance.ts)
@@ -182,10 +185,10 @@ DROP FUNCTION {{schema}}.delete_expired_completed(integer, float8);
 DROP FUNCTION {{schema}}.delete_expired_locks(integer, float8);
 DROP FUNCTION {{schema}}.trim_archive(integer, float8);
 DROP FUNCTION {{schema}}.commit_group(text, text, bigint[]);
-DROP FUNCTION {{schema}}.check_claim_bounds(integer, float8);
+DROP FUNCTION IF EXISTS {{schema}}.check_claim_bounds(integer, float8);
 
-DROP TRIGGER task_states_release_lease ON {{schema}}.task_states;
-DROP FUNCTION {{schema}}.release_lease();
+DROP TRIGGER IF EXISTS task_states_release_lease ON {{schema}}.task_states;
+DROP FUNCTION IF EXISTS {{schema}}.release_lease();
 
 DROP FUNCTION {{schema}}.task_clock(float8);
 DROP FUNCTION {{schema}}.task_channel(text);
