@@ -7,13 +7,13 @@
  * `pgasynq task inspect`, and the dashboard's task page in Chromium.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import type { Browser, Page } from 'playwright-core';
 import { Client, Inspector, Server, Task, createDashboard, type Dashboard, type TaskContext, type TaskInfo } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { DATABASE_URL, browserSkip, captureLog, launchBrowser, runCli, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
+import { browserSkip, captureLog, DATABASE_URL, launchBrowser, runCli, test, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

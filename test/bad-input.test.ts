@@ -36,7 +36,7 @@
  * asynq's CLI does not ask either; scripts that run it must keep working.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import * as lib from '../src/index.js';
 import {
   Client,
@@ -53,7 +53,7 @@ import {
   type ServerConfig,
   type TaskInfo,
 } from '../src/index.js';
-import { DATABASE_URL, countedPool, runCli, testDb, waitFor, type TestDb } from './helpers.js';
+import { countedPool, DATABASE_URL, runCli, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 const MIB = 1_048_576;
 

@@ -11,9 +11,12 @@
  */
 import assert from 'node:assert/strict';
 import { availableParallelism } from 'node:os';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import { Client, Inspector, Task, type TaskInfo } from '../src/index.js';
-import { DATABASE_URL, runCli, testDb, type TestDb } from './helpers.js';
+import { DATABASE_URL, runCli, testDb, testWithin, type TestDb } from './helpers.js';
+
+/** The CLI runs as a process per command, several per test: more than a minute under a loaded machine. */
+const test = testWithin(180_000);
 
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
 

@@ -3,12 +3,15 @@
  * output, --json, exit codes, and what it does to the database.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import pg from 'pg';
 import { humanLine } from '../src/cli/log.js';
 import { run } from '../src/cli/program.js';
 import { Client, Task } from '../src/index.js';
-import { DATABASE_URL, dsnWith, runCli } from './helpers.js';
+import { DATABASE_URL, dsnWith, runCli, testWithin } from './helpers.js';
+
+/** The CLI runs as a process per command, several per test: more than a minute under a loaded machine. */
+const test = testWithin(180_000);
 
 const SCHEMA = 't_cli';
 const ENV_SCHEMA = 't_cli_env';

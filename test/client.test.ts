@@ -2,7 +2,7 @@
  * Client: enqueue and enqueueMany against the real database. Every assertion
  * that matters is made on the rows (db.query), not only on the returned TaskInfo.
  */
-import { test, describe, before, after } from 'node:test';
+import { describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
@@ -25,7 +25,7 @@ import {
   type EnqueueOptions,
   type TaskInfo,
 } from '../src/index.js';
-import { caught, countByState, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countByState, dsnWith, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 const SCHEMA = 't_client';
 /** A UUID version 7: 48 bits of Unix ms first, so ids sort by creation time. */

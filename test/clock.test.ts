@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
+import { after, afterEach, before, beforeEach, describe } from 'node:test';
 import { Client, Inspector, Scheduler, Task } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { forwardDue, nextDueIn } from '../src/broker/maintenance.js';
@@ -17,7 +17,7 @@ import { silentLogger } from '../src/internal/logger.js';
 import { Janitor } from '../src/server/janitor.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { REPO, resetTables, testDb, type TestDb } from './helpers.js';
+import { REPO, resetTables, test, testDb, type TestDb } from './helpers.js';
 
 describe('the clock seam', () => {
   // PostgreSQL's clocks, called or named: what a statement would read past the test's clock.

@@ -5,10 +5,10 @@
  * notification takes, however late its transaction commits.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import pg from 'pg';
 import { Client, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
-import { resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -15,7 +15,7 @@ import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import pg from 'pg';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
 import {
@@ -32,7 +32,7 @@ import {
   type Dashboard,
   type QueueInfo,
 } from '../src/index.js';
-import { browserSkip, builtCli, launchBrowser, testDb, waitFor, type TestDb } from './helpers.js';
+import { browserSkip, builtCli, launchBrowser, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 const XSS_TYPE = '<img src=x onerror=alert(1)>';
 const TENANT_KEY = 'acme <b>corp</b>';

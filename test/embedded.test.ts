@@ -7,9 +7,12 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, test } from 'node:test';
+import { describe } from 'node:test';
 import { Client, ConfigError, Inspector, Server, Task, createEmbeddedDatabase, migrate } from '../src/index.js';
-import { caught, waitFor } from './helpers.js';
+import { caught, testWithin, waitFor } from './helpers.js';
+
+/** The CLI runs as a process per command, several per test: more than a minute under a loaded machine. */
+const test = testWithin(180_000);
 
 describe('createEmbeddedDatabase', () => {
   for (const dataDir of ['', 42, null]) {

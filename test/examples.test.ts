@@ -3,9 +3,12 @@
  * database (DATABASE_URL unset) and exits 0 having done its work.
  */
 import assert from 'node:assert/strict';
-import { describe, test } from 'node:test';
+import { describe } from 'node:test';
 import { Client, Task } from '../src/index.js';
-import { builtCli, runCli, runNode, testDb } from './helpers.js';
+import { builtCli, runCli, runNode, testDb, testWithin } from './helpers.js';
+
+/** The CLI runs as a process per command, several per test: more than a minute under a loaded machine. */
+const test = testWithin(180_000);
 
 function runExample(file: string, args: string[] = []) {
   return runNode([`examples/${file}`, ...args]);

@@ -4,12 +4,12 @@
  * (The cluster-wide limits are limits.test.ts's.)
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
+import { after, afterEach, before, beforeEach, describe } from 'node:test';
 import { Client, Inspector, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { claimFrom } from '../src/broker/claim.js';
 import { claimShares, queueOrder } from '../src/server/queues.js';
-import { caught, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import { Client, Inspector, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
-import { countByState, deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { countByState, deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

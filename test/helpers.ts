@@ -7,6 +7,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
+import { test as nodeTest, type TestFn, type TestOptions } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { chromium, type Browser } from 'playwright-core';
@@ -84,6 +85,26 @@ export async function resetTables(db: TestDb, { also = [], keep = [] }: { also?:
   const tables = [...DATA_TABLES.filter((t) => !keep.includes(t)), ...also];
   await db.query(`TRUNCATE ${tables.map((t) => `{{schema}}.${t}`).join(', ')}`);
 }
+
+/** How long a test may run before it fails: a test that hangs fails within a minute. */
+export const TEST_TIMEOUT_MS = 60_000;
+
+/** node:test's test(), with `defaultMs` as the timeout of every test that gives none of its own. */
+export function testWithin(defaultMs: number): {
+  (name: string, fn: TestFn): Promise<void>;
+  (name: string, options: TestOptions, fn: TestFn): Promise<void>;
+} {
+  return (name: string, a: TestOptions | TestFn, b?: TestFn) =>
+    typeof a === 'function' ? nodeTest(name, { timeout: defaultMs }, a) : nodeTest(name, { timeout: defaultMs, ...a }, b);
+}
+
+/**
+ * The tests' test(): node:test's, timed out after TEST_TIMEOUT_MS unless a test
+ * says otherwise (npm test gives each file as a whole 400 s, which is what
+ * --test-timeout sets: it cannot time a test alone). Files whose tests spawn
+ * processes one after another (the CLI's) use testWithin() with more.
+ */
+export const test = testWithin(TEST_TIMEOUT_MS);
 
 /**
  * Starts a Server on db's schema with logging off and `config` (a file's own

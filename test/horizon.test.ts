@@ -4,11 +4,11 @@
  * waiting), once, and says when it has ended.
  */
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { after, before } from 'node:test';
 import pg from 'pg';
 import { Server } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
-import { captureLog, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
+import { captureLog, test, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
 
 let db: TestDb;
 before(async () => {

@@ -4,7 +4,7 @@
  * running in a real Server (by NOTIFY, and by heartbeat when the NOTIFY is lost).
  */
 import assert from 'node:assert/strict';
-import { after, before, beforeEach, describe, test } from 'node:test';
+import { after, before, beforeEach, describe } from 'node:test';
 import pg from 'pg';
 import {
   Client,
@@ -22,7 +22,7 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
-import { deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

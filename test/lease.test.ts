@@ -6,10 +6,11 @@
  */
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { describe, test } from 'node:test';
+import { describe } from 'node:test';
 import { FailedPreconditionError, LeaseExpiredError, TaskCanceledError } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
 import { Lease } from '../src/server/lease.js';
+import { test } from './helpers.js';
 
 const key = { queue: 'default', id: 't1', seq: '1', token: '00000000-0000-0000-0000-000000000000' };
 const held = (trustMs = 60_000) => new Lease(key, trustMs, performance.now());

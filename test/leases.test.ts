@@ -2,7 +2,7 @@
  * Leases, heartbeats, the recoverer and fencing (issue "core engine, part 2").
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { Client, LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
@@ -15,7 +15,7 @@ import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { startCommitProxy } from './faults/commit-proxy.js';
 import { claim, selectTask } from './broker-helpers.js';
-import { deferred, exited, resetTables, spawnFixture, startTestServer, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { deferred, exited, resetTables, spawnFixture, startTestServer, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -6,9 +6,9 @@
  * of 100,000 tasks does not hold another tenant's task back.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import { Client, Inspector, InvalidOptionError, Server, Task, ValidationError } from '../src/index.js';
-import { caught, exited, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { caught, exited, spawnFixture, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -3,11 +3,11 @@
  * slot frees, given back at stop without using a retry.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import { Client, ConfigError, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
 import { Prefetch } from '../src/server/prefetch.js';
-import { countByState, deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { countByState, deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -7,13 +7,13 @@
  * goes to retry woke no forwarder, where an enqueue of a delayed task does.
  */
 import assert from 'node:assert/strict';
-import { after, before, beforeEach, describe, test } from 'node:test';
+import { after, before, beforeEach, describe } from 'node:test';
 import { Client, Inspector, InvalidOptionError, QueueNotFoundError, Server, Task, ValidationError, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { deferred, resetTables, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, resetTables, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

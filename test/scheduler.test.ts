@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import {
   ClientClosedError,
   ConfigError,
@@ -17,7 +17,7 @@ import {
 } from '../src/index.js';
 import { parseDuration, parseSchedule } from '../src/model/cron.js';
 import { HISTORY_LIMIT } from '../src/broker/scheduler.js';
-import { LEVEL, captureLog, dsnWith, resetTables, testDb, waitFor, type TestDb } from './helpers.js';
+import { captureLog, dsnWith, LEVEL, resetTables, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 

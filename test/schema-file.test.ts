@@ -8,11 +8,10 @@
  */
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { test } from 'node:test';
 import pg from 'pg';
 import { schemaText, SCHEMA_FILE, VERSION_LINE } from '../scripts/schema-dump.js';
 import { loadMigrations } from '../src/broker/migrations.js';
-import { DATABASE_URL, testDb } from './helpers.js';
+import { DATABASE_URL, test, testDb } from './helpers.js';
 
 const committed = readFileSync(SCHEMA_FILE, 'utf8');
 

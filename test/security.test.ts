@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { inspect } from 'node:util';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import pg from 'pg';
 import pino from 'pino';
 import {
@@ -37,7 +37,7 @@ import {
 import { parseSchedule } from '../src/model/cron.js';
 import { lastErrorText } from '../src/server/retry.js';
 import { redact, redactConnectionString } from '../src/internal/redact.js';
-import { DATABASE_URL, caught, countedPool, dsnWith, runCli, runNode, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countedPool, DATABASE_URL, dsnWith, runCli, runNode, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 const MIB = 1_048_576;
 

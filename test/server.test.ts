@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { lookup } from 'node:dns/promises';
 import { createServer, connect as tcpConnect, type Server as NetServer, type Socket } from 'node:net';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import {
   Client,
   ConfigError,
@@ -30,15 +30,16 @@ import { backoffMs } from '../src/internal/backoff.js';
 import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
 import { claim } from './broker-helpers.js';
 import {
-  LEVEL,
   captureLog,
   countByState,
-  dsnWith,
   deferred,
+  dsnWith,
+  LEVEL,
   parseLogLines,
   resetTables,
   runNode,
   startTestServer,
+  test,
   testDb,
   waitFor,
   type LogLine,

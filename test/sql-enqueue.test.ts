@@ -5,11 +5,11 @@
  * library's own enqueue writes and says.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
+import { after, afterEach, before, beforeEach, describe } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Server, Task, TaskIdConflictError, ValidationError, type ServerConfig, type TaskContext, type TaskInfo } from '../src/index.js';
 import { toRecord, validateOptions } from '../src/model/task.js';
-import { caught, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

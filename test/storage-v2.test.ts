@@ -5,13 +5,13 @@
  * the migrated rows; writes through the view reach both tables.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe, test } from 'node:test';
+import { after, afterEach, before, describe } from 'node:test';
 import pg from 'pg';
 import { Client, Server, SkipRetry, Task, migrate, migrateDown, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { requeue } from '../src/broker/leases.js';
 import { claim } from './broker-helpers.js';
-import { DATABASE_URL, deferred, waitFor } from './helpers.js';
+import { DATABASE_URL, deferred, test, waitFor } from './helpers.js';
 
 const BASE = `t_storage_v2${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
 const V1 = '0003_active_index';

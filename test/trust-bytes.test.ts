@@ -9,12 +9,12 @@
  * so the test process never holds them.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Server, Task, createDashboard } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { claim } from './broker-helpers.js';
-import { exited, spawnFixture, testDb, waitFor, type TestDb } from './helpers.js';
+import { exited, spawnFixture, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -5,10 +5,10 @@
  */
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { after, before, beforeEach, describe, test } from 'node:test';
+import { after, before, beforeEach, describe } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Task, TaskCanceledError, type ServerConfig, type TaskContext } from '../src/index.js';
-import { deferred, dsnWith, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, dsnWith, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 /** A login with no grants at all: it may connect, and so NOTIFY, and nothing else. */
 const NOBODY = `hc_nobody${(process.env.TEST_SCHEMA_SUFFIX ?? '').replace(/\W/g, '')}`;

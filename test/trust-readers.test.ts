@@ -10,9 +10,9 @@
  */
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import { Client, Task, createDashboard, type Dashboard } from '../src/index.js';
-import { DATABASE_URL, runCli, testDb, type TestDb } from './helpers.js';
+import { DATABASE_URL, runCli, test, testDb, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

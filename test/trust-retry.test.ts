@@ -6,13 +6,13 @@
  * years, on both paths: the processor's failures and the recoverer's.
  */
 import assert from 'node:assert/strict';
-import { after, before, beforeEach, describe, test } from 'node:test';
+import { after, before, beforeEach, describe } from 'node:test';
 import { Client, Server, Task, type Logger } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { resetTables, testDb, waitFor, type TestDb } from './helpers.js';
+import { resetTables, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

@@ -11,7 +11,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe } from 'node:test';
 import pg from 'pg';
 import { Client, Inspector, Server, Snooze, Task, roleSetupSql } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
@@ -21,7 +21,7 @@ import { Aggregator } from '../src/server/aggregator.js';
 import { Janitor } from '../src/server/janitor.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { REPO, deferred, dsnWith, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, dsnWith, REPO, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 const PREFIX = `t26${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
 const KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
@@ -267,7 +267,10 @@ describe("a worker writes tasks only through the owner's functions", () => {
         runs.set(ctx.taskId, n);
         if (ctx.taskId === 'fails' && n === 1) throw new Error('once');
         if (ctx.taskId === 'snoozes' && n === 1) throw new Snooze(10);
-        if (ctx.taskId === 'tx') return ctx.transaction(async () => 'in a transaction');
+        if (ctx.taskId === 'tx') {
+          await ctx.transaction(async () => 'in a transaction');
+          return;
+        }
         if (ctx.taskId === 'hold') {
           holding.resolve();
           // Past two lease lengths: only the heartbeats keep it, until shutdown gives it back.

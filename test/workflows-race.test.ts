@@ -6,10 +6,10 @@
  * releases nothing, and the task rescued from it releases the dependent once.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
+import { after, afterEach, before, beforeEach, describe } from 'node:test';
 import { Client, Server, Task, type TaskContext } from '../src/index.js';
 import { sql } from 'kysely';
-import { countReleases, exited, resetTables, spawnFixture, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { countReleases, exited, resetTables, spawnFixture, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;

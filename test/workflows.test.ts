@@ -6,7 +6,7 @@
  * processes and kill -9: workflows-race.test.ts.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe, test } from 'node:test';
+import { after, afterEach, before, beforeEach, describe } from 'node:test';
 import {
   Client,
   Inspector,
@@ -21,7 +21,7 @@ import {
   type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
-import { caught, countReleases, deferred, resetTables, startTestServer, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countReleases, deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 let db: TestDb;
 let client: Client;
