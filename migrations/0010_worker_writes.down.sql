@@ -178,6 +178,7 @@ DROP FUNCTION IF EXISTS {{schema}}.check_delays(float8[]);
 -- ---------------------------------------------------------------------
 
 DROP FUNCTION {{schema}}.forward_due(integer, float8);
+DROP FUNCTION IF EXISTS {{schema}}.expired_leases(integer, boolean, float8, float8, float8);
 DROP FUNCTION {{schema}}.recover_leases(bigint[], uuid[], boolean[], float8[], float8, float8, float8);
 DROP FUNCTION {{schema}}.drop_orphans(bigint[], uuid[], float8, float8, float8);
 DROP FUNCTION {{schema}}.check_recovery_bounds(float8, float8);

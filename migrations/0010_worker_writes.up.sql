@@ -707,6 +707,36 @@ BEGIN
 END
 $$;
 
+-- The recoverer's read (maintenance.ts findExpired): up to `batch_size` active
+-- tasks whose lease expired more than `cutoff_ms` ago, or runs out impossibly
+-- far in the future (clock abuse or corrupt data), in seq order, each with
+-- its lease token (the worker reads no other lease's: the fence of
+-- recover_leases() and drop_orphans()), whether its expiry is implausible,
+-- and with `with_sizes` the bytes of its payload and headers. State rows
+-- without inputs come too (id NULL). The bounds are checked first, so a token
+-- of a lease that is not recoverable never leaves.
+CREATE FUNCTION {{schema}}.expired_leases(batch_size integer, with_sizes boolean, cutoff_ms float8, lease_ms float8, shift_ms float8)
+RETURNS TABLE (task_seq bigint, queue text, id text, type text, retried integer, max_retry integer, lease_owner text,
+               lease_token uuid, implausible boolean, input_bytes float8)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+BEGIN
+  PERFORM {{schema}}.check_recovery_bounds(cutoff_ms, lease_ms);
+  RETURN QUERY
+  SELECT s.seq, s.queue, i.id, i.type, s.retried, i.max_retry, s.lease_owner, s.lease_token,
+         s.lease_expires_at > v_now + lease_ms * interval '1 millisecond' + interval '1 minute',
+         CASE WHEN with_sizes AND i.seq IS NOT NULL THEN
+           coalesce(octet_length(i.payload_bytes), octet_length(i.payload::text), 0)::float8 + octet_length(i.headers::text)::float8 END
+  FROM {{schema}}.task_states s LEFT JOIN {{schema}}.task_inputs i ON i.seq = s.seq
+  -- lease_owner is always set on an active row; naming it lets task_states_active_idx serve.
+  WHERE s.state = 'active' AND s.lease_owner IS NOT NULL
+    AND (s.lease_expires_at < v_now - cutoff_ms * interval '1 millisecond'
+         OR s.lease_expires_at > v_now + lease_ms * interval '1 millisecond' + interval '1 minute')
+  ORDER BY s.seq LIMIT batch_size;
+END
+$$;
+
 -- The recoverer's write (maintenance.ts recoverLeases): each task of `seqs`
 -- goes to retry after its delay, or to the archive, as the parallel arrays
 -- say, only if it is still active under the lease `tokens` names and still
@@ -898,6 +928,7 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.requeue_tasks(bigint[], uuid[], float8) FR
 REVOKE EXECUTE ON FUNCTION {{schema}}.write_result(bigint, uuid, jsonb, bytea, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.check_recovery_bounds(float8, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.forward_due(integer, float8) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.expired_leases(integer, boolean, float8, float8, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.recover_leases(bigint[], uuid[], boolean[], float8[], float8, float8, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.drop_orphans(bigint[], uuid[], float8, float8, float8) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION {{schema}}.delete_expired_completed(integer, float8) FROM PUBLIC;

@@ -1254,6 +1254,31 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.ensure_queues(names text[]) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION {{schema}}.expired_leases(batch_size integer, with_sizes boolean, cutoff_ms double precision, lease_ms double precision, shift_ms double precision)
+ RETURNS TABLE(task_seq bigint, queue text, id text, type text, retried integer, max_retry integer, lease_owner text, lease_token uuid, implausible boolean, input_bytes double precision)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+BEGIN
+  PERFORM {{schema}}.check_recovery_bounds(cutoff_ms, lease_ms);
+  RETURN QUERY
+  SELECT s.seq, s.queue, i.id, i.type, s.retried, i.max_retry, s.lease_owner, s.lease_token,
+         s.lease_expires_at > v_now + lease_ms * interval '1 millisecond' + interval '1 minute',
+         CASE WHEN with_sizes AND i.seq IS NOT NULL THEN
+           coalesce(octet_length(i.payload_bytes), octet_length(i.payload::text), 0)::float8 + octet_length(i.headers::text)::float8 END
+  FROM {{schema}}.task_states s LEFT JOIN {{schema}}.task_inputs i ON i.seq = s.seq
+  -- lease_owner is always set on an active row; naming it lets task_states_active_idx serve.
+  WHERE s.state = 'active' AND s.lease_owner IS NOT NULL
+    AND (s.lease_expires_at < v_now - cutoff_ms * interval '1 millisecond'
+         OR s.lease_expires_at > v_now + lease_ms * interval '1 millisecond' + interval '1 minute')
+  ORDER BY s.seq LIMIT batch_size;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.expired_leases(batch_size integer, with_sizes boolean, cutoff_ms double precision, lease_ms double precision, shift_ms double precision) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION {{schema}}.extend_leases(seqs bigint[], tokens uuid[], lease_ms double precision, shift_ms double precision)
  RETURNS TABLE(task_seq bigint, cancel_requested boolean)
  LANGUAGE plpgsql

@@ -214,6 +214,10 @@ describe("a worker writes tasks only through the owner's functions", () => {
       'SELECT 1 FROM {{S}}.task_states FOR NO KEY UPDATE SKIP LOCKED',
       'SELECT 1 FROM {{S}}.tasks FOR UPDATE',
       'SELECT 1 FROM {{S}}.unique_locks FOR UPDATE',
+      // Another server's lease token: with it, a worker could finish, fail, extend or lock its task.
+      'SELECT lease_token FROM {{S}}.task_states',
+      'SELECT lease_token FROM {{S}}.tasks',
+      'SELECT * FROM {{S}}.tasks',
       // Positions are the owner's functions' to draw; the rate log is claim_limited()'s.
       "SELECT nextval('{{S}}.task_seq')",
       "INSERT INTO {{S}}.queue_starts (queue, started_at, tasks) VALUES ('q', now(), -100)",
@@ -230,7 +234,10 @@ describe("a worker writes tasks only through the owner's functions", () => {
       'old claim_limited',
       '42883',
     );
-    // Bounds a function checks: a lease of no length, arrays that do not pair up.
+    // Bounds a function checks: a negative cutoff (which would hand out the tokens of live
+    // leases), a lease of no length, arrays that do not pair up.
+    const cutoff = await refused(as('worker', 'SELECT * FROM {{S}}.expired_leases(10, false, -1, 30000, 0)'), 'cutoff', '22023');
+    assert.equal(cutoff.column, 'recoverCutoff');
     const lease = await refused(as('worker', "SELECT * FROM {{S}}.extend_leases('{1}', ARRAY[gen_random_uuid()], 0, 0)"), 'lease 0', '22023');
     assert.equal(lease.column, 'leaseDuration');
     const pairs = await refused(

@@ -58,19 +58,19 @@ export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly 
 /**
  * The leases of `leases` whose task the database marks for cancellation
  * (`cancel_requested`, which Inspector.cancelProcessing sets) while `owner`
- * still holds them under the same token. A cancel notification names a task
+ * still holds them. A cancel notification names a task
  * id and anyone who can connect may send one: only this answer decides. A
  * plain read: it takes no lock, so a lease inside ctx.transaction does not
  * make it wait.
  */
 export async function cancelRequested<T extends LeaseKey>(db: Db, leases: readonly T[], owner: string): Promise<T[]> {
   if (leases.length === 0) return [];
+  // By seq and owner, not token: the worker reads no token (roles.ts), and a server's lease
+  // table holds one lease per seq, so an active row of this seq owned by this server is that lease.
   const rows = await db.run(
     sql<{ seq: string }>`
     SELECT s.seq::text AS seq FROM ${db.table('task_states')} s
-    WHERE s.seq = ANY(${leases.map((l) => l.seq)}::bigint[]) AND s.state = 'active' AND s.lease_owner = ${owner} AND s.cancel_requested
-      -- A token is drawn at random for one claim: matching any of them is matching its own.
-      AND s.lease_token = ANY(${leases.map((l) => l.token)}::uuid[])`,
+    WHERE s.seq = ANY(${leases.map((l) => l.seq)}::bigint[]) AND s.state = 'active' AND s.lease_owner = ${owner} AND s.cancel_requested`,
     undefined,
     'cancel-requested',
   );

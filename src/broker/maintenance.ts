@@ -57,37 +57,25 @@ export interface RecoveryBounds {
 }
 
 /**
- * Matches the leases the recoverer takes: expired more than the cutoff ago, or
- * impossibly far in the future. recover_leases() and drop_orphans() (migration
- * 0010) check the same before they write.
- */
-const recoverable = (db: Db, b: RecoveryBounds) => sql`
-  (s.lease_expires_at < ${db.now()} - ${b.cutoffMs}::float8 * interval '1 millisecond'
-   OR s.lease_expires_at > ${db.now()} + ${b.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute')`;
-
-/**
  * Up to `limit` active tasks whose lease expired more than `cutoffMs` ago
- * (or is impossibly far in the future: clock abuse or corrupt data). A plain
- * read: the recoverer decides what becomes of each outside any transaction
- * (its retry policy is the user's code), then recoverLeases() writes that.
- * State rows without inputs come too (id null). `sizes`: also measure each
- * task's payload and headers (in PostgreSQL: only the numbers leave it), for
- * a recoverer that loads them in bounded batches.
+ * (or is impossibly far in the future: clock abuse or corrupt data), through
+ * the owner's expired_leases() (migration 0010: the worker reads no lease
+ * token but these). A plain read: the recoverer decides what becomes of each
+ * outside any transaction (its retry policy is the user's code), then
+ * recoverLeases() writes that; recover_leases() and drop_orphans() check the
+ * same bounds before they write. State rows without inputs come too (id
+ * null). `sizes`: also measure each task's payload and headers (in
+ * PostgreSQL: only the numbers leave it), for a recoverer that loads them in
+ * bounded batches.
  */
 export async function findExpired(db: Db, bounds: RecoveryBounds, limit: number, sizes = false): Promise<ExpiredLease[]> {
-  const inputBytes = sizes
-    ? sql`CASE WHEN i.seq IS NOT NULL THEN
-        coalesce(pg_catalog.octet_length(i.payload_bytes), pg_catalog.octet_length(i.payload::text), 0)::float8
-        + pg_catalog.octet_length(i.headers::text)::float8 END`
-    : sql`NULL::float8`;
-  return db.run(sql<ExpiredLease>`
-    SELECT s.seq::text AS seq, s.queue, i.id, i.type, s.retried, i.max_retry, s.lease_owner, s.lease_token,
-           s.lease_expires_at > ${db.now()} + ${bounds.leaseMs}::float8 * interval '1 millisecond' + interval '1 minute' AS implausible,
-           ${inputBytes} AS input_bytes
-    FROM ${db.table('task_states')} s LEFT JOIN ${db.table('task_inputs')} i ON i.seq = s.seq
-    WHERE s.state = 'active' AND s.lease_owner IS NOT NULL -- always true; lets task_states_active_idx serve
-      AND ${recoverable(db, bounds)}
-    ORDER BY s.seq LIMIT ${limit}`);
+  return db.run(
+    sql<ExpiredLease>`
+    SELECT e.task_seq::text AS seq, e.queue, e.id, e.type, e.retried, e.max_retry, e.lease_owner, e.lease_token, e.implausible, e.input_bytes
+    FROM ${db.table('expired_leases')}(${limit}::int, ${sizes}::bool, ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clock.offsetMs}::float8) e`,
+    undefined,
+    'expired-leases',
+  );
 }
 
 /** What a retryDelay is handed of a task besides its type: its payload and headers. */
@@ -167,6 +155,7 @@ export async function trimArchive(db: Db, limit: number): Promise<number> {
 /** The owner's functions (migration 0010) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
 export const MAINTENANCE_FUNCTIONS: readonly string[] = [
   'forward_due(integer, float8)',
+  'expired_leases(integer, boolean, float8, float8, float8)',
   'recover_leases(bigint[], uuid[], boolean[], float8[], float8, float8, float8)',
   'drop_orphans(bigint[], uuid[], float8, float8, float8)',
   'delete_expired_completed(integer, float8)',

@@ -291,9 +291,19 @@ BEGIN
   -- paused, never the limits: they are the admin's). Completing, archiving or
   -- deleting a task with dependents settles them through the owner's SECURITY
   -- DEFINER triggers.
-  GRANT SELECT ON ${t('tasks')} TO ${id(r.worker)};
+  -- Every column but lease_token, in the view and its table: a worker learns the token
+  -- of the leases it claims and of those the recoverer may take (expired_leases()),
+  -- never of another server's running task, so it cannot finish, fail, extend or lock one.
+  FOR o IN
+    SELECT c.relname, string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols
+    FROM pg_class c
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE c.relnamespace = ${lit(S)}::regnamespace AND c.relname IN ('tasks', 'task_states') AND a.attname <> 'lease_token'
+    GROUP BY c.relname
+  LOOP
+    EXECUTE format('GRANT SELECT (%s) ON %I.%I TO %I', o.cols, ${lit(schema)}, o.relname, ${lit(r.worker)});
+  END LOOP;
   GRANT SELECT ON ${t('task_inputs')} TO ${id(r.worker)};
-  GRANT SELECT ON ${t('task_states')} TO ${id(r.worker)};
   GRANT SELECT ON ${t('task_dependencies')} TO ${id(r.worker)};
   GRANT SELECT ON ${t('unique_locks')} TO ${id(r.worker)};
   GRANT SELECT, UPDATE (processed_total, failed_total) ON ${t('queues')} TO ${id(r.worker)};

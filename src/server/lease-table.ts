@@ -35,8 +35,9 @@ export class LeaseTable {
     this.#bySeq.set(lease.seq, lease);
   }
 
+  /** Removes `lease`; a newer lease of the same task (claimed again after this one was lost) stays. */
   delete(lease: Lease): void {
-    this.#bySeq.delete(lease.seq);
+    if (this.#bySeq.get(lease.seq) === lease) this.#bySeq.delete(lease.seq);
     if (this.#bySeq.size === 0) for (const fn of this.#onEmpty.splice(0)) fn();
   }
 

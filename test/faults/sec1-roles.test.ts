@@ -303,6 +303,7 @@ describe('SEC1 roles', () => {
     await refused(as('worker', 'DELETE FROM {{S}}.tasks WHERE false'), 'worker: DELETE tasks');
     await refused(as('worker', 'SELECT 1 FROM {{S}}.task_states FOR UPDATE SKIP LOCKED'), 'worker: lock task_states');
     await refused(as('worker', "SELECT nextval('{{S}}.task_seq')"), 'worker: nextval task_seq');
+    await refused(as('worker', 'SELECT lease_token FROM {{S}}.task_states'), 'worker: SELECT task_states.lease_token');
     await refused(as('worker', 'DELETE FROM {{S}}.queue_starts WHERE false'), 'worker: DELETE queue_starts');
     await refused(as('worker', 'UPDATE {{S}}.queues SET paused = true WHERE false'), 'worker: pause a queue');
     await refused(as('worker', 'DELETE FROM {{S}}.queues WHERE false'), 'worker: DELETE queues');
