@@ -109,7 +109,7 @@ export async function claimFrom(
       c.retried, c.max_retry, c.timeout_ms, c.deadline_in_ms, c.retention_ms, c.lease_token
     FROM ${db.table('claim_tasks')}(${queues}::text[], ${shares}::int[], ${gaps.ord}::int[], ${gaps.hi}::int[], ${gaps.lo}::int[],
       ${known.map((b) => ordOf.get(b.queue)!)}::int[], ${known.map((b) => b.priority)}::int[], ${known.map((b) => b.floor)}::bigint[],
-      ${start.olderThan}::xid8, ${limit}::int, ${owner}, ${leaseMs}::float8, ${maxBytes}::float8, ${db.clock.offsetMs}::float8) c`,
+      ${start.olderThan}::xid8, ${limit}::int, ${owner}, ${leaseMs}::float8, ${maxBytes}::float8, ${db.clockShift()}) c`,
     undefined,
     'claim',
   );
@@ -149,7 +149,7 @@ export async function claimLimited(
     sql<ClaimedRow & { wait_ms: number | null }>`
     SELECT c.queue, c.seq::text AS seq, c.pending_seq::text AS pending_seq, c.priority, c.id, c.type, c.payload, c.payload_bytes,
            c.headers, c.retried, c.max_retry, c.timeout_ms, c.deadline_in_ms, c.retention_ms, c.lease_token, c.wait_ms
-    FROM ${db.table('claim_limited')}(${queues}::text[], ${wanted}::int[], ${total}::int, ${owner}, ${leaseMs}::float8, ${db.clock.offsetMs}::float8) c`,
+    FROM ${db.table('claim_limited')}(${queues}::text[], ${wanted}::int[], ${total}::int, ${owner}, ${leaseMs}::float8, ${db.clockShift()}) c`,
     undefined,
     'claim-limited',
   );

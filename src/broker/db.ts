@@ -202,6 +202,15 @@ export class Db {
   }
 
   /**
+   * The shift the owner's task functions take (migration 0010 task_clock()):
+   * this Db's offset in ms, 0 unless a test moved the clock. Those functions
+   * decide time themselves and honour a shift for the owner only.
+   */
+  clockShift(): RawBuilder<number> {
+    return sql<number>`${this.clock.offsetMs}::float8`;
+  }
+
+  /**
    * `base` as is, or moved forward by the test's offset. The offset is a bind
    * parameter: a statement has two texts at most (offset 0, and any other),
    * so a named prepared statement keeps its plan as the clock moves.

@@ -47,7 +47,7 @@ export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly 
   const rows = await db.run(
     sql<{ seq: string; cancel_requested: boolean }>`
     SELECT e.task_seq::text AS seq, e.cancel_requested
-    FROM ${db.table('extend_leases')}(${b.keys}, ${leaseMs}::float8, ${db.clock.offsetMs}::float8) e`,
+    FROM ${db.table('extend_leases')}(${b.keys}, ${leaseMs}::float8, ${db.clockShift()}) e`,
     undefined,
     'extend',
   );
@@ -93,7 +93,7 @@ export async function complete<T extends Completion>(db: Db, items: readonly T[]
   const b = batch(items);
   const rows = await db.run(
     sql<{ seq: string }>`
-    SELECT c::text AS seq FROM ${db.table('complete_tasks')}(${b.keys}, ${b.sorted.map((i) => i.keep)}::bool[], ${db.clock.offsetMs}::float8) c`,
+    SELECT c::text AS seq FROM ${db.table('complete_tasks')}(${b.keys}, ${b.sorted.map((i) => i.keep)}::bool[], ${db.clockShift()}) c`,
     trx,
     'complete',
   );
@@ -134,7 +134,7 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
     sql<{ seq: string }>`
     SELECT f::text AS seq FROM ${db.table('fail_tasks')}(${b.keys}, ${b.sorted.map((i) => i.archive)}::bool[],
       ${b.sorted.map((i) => i.counts)}::bool[], ${b.sorted.map((i) => i.delayMs)}::float8[], ${b.sorted.map((i) => i.error)}::text[],
-      ${db.clock.offsetMs}::float8) f`,
+      ${db.clockShift()}) f`,
     undefined,
     'fail',
   );
@@ -157,7 +157,7 @@ export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Pr
   const b = batch(items);
   const rows = await db.run(
     sql<{ seq: string }>`
-    SELECT z::text AS seq FROM ${db.table('snooze_tasks')}(${b.keys}, ${b.sorted.map((i) => i.delayMs)}::float8[], ${db.clock.offsetMs}::float8) z`,
+    SELECT z::text AS seq FROM ${db.table('snooze_tasks')}(${b.keys}, ${b.sorted.map((i) => i.delayMs)}::float8[], ${db.clockShift()}) z`,
     undefined,
     'snooze',
   );
@@ -172,16 +172,15 @@ export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Pr
 export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]): Promise<T[]> {
   if (leases.length === 0) return [];
   const b = batch(leases);
-  const rows = await db.run(sql<{ seq: string }>`SELECT r::text AS seq FROM ${db.table('requeue_tasks')}(${b.keys}, ${db.clock.offsetMs}::float8) r`);
+  const rows = await db.run(sql<{ seq: string }>`SELECT r::text AS seq FROM ${db.table('requeue_tasks')}(${b.keys}, ${db.clockShift()}) r`);
   return held(leases, rows);
 }
 
 /** Stores a handler's result on its task (write_result). Returns false when the lease is gone. */
 export async function writeResult(db: Db, lease: LeaseKey, json: string | null, bytes: Buffer | null): Promise<boolean> {
   const rows = await db.run(
-    sql<{
-      held: boolean;
-    }>`SELECT ${db.table('write_result')}(${lease.seq}::bigint, ${lease.token}::uuid, ${json}::jsonb, ${bytes}::bytea, ${db.clock.offsetMs}::float8) AS held`,
+    sql<{ held: boolean }>`
+    SELECT ${db.table('write_result')}(${lease.seq}::bigint, ${lease.token}::uuid, ${json}::jsonb, ${bytes}::bytea, ${db.clockShift()}) AS held`,
   );
   return rows[0]?.held === true;
 }

@@ -13,7 +13,7 @@ import { compareSeq, type TaskCore } from './rows.js';
  * for a grouped task) and notifies their queues. Returns how many moved.
  */
 export async function forwardDue(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('forward_due')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`, undefined, 'forward');
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('forward_due')}(${limit}::int, ${db.clockShift()}) AS n`, undefined, 'forward');
   return rows[0]?.n ?? 0;
 }
 
@@ -72,7 +72,7 @@ export async function findExpired(db: Db, bounds: RecoveryBounds, limit: number,
   return db.run(
     sql<ExpiredLease>`
     SELECT e.task_seq::text AS seq, e.queue, e.id, e.type, e.retried, e.max_retry, e.lease_owner, e.lease_token, e.implausible, e.input_bytes
-    FROM ${db.table('expired_leases')}(${limit}::int, ${sizes}::bool, ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clock.offsetMs}::float8) e`,
+    FROM ${db.table('expired_leases')}(${limit}::int, ${sizes}::bool, ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clockShift()}) e`,
     undefined,
     'expired-leases',
   );
@@ -101,7 +101,7 @@ export async function dropOrphans(db: Db, orphans: readonly { seq: string; token
   const sorted = [...orphans].sort((a, b) => compareSeq(a.seq, b.seq));
   const rows = await db.run(sql<{ seq: string }>`
     SELECT d::text AS seq FROM ${db.table('drop_orphans')}(${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[],
-      ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clock.offsetMs}::float8) d`);
+      ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clockShift()}) d`);
   return rows.map((r) => r.seq);
 }
 
@@ -127,18 +127,18 @@ export async function recoverLeases(db: Db, recoveries: readonly Recovery[], bou
   return db.run(sql<{ seq: string; archived: boolean }>`
     SELECT r.task_seq::text AS seq, r.archived FROM ${db.table('recover_leases')}(
       ${sorted.map((r) => r.seq)}::bigint[], ${sorted.map((r) => r.token)}::uuid[], ${sorted.map((r) => r.archive)}::bool[],
-      ${sorted.map((r) => r.delayMs)}::float8[], ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clock.offsetMs}::float8) r`);
+      ${sorted.map((r) => r.delayMs)}::float8[], ${bounds.cutoffMs}::float8, ${bounds.leaseMs}::float8, ${db.clockShift()}) r`);
 }
 
 /** Deletes up to `limit` completed tasks whose retention has ended. */
 export async function deleteExpiredCompleted(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('delete_expired_completed')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`);
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('delete_expired_completed')}(${limit}::int, ${db.clockShift()}) AS n`);
   return rows[0]?.n ?? 0;
 }
 
 /** Deletes up to `limit` unique locks past their TTL. */
 export async function deleteExpiredLocks(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('delete_expired_locks')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`);
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('delete_expired_locks')}(${limit}::int, ${db.clockShift()}) AS n`);
   return rows[0]?.n ?? 0;
 }
 
@@ -148,7 +148,7 @@ export async function deleteExpiredLocks(db: Db, limit: number): Promise<number>
  * are fixed in trim_archive(), migration 0010).
  */
 export async function trimArchive(db: Db, limit: number): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('trim_archive')}(${limit}::int, ${db.clock.offsetMs}::float8) AS n`);
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('trim_archive')}(${limit}::int, ${db.clockShift()}) AS n`);
   return rows[0]?.n ?? 0;
 }
 
