@@ -113,9 +113,12 @@ describe('four servers at once', () => {
     await inspector.setQueueLimits('conc', { concurrency: 3 });
     await inspector.setQueueLimits('keyed', { keyConcurrency: 2 });
     await inspector.setQueueLimits('rated', { rateLimit: { limit: 5, interval: 400 } });
-    for (let i = 0; i < 4; i++) {
-      workers.push(spawnFixture('test/fixtures/limits-worker.ts', { DATABASE_URL: db.connectionString, SCHEMA: db.schema, QUEUES: 'conc,keyed,rated' }));
-    }
+    // Two slots each and nothing held ahead: while one server runs two tasks the limit's
+    // third is another's, so the limit reached is one held across servers. (With more slots
+    // than the limit, the server whose tasks end first took every freed slot before the
+    // others' next look, and the test could see one server alone.)
+    const env = { DATABASE_URL: db.connectionString, SCHEMA: db.schema, QUEUES: 'conc,keyed,rated', CONCURRENCY: '2', PREFETCH: '0' };
+    for (let i = 0; i < 4; i++) workers.push(spawnFixture('test/fixtures/limits-worker.ts', env));
     await Promise.all(workers.map((w) => w.next('ready')));
   });
 
@@ -124,7 +127,7 @@ describe('four servers at once', () => {
     await Promise.all(workers.map((w) => exited(w.child)));
   });
 
-  test('concurrency 3: never more than 3 active across the 4 servers (24 slots), and every task runs', { timeout: 120_000 }, async () => {
+  test('concurrency 3: never more than 3 active across the 4 servers (8 slots), and every task runs', { timeout: 120_000 }, async () => {
     await client.enqueueMany(Array.from({ length: 90 }, () => new Task('t', { ms: 15 }, { queue: 'conc', retention: 600_000 })));
     const { max, owners, samples } = await sampleActive('conc', left('conc'));
     console.log(`concurrency limit 3: sampled max active ${max} over ${samples} samples, ${owners} servers`);
