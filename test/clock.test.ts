@@ -57,6 +57,26 @@ describe('the clock seam', () => {
     );
   });
 
+  test("no view or function of the schema reads PostgreSQL's clock outside task_clock() (migrations/schema.sql)", () => {
+    /** The lines allowed, and why. */
+    const allowed = [
+      { line: /^\s+\w+ timestamp with time zone DEFAULT now\(\) NOT NULL,$/, why: "a column's default: when a row was written, deciding nothing" },
+      { line: /^\s+RETURN now\(\)( \+ shift_ms \* interval '')?;$/, why: 'task_clock(), the seam itself' },
+      { line: /^\s+at := now_at \+ \(clock_timestamp\(\) - now\(\)\);$/, why: "claim_limited(): the time since its transaction began, added to the clock's" },
+      { line: /int8send\(floor\(extract\(epoch FROM clock_timestamp\(\)\) \* 1000\)/, why: "enqueue(): a UUIDv7 id's time, as the library's ids" },
+    ];
+    const found = readFileSync(join(REPO, 'migrations', 'schema.sql'), 'utf8')
+      .split('\n')
+      // Without comments and the text of strings (a message may name now()), but for a time literal such as 'now'.
+      .map((line, n) => ({
+        line: line.replace(/'(?:[^']|'')*'|--.*$/g, (m) => (/^'(now|today|tomorrow|yesterday)'$/i.test(m) ? m : m.startsWith("'") ? "''" : '')),
+        n,
+      }))
+      .filter(({ line }) => TIME.some((re) => re.test(line)) && !allowed.some((a) => a.line.test(line)))
+      .map(({ line, n }) => `schema.sql:${n + 1}: ${line.trim()}`);
+    assert.deepEqual(found, []);
+  });
+
   test('the offset is a bind parameter: the text of a statement has two forms, offset 0 and any other', () => {
     const clock = new DatabaseClock();
     const db = new Db({ connectionString: 'postgres://127.0.0.1/none', schema: 'pgasynq', logger: false, clock });
@@ -180,10 +200,41 @@ describe('an Inspector and a Scheduler on a moved clock', () => {
     }
   });
 
-  test('queue latency on the clock', { todo: 'the queue_stats view (migration 0005) reads now() itself' }, async () => {
+  test("queue latency, today's stats and orphaned leases in the views run on the clock", async () => {
     await client.enqueue(new Task('job', {}), { queue: 'q' });
+    assert.ok((await inspector.getQueueInfo('q')).latency < MINUTE);
     clock.advance(MINUTE);
     assert.ok((await inspector.getQueueInfo('q')).latency >= MINUTE);
+    // The views as SQL reads them, on a session of the moved clock's Db.
+    const moved = new Db({ connectionString: db.connectionString, schema: db.schema, logger: false, clock });
+    try {
+      await db.query(
+        `UPDATE {{schema}}.task_states SET state = 'active', lease_owner = 'gone', lease_token = gen_random_uuid(),
+           lease_expires_at = now() + interval '30 seconds', pending_seq = NULL WHERE queue = 'q'`,
+      );
+      const view = async (text: string) => (await moved.pool.query(text.replaceAll('{{schema}}', `"${db.schema}"`))).rows[0] as Record<string, unknown>;
+      assert.equal((await view('SELECT orphaned FROM {{schema}}.active_tasks')).orphaned, true, 'expired on the clock');
+      assert.deepEqual(await db.query('SELECT orphaned FROM {{schema}}.active_tasks'), [{ orphaned: false }], "not on the database's");
+      const stats = await view(`SELECT extract(epoch FROM timestamp - now()) * 1000 AS ahead FROM {{schema}}.queue_stats WHERE queue = 'q'`);
+      assert.equal(Math.round(Number(stats.ahead)), MINUTE);
+    } finally {
+      await moved.close();
+    }
+  });
+
+  test('SQL enqueue() routes by the clock: a process_at before the moved now is pending, after it scheduled', async () => {
+    const moved = new Db({ connectionString: db.connectionString, schema: db.schema, logger: false, clock });
+    try {
+      clock.advance(DAY);
+      const enqueue = async (id: string, inMs: number) =>
+        moved.pool.query(`SELECT "${db.schema}".enqueue('t', queue => 'q', task_id => $1, process_at => now() + $2 * interval '1 millisecond')`, [id, inMs]);
+      await enqueue('within', DAY - MINUTE);
+      await enqueue('beyond', DAY + MINUTE);
+      assert.equal((await inspector.getTaskInfo('q', 'within')).state, 'pending');
+      assert.equal((await inspector.getTaskInfo('q', 'beyond')).state, 'scheduled');
+    } finally {
+      await moved.close();
+    }
   });
 });
 

@@ -758,6 +758,7 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0011_clock_seam');
     assert.equal(await migrateDown(opts), '0010_worker_writes');
     assert.equal(await migrateDown(opts), '0009_trust_boundary');
     assert.equal(await migrateDown(opts), '0008_sql_enqueue');
@@ -783,6 +784,7 @@ describe('validation, closing, migration', () => {
         '0008_sql_enqueue',
         '0009_trust_boundary',
         '0010_worker_writes',
+        '0011_clock_seam',
       ],
     });
     assert.ok((await objects()).v);

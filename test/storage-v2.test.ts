@@ -23,6 +23,7 @@ const V5 = '0007_flow_control';
 const V6 = '0008_sql_enqueue';
 const V7 = '0009_trust_boundary';
 const V8 = '0010_worker_writes';
+const V9 = '0011_clock_seam';
 
 let admin: pg.Pool;
 before(() => {
@@ -212,7 +213,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('0004 keeps every task, field for field, and the pending order', async () => {
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });
     const rows = await q(schema, 'SELECT * FROM {{schema}}.tasks ORDER BY queue, id');
     assert.deepEqual(await v1Rows(schema), before);
     assert.deepEqual(await pendingOrder(schema), order);
@@ -248,6 +249,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('back to v1 keeps every task, and up again', async () => {
+    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V9);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V8);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V7);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V6);
@@ -271,7 +273,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
     assert.equal((await q(schema, 'SELECT * FROM {{schema}}.active_tasks')).length, 1);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: 15, states: 15, view: 15, orphans: 0 });
@@ -381,6 +383,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     assert.deepEqual(new Set(before.map((r) => r.state)), new Set(['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating']));
     assert.equal(locks.length, 2);
 
+    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V9);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V8);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V7);
     assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V6);
@@ -396,7 +399,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     assert.equal(dup, 0, 'seq is unique in v1');
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: before.length, states: before.length, view: before.length, orphans: 0 });

@@ -368,6 +368,35 @@ describe("a worker writes tasks only through the owner's functions", () => {
   });
 });
 
+describe("the schema's clock (task_now(), 0011) is the database's for every login but the owner", () => {
+  test('each role reads the views on the database time; a shift set on its session is refused, in a view and in SQL enqueue()', async () => {
+    await db.query(`INSERT INTO {{schema}}.queues (name) VALUES ('clocked') ON CONFLICT DO NOTHING`);
+    for (const kind of ['monitor', 'inspector', 'admin'] as const) {
+      const [row] = (await as(kind, "SELECT extract(epoch FROM now() - timestamp) AS behind FROM {{S}}.queue_stats WHERE queue = 'clocked'")).rows as {
+        behind: string;
+      }[];
+      assert.equal(Number(row!.behind), 0, `${kind}: queue_stats' timestamp is the transaction's now()`);
+      await as(kind, 'SELECT orphaned FROM {{S}}.active_tasks');
+    }
+    for (const [kind, stmt] of [
+      ['monitor', 'SELECT * FROM {{S}}.queue_stats'],
+      ['admin', 'SELECT latency FROM {{S}}.queue_stats'],
+      ['producer', "SELECT {{S}}.enqueue('t', queue => 'clocked')"],
+    ] as const) {
+      const session = await pools.get(kind)!.connect();
+      try {
+        await session.query("SET pgasynq.clock_shift_ms = '3600000'");
+        const err = await refused(session.query(stmt.replaceAll('{{S}}', `"${db.schema}"`)), `${kind} an hour ahead: ${stmt}`);
+        assert.equal(err.column, 'clock');
+      } finally {
+        await session.query('RESET pgasynq.clock_shift_ms');
+        session.release();
+      }
+    }
+    assert.deepEqual(await db.query(`SELECT 1 FROM {{schema}}.tasks WHERE queue = 'clocked'`), [], 'the refused enqueue wrote nothing');
+  });
+});
+
 describe("code planted on a login's search_path never runs in the library's statements", () => {
   test('a public.unnest(text[]) and an operator *(integer, interval): no call from claims, limited claims, enqueues, replaces or the Inspector', async () => {
     // What PostgreSQL up to 14 allows every role, and upgraded databases keep.

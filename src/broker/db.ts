@@ -13,6 +13,7 @@ import { EmbeddedDatabase, type EmbeddedClient } from '../internal/embedded-data
 import { redactConnectionString } from '../internal/redact.js';
 import type { ConnectionOptions } from '../internal/connection.js';
 import { DatabaseClock } from '../internal/clock.js';
+import { followClock } from './session-clock.js';
 import { preparingPool } from './preparing-pool.js';
 
 /** How many texts one named statement may take before run() stops preparing its new ones. */
@@ -174,6 +175,7 @@ export class Db {
     this.kysely = new Kysely({ dialect: new PostgresDialect({ pool: this.preparesStatements ? preparingPool(this.pool, this.#prepared) : this.pool }) });
     if (opts.clock !== undefined && !(opts.clock instanceof DatabaseClock)) throw new ConfigError('clock', 'must be a DatabaseClock');
     this.clock = opts.clock ?? new DatabaseClock();
+    if (opts.clock !== undefined) followClock(this.pool, this.clock);
     // schemaName() keeps the schema short enough for every one of these to be an identifier.
     this.channels = {
       tasks: this.schema + CHANNEL_SUFFIXES.tasks,

@@ -115,6 +115,8 @@ const REPLACE_TASKS = 'replace_tasks(json, timestamptz, text)';
 const SQL_ENQUEUE = 'enqueue(text, jsonb, text, text, timestamptz, integer, integer, text)';
 const ENQUEUE_TASKS = 'enqueue_tasks(json, timestamptz, boolean)';
 const ENSURE_QUEUES = 'ensure_queues(text[])';
+/** The clock the views and the owner's functions read the time from (0011). */
+const TASK_NOW = 'task_now()';
 /** The owner's functions through which a Server writes tasks (migration 0010), by signature: each statement file lists the ones it calls. */
 const WORKER_FUNCTIONS = [...CLAIM_FUNCTIONS, ...LEASE_FUNCTIONS, ...MAINTENANCE_FUNCTIONS, ...AGGREGATION_FUNCTIONS];
 
@@ -251,7 +253,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, ...WORKER_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, TASK_NOW, ...WORKER_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -323,6 +325,8 @@ ${WORKER_FUNCTIONS.map((f) => `  GRANT EXECUTE ON FUNCTION ${t(f)} TO ${id(r.wor
   -- queue_stats calls queue_counts(), which reads task_states as the caller
   -- (0005 dropped and re-created both: this rerun grants them again).
   GRANT EXECUTE ON FUNCTION ${t('queue_counts(text)')} TO ${id(r.monitor)}, ${id(r.inspector)};
+  -- queue_stats and active_tasks read the time through task_now(), as the caller.
+  GRANT EXECUTE ON FUNCTION ${t(TASK_NOW)} TO ${users};
 
   -- monitor: every column of every table and view except the contents of
   -- tasks (payload, headers, result: in task_inputs, task_states, the view
