@@ -77,6 +77,23 @@ describe('the clock seam', () => {
     assert.deepEqual(found, []);
   });
 
+  test("no server component reads the process's clock or sets a timer but through the Db's clock", () => {
+    const found: string[] = [];
+    const dir = join(REPO, 'src', 'server');
+    for (const file of readdirSync(dir).filter((f) => f.endsWith('.ts'))) {
+      readFileSync(join(dir, file), 'utf8')
+        .split('\n')
+        .forEach((line, n) => {
+          if (/^\s*(\*|\/\/|\/\*)/.test(line)) return;
+          // (setImmediate and node:timers/promises' setImmediate yield a turn: no time.)
+          if (/(?<![\w$.])(setTimeout|setInterval|clearTimeout|Date\.now|performance\.now)\s*\(|node:perf_hooks/.test(line)) {
+            found.push(`${file}:${n + 1}: ${line.trim()}`);
+          }
+        });
+    }
+    assert.deepEqual(found, []);
+  });
+
   test('the offset is a bind parameter: the text of a statement has two forms, offset 0 and any other', () => {
     const clock = new DatabaseClock();
     const db = new Db({ connectionString: 'postgres://127.0.0.1/none', schema: 'pgasynq', logger: false, clock });

@@ -13,7 +13,8 @@ import { Lease } from '../src/server/lease.js';
 import { test } from './helpers.js';
 
 const key = { queue: 'default', id: 't1', seq: '1', token: '00000000-0000-0000-0000-000000000000' };
-const held = (trustMs = 60_000) => new Lease(key, trustMs, performance.now());
+/** A lease claimed now on `clock` (a clock of its own unless given). */
+const held = (trustMs = 60_000, clock = new DatabaseClock()) => new Lease(key, trustMs, clock.now(), clock);
 
 describe('lease', () => {
   test('a heartbeat that misses a held lease loses it: the handler is aborted with LeaseExpiredError', () => {
@@ -84,18 +85,25 @@ describe('lease', () => {
     lease.release();
   });
 
-  test('with no extension within trustMs of the last one sent, the lease is lost by its own timer', async () => {
-    const lease = held(20);
+  test('with no extension within trustMs of the last one sent, the lease is lost by its own timer', () => {
+    const clock = new DatabaseClock();
+    const lease = held(30_000, clock);
     const aborts: Error[] = [];
     lease.onAbort((r) => aborts.push(r));
-    // The trust timer does not keep a process alive (unref): this sleep does.
-    await new Promise((r) => setTimeout(r, 60));
+    clock.advance(29_000);
+    assert.equal(lease.state, 'held');
+    // An extension sent now trusts the lease for trustMs from its sending.
+    lease.extended(clock.now());
+    clock.advance(29_000);
+    assert.equal(lease.state, 'held', 'extended: 29 s into its new trust');
+    clock.advance(1_000);
     assert.ok(aborts[0] instanceof LeaseExpiredError);
     assert.equal(lease.state, 'lost');
+    assert.equal(aborts.length, 1);
     // A released lease is left alone: nothing fires after release.
-    const other = held(20);
+    const other = held(20, clock);
     other.release();
-    await new Promise((r) => setTimeout(r, 40));
+    clock.advance(60_000);
     assert.equal(other.state, 'released');
     assert.equal(other.abortReason, undefined);
   });
@@ -117,7 +125,7 @@ describe('lease', () => {
     performance.now = () => real() - 10_000;
     let late: Lease;
     try {
-      late = new Lease(key, 60_000, real());
+      late = new Lease(key, 60_000, real(), new DatabaseClock());
     } finally {
       performance.now = real;
     }
@@ -137,5 +145,28 @@ describe('database clock (tests move it instead of sleeping)', () => {
     assert.equal(clock.offsetMs, 1000);
     for (const bad of [-1, Number.NaN, Number.POSITIVE_INFINITY]) assert.throws(() => clock.advance(bad), RangeError);
     assert.equal(clock.offsetMs, 1000);
+  });
+
+  test("the process's timers come due on the clock: advance fires them in their order, a cancelled one never", async () => {
+    const clock = new DatabaseClock();
+    const fired: string[] = [];
+    const start = clock.now();
+    clock.setTimeout(() => fired.push('b'), 2000);
+    clock.setTimeout(() => fired.push('a'), 1000);
+    const c = clock.setTimeout(() => fired.push('c'), 1500);
+    // One that an earlier one cancels in the same advance does not fire either.
+    const late = clock.setTimeout(() => fired.push('late'), 2500);
+    clock.setTimeout(() => late.cancel(), 2400);
+    c.cancel();
+    clock.advance(999);
+    assert.deepEqual(fired, []);
+    clock.advance(3000);
+    assert.deepEqual(fired, ['a', 'b']);
+    assert.ok(clock.now() - start >= 3999);
+    const slept = clock.sleep(60_000);
+    clock.advance(60_000);
+    await slept;
+    // Real time still counts: a timer of 1 ms fires without an advance.
+    await new Promise<void>((resolve) => clock.setTimeout(resolve, 1));
   });
 });

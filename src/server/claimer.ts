@@ -10,7 +10,6 @@
  * so a limit set or cleared on a running server takes effect at its next
  * round.
  */
-import { performance } from 'node:perf_hooks';
 import { claimFrom, claimLimited, type ClaimedRow } from '../broker/claim.js';
 import type { Db } from '../broker/db.js';
 import { ClaimCursor, SWEEP_EVERY_MS } from './cursor.js';
@@ -38,7 +37,7 @@ const LIMITED_POLL_MS = 100;
 export class Claimer {
   readonly #db: Db;
   readonly #cfg: ClaimerConfig;
-  readonly #cursor = new ClaimCursor();
+  readonly #cursor: ClaimCursor;
   /** This server's queues with limits, as the last plain claim found them. */
   #limited: readonly string[] = [];
   /** When the plain claim last said which queues have limits. */
@@ -47,6 +46,7 @@ export class Claimer {
   constructor(db: Db, cfg: ClaimerConfig) {
     this.#db = db;
     this.#cfg = cfg;
+    this.#cursor = new ClaimCursor(db.clock);
   }
 
   /** Tasks may have landed below the cursor's floors (a requeue), or limits changed: the next round looks again. */
@@ -64,7 +64,7 @@ export class Claimer {
     let retryLimitedIn = first.retryIn;
     // While every queue had limits, the plain claim is skipped but for a look every
     // SWEEP_EVERY_MS (a change of limits wakes the servers with a sweep, which looks at once).
-    if (this.#limited.length < queues.length || performance.now() - this.#limitsSeenAt >= SWEEP_EVERY_MS) {
+    if (this.#limited.length < queues.length || this.#db.clock.now() - this.#limitsSeenAt >= SWEEP_EVERY_MS) {
       const wanted = free - rows.length;
       const claimed = await claimFrom(this.#db, queues, this.#cursor.next(queues), shares, wanted, this.#cfg.serverId, this.#cfg.leaseDuration);
       // The scans ran out only if they locked fewer than wanted: a claim cut short by its
@@ -72,7 +72,7 @@ export class Claimer {
       this.#cursor.claimed(claimed.mark, wanted, topPositions(claimed.rows), claimed.mark.locked, queues);
       rows = rows.concat(claimed.rows);
       this.#limited = claimed.mark.limited;
-      this.#limitsSeenAt = performance.now();
+      this.#limitsSeenAt = this.#db.clock.now();
       if (rows.length < free && first.satisfied && this.#limited.length > 0) {
         const rest = free - rows.length;
         const more = await this.#claimLimited(

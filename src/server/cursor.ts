@@ -35,13 +35,14 @@
  * the head, every SWEEP_EVERY_MS, at start, after a reconnect and when a
  * server requeues (the sweep channel).
  */
-import { performance } from 'node:perf_hooks';
+import type { DatabaseClock } from '../internal/clock.js';
 import { HEAD, type Band, type ClaimMark, type ClaimStart } from '../broker/claim.js';
 
 /** How often claims start from the head of every queue regardless of the floors. */
 export const SWEEP_EVERY_MS = 10_000;
 
 export class ClaimCursor {
+  readonly #clock: Pick<DatabaseClock, 'now'>;
   /** Per queue, per priority: the floor of that band. */
   readonly #floors = new Map<string, Map<number, bigint>>();
   /** A mark of an earlier claim, waiting for every transaction older than its id to end. */
@@ -52,10 +53,15 @@ export class ClaimCursor {
   #cleared: bigint | undefined;
   #lastSweep = Number.NEGATIVE_INFINITY;
 
+  /** `clock`: the server's, whose now() paces the sweeps. */
+  constructor(clock: Pick<DatabaseClock, 'now'>) {
+    this.#clock = clock;
+  }
+
   /** Where the next claim starts: the known bands of each queue with their floors, all at the head when a sweep is due. */
   next(queues: readonly string[]): ClaimStart {
-    const sweep = performance.now() - this.#lastSweep >= SWEEP_EVERY_MS;
-    if (sweep) this.#lastSweep = performance.now();
+    const sweep = this.#clock.now() - this.#lastSweep >= SWEEP_EVERY_MS;
+    if (sweep) this.#lastSweep = this.#clock.now();
     const bands: Band[] = [];
     for (const queue of queues) {
       const floors = this.#floors.get(queue);

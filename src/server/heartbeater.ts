@@ -12,7 +12,6 @@
  * share lookups: one runs at a time, at most one every CANCEL_LOOKUP_GAP_MS,
  * and a hint naming no task this server runs costs none.
  */
-import { performance } from 'node:perf_hooks';
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { cancelRequested, extendLeases } from '../broker/leases.js';
 import { upsertServer, type ServerRecord } from '../broker/servers.js';
@@ -83,14 +82,14 @@ export class Heartbeater {
         this.#hinted = new Set();
         const leases = this.#leases.all().filter((l) => !l.abortReason && (hinted === 'all' || hinted.has(l.id)));
         if (leases.length === 0) return;
-        const startedAt = performance.now();
+        const startedAt = this.#db.clock.now();
         try {
           for (const lease of await cancelRequested(this.#db, leases, this.#server().id)) lease.abort(new TaskCanceledError());
         } catch (err) {
           this.#logger.debug({ err }, 'cancel lookup failed; the next heartbeat reads the mark');
         }
         // Hints heard from now on wait for the gap, then share the next lookup.
-        await new Promise((r) => setTimeout(r, Math.max(0, startedAt + CANCEL_LOOKUP_GAP_MS - performance.now())));
+        await this.#db.clock.sleep(Math.max(0, startedAt + CANCEL_LOOKUP_GAP_MS - this.#db.clock.now()));
       }
     } finally {
       // Here, not in a .finally() callback: a hint heard right after the last look at #hinted starts a new round.
@@ -113,7 +112,7 @@ export class Heartbeater {
     // A lease inside ctx.transaction is locked by that transaction, which no one else can take from it.
     const held = this.#leases.all().filter((l) => l.heartbeats);
     if (held.length > 0) {
-      const sentAt = performance.now();
+      const sentAt = this.#db.clock.now();
       const extended = await extendLeases(this.#db, held, this.#leaseDuration);
       const found = new Map(extended.map((e) => [e.lease, e.cancelRequested]));
       let lost = 0;

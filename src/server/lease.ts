@@ -21,7 +21,7 @@
  * reports the rows it missed; only the processor begins, ends, settles and
  * releases.
  */
-import { performance } from 'node:perf_hooks';
+import type { ClockTimer, DatabaseClock } from '../internal/clock.js';
 import { FailedPreconditionError, LeaseExpiredError } from '../model/errors.js';
 import type { LeaseKey } from '../broker/leases.js';
 
@@ -38,15 +38,18 @@ export class Lease implements LeaseKey {
   /** Made when a handler first reads ctx.signal: most never do, and each costs an EventTarget. */
   #controller: AbortController | undefined;
   #onAbort: ((reason: Error) => void) | undefined;
-  #trustTimer: NodeJS.Timeout | undefined;
+  #trustTimer: ClockTimer | undefined;
   readonly #trustMs: number;
+  readonly #clock: DatabaseClock;
 
-  constructor(key: LeaseKey, trustMs: number, claimSentAt: number) {
+  /** `claimSentAt`: when the claim was sent, on `clock` (its now()). */
+  constructor(key: LeaseKey, trustMs: number, claimSentAt: number, clock: DatabaseClock) {
     this.queue = key.queue;
     this.id = key.id;
     this.seq = key.seq;
     this.token = key.token;
     this.#trustMs = trustMs;
+    this.#clock = clock;
     this.extended(claimSentAt);
   }
 
@@ -92,11 +95,11 @@ export class Lease implements LeaseKey {
 
   // --- transitions ---
 
-  /** An extension sent at `sentAt` (performance.now()) succeeded. */
+  /** An extension sent at `sentAt` (the clock's now()) succeeded. */
   extended(sentAt: number): void {
     if (this.#state === 'released' || this.#state === 'lost') return;
-    clearTimeout(this.#trustTimer);
-    const now = performance.now();
+    this.#trustTimer?.cancel();
+    const now = this.#clock.now();
     // A monotonic clock that stepped back (a broken VM clock source, a faked clock) would
     // stretch the trust by the step: the worker cannot tell how long it really waited, so
     // the lease is lost, never extended.
@@ -105,8 +108,7 @@ export class Lease implements LeaseKey {
     // Already past: lost now, not on a timer — the handler of a claim that came back this
     // late must not start in the meantime.
     if (remaining <= 0) return this.lose();
-    this.#trustTimer = setTimeout(() => this.lose(), remaining);
-    this.#trustTimer.unref();
+    this.#trustTimer = this.#clock.setTimeout(() => this.lose(), remaining, true);
   }
 
   /**
@@ -124,7 +126,7 @@ export class Lease implements LeaseKey {
   lose(): void {
     if (this.#state === 'released' || this.#state === 'lost' || this.#state === 'committed') return;
     this.#state = 'lost';
-    clearTimeout(this.#trustTimer);
+    this.#trustTimer?.cancel();
     this.abort(new LeaseExpiredError());
   }
 
@@ -141,7 +143,7 @@ export class Lease implements LeaseKey {
   endTransaction(committed: boolean): void {
     if (this.#state !== 'transaction') return;
     this.#state = committed ? 'committed' : 'held';
-    if (committed) clearTimeout(this.#trustTimer);
+    if (committed) this.#trustTimer?.cancel();
   }
 
   /** The handler returned or threw: its outcome is being written. */
@@ -152,6 +154,6 @@ export class Lease implements LeaseKey {
   release(): void {
     this.#state = 'released';
     this.#onAbort = undefined;
-    clearTimeout(this.#trustTimer);
+    this.#trustTimer?.cancel();
   }
 }

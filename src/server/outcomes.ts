@@ -167,7 +167,7 @@ export class Outcomes {
       } catch (err) {
         if (lease.lost) return false;
         if (attempt === 0) this.#logger.warn({ err, task: { id: lease.id, queue: lease.queue } }, `${what} failed; retrying while the lease holds`);
-        await new Promise((r) => setTimeout(r, backoffMs(attempt, 50, 2000)));
+        await this.#db.clock.sleep(backoffMs(attempt, 50, 2000));
       }
     }
   }

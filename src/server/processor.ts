@@ -16,13 +16,13 @@
  * round trip.
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { performance } from 'node:perf_hooks';
 import type { AnyTransaction, Db } from '../broker/db.js';
 import { durableTransaction } from '../broker/transaction.js';
 import type { ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
 import { completeHeld, lockLease, requeue, writeResult } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
+import type { ClockTimer } from '../internal/clock.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from './handler.js';
@@ -171,12 +171,12 @@ export class Processor {
 
   #idleWithin(ms: number): Promise<boolean> {
     return new Promise((resolve) => {
-      const timer = setTimeout(() => {
+      const timer = this.#db.clock.setTimeout(() => {
         cancel();
         resolve(false);
       }, ms);
       const cancel = this.#leases.whenEmpty(() => {
-        clearTimeout(timer);
+        timer.cancel();
         resolve(true);
       });
     });
@@ -199,13 +199,13 @@ export class Processor {
         continue;
       }
       this.#sleeper.clear();
-      const sentAt = performance.now();
+      const sentAt = this.#db.clock.now();
       let rows: ClaimedRow[];
       let retryLimitedIn: number | undefined;
       let roundTrip: number;
       try {
         ({ rows, retryLimitedIn } = await this.#claimer.claim(free));
-        roundTrip = performance.now() - sentAt;
+        roundTrip = this.#db.clock.now() - sentAt;
         this.#prefetch.claimed(roundTrip);
         this.#claimFailures = 0;
         this.#claimErrors.succeeded();
@@ -218,7 +218,7 @@ export class Processor {
       }
       this.#leases.counters.claimed += rows.length;
       for (const row of rows) {
-        const lease = new Lease({ queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token }, this.#cfg.leaseTrust, sentAt);
+        const lease = new Lease({ queue: row.queue, id: row.id, seq: row.seq, token: row.lease_token }, this.#cfg.leaseTrust, sentAt, this.#db.clock);
         this.#leases.add(lease);
         this.#held.push({ row, lease, claimedAt: sentAt });
       }
@@ -260,10 +260,10 @@ export class Processor {
   async #run(row: ClaimedRow, lease: Lease, claimedAt: number): Promise<void> {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
-    const startedAt = performance.now();
+    const startedAt = this.#db.clock.now();
     const outcome = await this.#invoke(task, this.#context(row, lease), lease);
-    this.#prefetch.ran(performance.now() - startedAt);
-    for (const t of timers) clearTimeout(t);
+    this.#prefetch.ran(this.#db.clock.now() - startedAt);
+    for (const t of timers) t.cancel();
     // The slot is free once the handler settled: a held task starts in it now, and the
     // next claim overlaps this outcome's write, which still holds (and heartbeats) the
     // lease until it lands.
@@ -286,14 +286,14 @@ export class Processor {
    * from the handler's start; the deadline was measured on the database
    * clock at the claim, so the time the task was held counts against it.
    */
-  #armTimeouts(row: ClaimedRow, lease: Lease, claimedAt: number): NodeJS.Timeout[] {
-    const timers: NodeJS.Timeout[] = [];
+  #armTimeouts(row: ClaimedRow, lease: Lease, claimedAt: number): ClockTimer[] {
+    const timers: ClockTimer[] = [];
     const after = (ms: number, message: string) => {
       if (ms <= 0) lease.abort(new TaskTimeoutError(message));
-      else timers.push(setTimeout(() => lease.abort(new TaskTimeoutError(message)), Math.min(ms, MAX_TIMER_MS)));
+      else timers.push(this.#db.clock.setTimeout(() => lease.abort(new TaskTimeoutError(message)), Math.min(ms, MAX_TIMER_MS)));
     };
     if (row.timeout_ms > 0) after(row.timeout_ms, `task timeout of ${row.timeout_ms} ms exceeded`);
-    if (row.deadline_in_ms !== null) after(row.deadline_in_ms - (performance.now() - claimedAt), 'task deadline exceeded');
+    if (row.deadline_in_ms !== null) after(row.deadline_in_ms - (this.#db.clock.now() - claimedAt), 'task deadline exceeded');
     return timers;
   }
 
