@@ -25,7 +25,7 @@ import {
   type EnqueueOptions,
   type TaskInfo,
 } from '../src/index.js';
-import { caught, countByState, dsnWith, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countByState, dsnWith, setupDb, test, waitFor } from './helpers.js';
 
 const SCHEMA = 't_client';
 /** A UUID version 7: 48 bits of Unix ms first, so ids sort by creation time. */
@@ -33,18 +33,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{1
 const MIB = 1_048_576;
 const THIRTY_MIN = 1_800_000;
 
-let db: TestDb;
-let client: Client;
-
-before(async () => {
-  db = await testDb(SCHEMA);
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-
-after(async () => {
-  await client?.close();
-  await db?.close();
-});
+const { db, client } = setupDb(SCHEMA);
 
 interface Row {
   queue: string;

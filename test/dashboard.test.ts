@@ -32,7 +32,8 @@ import {
   type Dashboard,
   type QueueInfo,
 } from '../src/index.js';
-import { browserSkip, builtCli, launchBrowser, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { browserSkip, launchBrowser } from './browser.js';
+import { builtCli, test, testDb, waitFor, type TestDb } from './helpers.js';
 
 const XSS_TYPE = '<img src=x onerror=alert(1)>';
 const TENANT_KEY = 'acme <b>corp</b>';

@@ -4,35 +4,17 @@
  * (The cluster-wide limits are limits.test.ts's.)
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe } from 'node:test';
-import { Client, Inspector, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
+import { describe } from 'node:test';
+import { Inspector, InvalidOptionError, Snooze, Task, TaskIdConflictError } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { claimFrom } from '../src/broker/claim.js';
 import { claimShares, queueOrder } from '../src/server/queues.js';
-import { caught, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-const running: Server[] = [];
-
-before(async () => {
-  db = await testDb('t_flow_control');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+const { db, client, startServer } = setupDb('t_flow_control', {
+  resetEach: true,
+  server: { concurrency: 2, taskCheckInterval: 50, delayedTaskCheckInterval: 60_000 },
 });
-
-beforeEach(() => resetTables(db));
-
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await db.close();
-});
-
-const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
-  startTestServer(db, handle, { concurrency: 2, taskCheckInterval: 50, delayedTaskCheckInterval: 60_000, ...config }, running);
 
 const row = async (id: string) =>
   (

@@ -4,10 +4,9 @@
  * running in a real Server (by NOTIFY, and by heartbeat when the NOTIFY is lost).
  */
 import assert from 'node:assert/strict';
-import { after, before, beforeEach, describe } from 'node:test';
+import { describe } from 'node:test';
 import pg from 'pg';
 import {
-  Client,
   ClientClosedError,
   FailedPreconditionError,
   Inspector,
@@ -19,26 +18,14 @@ import {
   ValidationError,
   migrate,
   migrateDown,
-  type ServerConfig,
-  type TaskContext,
 } from '../src/index.js';
-import { deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
-
-before(async () => {
-  db = await testDb('t_inspector');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
+const { db, client, inspector, startServer } = setupDb('t_inspector', {
+  resetEach: true,
+  // Fast durations, as in server.test.ts.
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200 },
 });
-after(async () => {
-  await inspector.close();
-  await client.close();
-  await db.close();
-});
-beforeEach(() => resetTables(db));
 
 const row = async (queue: string, id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE queue = $1 AND id = $2', [queue, id]))[0];
 const put = (queue: string, id: string, extra: Record<string, unknown> = {}) => client.enqueue(new Task('job', { id }), { queue, taskId: id, ...extra });
@@ -57,10 +44,6 @@ async function listen(channel: string): Promise<{ payloads: string[]; close: () 
   await c.query(`LISTEN "${channel}"`);
   return { payloads, close: () => c.end() };
 }
-
-/** Fast durations, as in server.test.ts; each test shuts its server down. */
-const startServer = (handler: (t: Task, c: TaskContext) => void | Promise<unknown>, config: ServerConfig = {}) =>
-  startTestServer(db, handler, { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200, ...config });
 
 /** Every method that takes a queue, called on `q`. */
 const QUEUE_METHODS: [string, (i: Inspector, q: string) => Promise<unknown>][] = [

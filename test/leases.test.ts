@@ -2,10 +2,10 @@
  * Leases, heartbeats, the recoverer and fencing (issue "core engine, part 2").
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { Client, LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { LeaseExpiredError, Server, Task, type ServerConfig } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { complete, completeHeld, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
@@ -15,33 +15,7 @@ import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { startCommitProxy } from './faults/commit-proxy.js';
 import { claim, selectTask } from './broker-helpers.js';
-import { deferred, exited, resetTables, spawnFixture, startTestServer, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
-
-let db: TestDb;
-let client: Client;
-let broker: Db;
-
-before(async () => {
-  db = await testDb('t_leases');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  broker = new Db({ connectionString: db.connectionString, schema: db.schema });
-  await db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)');
-});
-/** Servers a test started: shut down after each test, even one that failed half-way. */
-const running: Server[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await broker.close();
-  await db.close();
-});
-
-const reset = () => resetTables(db, { also: ['side_effects'] });
-
-const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
+import { deferred, exited, setupDb, spawnFixture, test, waitFor, type Fixture } from './helpers.js';
 
 const fast: ServerConfig = {
   concurrency: 4,
@@ -55,7 +29,13 @@ const fast: ServerConfig = {
   shutdownTimeout: 200,
 };
 
-const startServer = (handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}) => startTestServer(db, handler, { ...fast, ...config }, running);
+const { db, client, broker, running, startServer, reset } = setupDb('t_leases', {
+  setup: (db) => db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)'),
+  tables: { also: ['side_effects'] },
+  server: fast,
+});
+
+const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
 
 /** Puts a task straight into the active state with a lease that expired `agoMs` ago. */
 async function activeTask(retried: number, maxRetry: number, leaseExpiresSql: string): Promise<string> {

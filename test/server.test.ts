@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { lookup } from 'node:dns/promises';
 import { createServer, connect as tcpConnect, type Server as NetServer, type Socket } from 'node:net';
-import { after, afterEach, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import {
   Client,
   ConfigError,
@@ -29,51 +29,13 @@ import { FailureRun } from '../src/internal/logger.js';
 import { backoffMs } from '../src/internal/backoff.js';
 import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
 import { claim } from './broker-helpers.js';
-import {
-  captureLog,
-  countByState,
-  deferred,
-  dsnWith,
-  LEVEL,
-  parseLogLines,
-  resetTables,
-  runNode,
-  startTestServer,
-  test,
-  testDb,
-  waitFor,
-  type LogLine,
-  type TestDb,
-} from './helpers.js';
-
-let db: TestDb;
-let client: Client;
-
-before(async () => {
-  db = await testDb('t_server');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-/** Servers a test started: shut down after each test, even one that failed half-way. */
-const running: Server[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await db.close();
-});
+import { captureLog, LEVEL, parseLogLines, type LogLine } from './logs.js';
+import { countByState, deferred, dsnWith, runNode, setupDb, test, waitFor } from './helpers.js';
 
 /** Fast durations for tests; each test empties the tables first. */
-const startServer = (handler: ServeMux | ((t: Task, c: TaskContext) => unknown), config: ServerConfig = {}) =>
-  startTestServer(
-    db,
-    handler,
-    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200, ...config },
-    running,
-  );
-
-const reset = () => resetTables(db);
+const { db, client, running, startServer, reset } = setupDb('t_server', {
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200 },
+});
 
 const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
 

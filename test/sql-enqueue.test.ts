@@ -5,41 +5,19 @@
  * library's own enqueue writes and says.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe } from 'node:test';
+import { before, beforeEach, describe } from 'node:test';
 import pg from 'pg';
-import { Client, Inspector, Server, Task, TaskIdConflictError, ValidationError, type ServerConfig, type TaskContext, type TaskInfo } from '../src/index.js';
+import { Task, TaskIdConflictError, ValidationError, type TaskInfo } from '../src/index.js';
 import { toRecord, validateOptions } from '../src/model/task.js';
-import { caught, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
-const running: Server[] = [];
+const { db, client, inspector, startServer } = setupDb('t_sql_enqueue', {
+  resetEach: true,
+  teardown: () => db.pool.query(`DROP SCHEMA IF EXISTS "${app}" CASCADE`),
+  server: { concurrency: 2 },
+});
 /** The schema of the application's own tables (the trigger test's orders). */
-let app: string;
-
-before(async () => {
-  db = await testDb('t_sql_enqueue');
-  app = `${db.schema}_app`;
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-});
-
-beforeEach(() => resetTables(db));
-
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await db.pool.query(`DROP SCHEMA IF EXISTS "${app}" CASCADE`);
-  await inspector.close();
-  await client.close();
-  await db.close();
-});
-
-const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
-  startTestServer(db, handle, { concurrency: 2, ...config }, running);
+const app = `${db.schema}_app`;
 
 /** `SELECT schema.enqueue(<args>)`: the task id. */
 async function enqueueSql(args: string, values?: unknown[]): Promise<string> {
