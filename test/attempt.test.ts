@@ -17,7 +17,8 @@ import { browserSkip, launchBrowser } from './browser.js';
 import { captureLog, type LogLine } from './logs.js';
 import { DATABASE_URL, runCli, setupDb, test, waitFor } from './helpers.js';
 
-const { db, client, inspector, startServer } = setupDb('t_attempt');
+// In setup: after the schema is made (a before() of the file's own could run first).
+const { db, client, inspector, startServer } = setupDb('t_attempt', { setup: () => runFlakyAndDoomed() });
 const log = captureLog('debug');
 /** What each run's ctx said, per task id. */
 const seen = new Map<string, { attempt: number; retryCount: number; maxRetry: number }[]>();
@@ -27,7 +28,8 @@ let doomed: TaskInfo;
 const linesOf = (msg: string, id: string) => log.lines.filter((l) => l.msg === msg && (l.task as { id?: string } | undefined)?.id === id);
 const attemptOf = (l: LogLine) => (l.task as { attempt: number }).attempt;
 
-before(async () => {
+/** Runs a task that fails twice then succeeds (flaky) and one that fails every run (doomed), with a server of its own. */
+async function runFlakyAndDoomed(): Promise<void> {
   const server = await startServer(
     async (task: Task, ctx: TaskContext) => {
       const runs = seen.get(ctx.taskId) ?? [];
@@ -54,7 +56,7 @@ before(async () => {
   } finally {
     await server.shutdown();
   }
-});
+}
 
 describe('the worker', () => {
   test('ctx.attempt is 1, 2, 3 over three runs; retryCount keeps asynq’s 0, 1, 2', () => {

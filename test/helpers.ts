@@ -70,6 +70,20 @@ export async function testDb(name: string): Promise<TestDb> {
   return db;
 }
 
+/** Every shipped migration, in order: written out, so that a test fails when one is added or lost. */
+export const MIGRATIONS = [
+  '0001_initial',
+  '0002_views',
+  '0003_active_index',
+  '0004_storage_v2',
+  '0005_workflows',
+  '0006_replace',
+  '0007_flow_control',
+  '0008_sql_enqueue',
+  '0009_trust_boundary',
+  '0010_worker_writes',
+];
+
 /**
  * The library's tables that hold data (every one but migrations), emptied by
  * {@link resetTables}.
@@ -132,6 +146,10 @@ export interface TestFile {
   startServer: (handler: ServeMux | ((task: Task<any>, ctx: TaskContext) => unknown), config?: ServerConfig) => Promise<Server>;
   /** Empties the tables (see {@link resetTables}), as `tables` says. */
   reset: () => Promise<void>;
+  /** Every column of task `id` in the tasks view; undefined when there is none. */
+  taskRow: (id: string) => Promise<any>;
+  /** Waits (as {@link waitFor}) until task `id` is in `state`, and returns its row then. */
+  taskIn: (id: string, state: string, timeoutMs?: number) => Promise<any>;
 }
 
 /**
@@ -168,6 +186,16 @@ export function setupDb(
       return server;
     },
     reset: () => resetTables(db, opts.tables),
+    taskRow: async (id) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0],
+    taskIn: (id, state, timeoutMs) =>
+      waitFor(
+        async () => {
+          const r = await file.taskRow(id);
+          return r?.state === state ? r : undefined;
+        },
+        timeoutMs,
+        `task ${id} ${state}`,
+      ),
   };
   before(async () => {
     await recreateSchema(db);

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { LeaseExpiredError, Server, Task, type ServerConfig } from '../src/index.js';
+import { LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { complete, completeHeld, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
@@ -29,13 +29,21 @@ const fast: ServerConfig = {
   shutdownTimeout: 200,
 };
 
-const { db, client, broker, running, startServer, reset } = setupDb('t_leases', {
+const { db, client, broker, running, startServer, reset, taskRow, taskIn } = setupDb('t_leases', {
   setup: (db) => db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)'),
   tables: { also: ['side_effects'] },
   server: fast,
 });
 
-const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
+/** A handler whose transaction records that `worker` ran the task, then does `after` (still inside the transaction). */
+const recordsEffect =
+  (worker: string, after: () => void = () => {}) =>
+  async (_t: Task, ctx: TaskContext) => {
+    await ctx.transaction(async (trx) => {
+      await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker }).execute();
+      after();
+    });
+  };
 
 /** Puts a task straight into the active state with a lease that expired `agoMs` ago. */
 async function activeTask(retried: number, maxRetry: number, leaseExpiresSql: string): Promise<string> {
@@ -354,10 +362,7 @@ describe('heartbeats', () => {
       },
       { recoverCutoff: 60_000 },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'active' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'active');
     await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'thief' WHERE id = $1", [info.id]);
     const r = await reason.promise;
     assert.ok(r instanceof LeaseExpiredError);
@@ -379,11 +384,7 @@ describe('ctx.transaction', () => {
   test("the handler's writes and the completion commit together", { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
-    const server = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
-      });
-    });
+    const server = await startServer(recordsEffect('a'));
     await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
     await server.shutdown();
@@ -567,12 +568,11 @@ describe('ctx.transaction', () => {
   test('a user error inside the transaction rolls it back and fails the task', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });
-    const server = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+    const server = await startServer(
+      recordsEffect('a', () => {
         throw new Error('card declined');
-      });
-    });
+      }),
+    );
     await waitFor(async () => (await taskRow(info.id))?.state === 'archived');
     assert.equal((await taskRow(info.id)).error_msg, 'card declined');
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
@@ -687,11 +687,7 @@ describe('processes', () => {
     const info = await client.enqueue(new Task('charge'));
     await worker.next('started');
     worker.child.kill('SIGSTOP');
-    const rescuer = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'rescuer' }).execute();
-      });
-    });
+    const rescuer = await startServer(recordsEffect('rescuer'));
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
     worker.child.kill('SIGCONT');
     const finished = await worker.next('finished');
@@ -715,11 +711,7 @@ describe('processes', () => {
     await worker.next('ready');
     const info = await client.enqueue(new Task('cpu'));
     await worker.next('started');
-    const rescuer = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'rescuer' }).execute();
-      });
-    });
+    const rescuer = await startServer(recordsEffect('rescuer'));
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
     const finished = await worker.next('finished');
     assert.equal(finished.error, 'LeaseExpiredError', 'the blocked handler’s late transaction is refused');
