@@ -138,11 +138,7 @@ export interface TestFile {
   broker: Db;
   /** Servers (and schedulers) a test started: shut down after each test, even one that failed half-way. */
   running: { shutdown(): Promise<void> }[];
-  /**
-   * Starts a Server on db's schema with logging off, the file's `server`
-   * config and then `config` (a test's overrides) on top; it connects with
-   * db's connection string unless a pool is given, and is shut down after the test.
-   */
+  /** Starts a Server on db's schema, logging off, with the file's `server` config and a test's `config` on top; shut down after the test. */
   startServer: (handler: ServeMux | ((task: Task<any>, ctx: TaskContext) => unknown), config?: ServerConfig) => Promise<Server>;
   /** Empties the tables (see {@link resetTables}), as `tables` says. */
   reset: () => Promise<void>;
@@ -197,10 +193,7 @@ export function setupDb(
         `task ${id} ${state}`,
       ),
   };
-  before(async () => {
-    await recreateSchema(db);
-    await opts.setup?.(db);
-  });
+  before(() => recreateSchema(db).then(() => opts.setup?.(db)));
   if (opts.resetEach) beforeEach(() => file.reset());
   afterEach(async () => {
     await Promise.all(file.running.splice(0).map((s) => s.shutdown()));
