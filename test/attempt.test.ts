@@ -9,15 +9,16 @@
 import assert from 'node:assert/strict';
 import { after, before, describe } from 'node:test';
 import type { Browser, Page } from 'playwright-core';
-import { Client, Inspector, Server, Task, createDashboard, type Dashboard, type TaskContext, type TaskInfo } from '../src/index.js';
+import { Task, createDashboard, type Dashboard, type TaskContext, type TaskInfo } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { browserSkip, captureLog, DATABASE_URL, launchBrowser, runCli, test, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
+import { browserSkip, launchBrowser } from './browser.js';
+import { captureLog, type LogLine } from './logs.js';
+import { DATABASE_URL, runCli, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
+// In setup: after the schema is made (a before() of the file's own could run first).
+const { db, client, inspector, startServer } = setupDb('t_attempt', { setup: () => runFlakyAndDoomed() });
 const log = captureLog('debug');
 /** What each run's ctx said, per task id. */
 const seen = new Map<string, { attempt: number; retryCount: number; maxRetry: number }[]>();
@@ -27,28 +28,26 @@ let doomed: TaskInfo;
 const linesOf = (msg: string, id: string) => log.lines.filter((l) => l.msg === msg && (l.task as { id?: string } | undefined)?.id === id);
 const attemptOf = (l: LogLine) => (l.task as { attempt: number }).attempt;
 
-before(async () => {
-  db = await testDb('t_attempt');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-  const server = new Server({
-    connectionString: db.connectionString,
-    schema: db.schema,
-    logger: log.logger,
-    concurrency: 2,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    leaseDuration: 2000,
-    heartbeatInterval: 200,
-    retryDelay: () => 0,
-  });
-  await server.start(async (task: Task, ctx: TaskContext) => {
-    const runs = seen.get(ctx.taskId) ?? [];
-    runs.push({ attempt: ctx.attempt, retryCount: ctx.retryCount, maxRetry: ctx.maxRetry });
-    seen.set(ctx.taskId, runs);
-    ctx.logger.info({ run: runs.length }, 'handler ran');
-    if (task.type === 'doomed' || ctx.retryCount < 2) throw new Error(`boom on run ${runs.length}`);
-  });
+/** Runs a task that fails twice then succeeds (flaky) and one that fails every run (doomed), with a server of its own. */
+async function runFlakyAndDoomed(): Promise<void> {
+  const server = await startServer(
+    async (task: Task, ctx: TaskContext) => {
+      const runs = seen.get(ctx.taskId) ?? [];
+      runs.push({ attempt: ctx.attempt, retryCount: ctx.retryCount, maxRetry: ctx.maxRetry });
+      seen.set(ctx.taskId, runs);
+      ctx.logger.info({ run: runs.length }, 'handler ran');
+      if (task.type === 'doomed' || ctx.retryCount < 2) throw new Error(`boom on run ${runs.length}`);
+    },
+    {
+      logger: log.logger,
+      concurrency: 2,
+      taskCheckInterval: 50,
+      delayedTaskCheckInterval: 50,
+      leaseDuration: 2000,
+      heartbeatInterval: 200,
+      retryDelay: () => 0,
+    },
+  );
   try {
     const f = await client.enqueue(new Task('flaky'), { maxRetry: 5, retention: 3_600_000 });
     const d = await client.enqueue(new Task('doomed'), { maxRetry: 2 });
@@ -57,13 +56,7 @@ before(async () => {
   } finally {
     await server.shutdown();
   }
-});
-
-after(async () => {
-  await client?.close();
-  await inspector?.close();
-  await db?.close();
-});
+}
 
 describe('the worker', () => {
   test('ctx.attempt is 1, 2, 3 over three runs; retryCount keeps asynq’s 0, 1, 2', () => {

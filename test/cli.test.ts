@@ -8,7 +8,7 @@ import pg from 'pg';
 import { humanLine } from '../src/cli/log.js';
 import { run } from '../src/cli/program.js';
 import { Client, Task } from '../src/index.js';
-import { DATABASE_URL, dsnWith, runCli, testWithin } from './helpers.js';
+import { DATABASE_URL, dsnWith, MIGRATIONS as ALL, runCli, testWithin } from './helpers.js';
 
 /** The CLI runs as a process per command, several per test: more than a minute under a loaded machine. */
 const test = testWithin(180_000);
@@ -17,20 +17,6 @@ const SCHEMA = 't_cli';
 const ENV_SCHEMA = 't_cli_env';
 const RACE_SCHEMA = 't_cli_race';
 const UNREACHABLE = 'postgres://u:secret@127.0.0.1:1/x';
-/** Every shipped migration, in order. */
-const ALL = [
-  '0001_initial',
-  '0002_views',
-  '0003_active_index',
-  '0004_storage_v2',
-  '0005_workflows',
-  '0006_replace',
-  '0007_flow_control',
-  '0008_sql_enqueue',
-  '0009_trust_boundary',
-  '0010_worker_writes',
-  '0011_clock_seam',
-];
 const pendingStatus = ALL.map((name) => ({ name, applied: false, appliedAt: null }));
 
 interface Run {

@@ -25,7 +25,7 @@ import {
   type EnqueueOptions,
   type TaskInfo,
 } from '../src/index.js';
-import { caught, countByState, dsnWith, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countByState, dsnWith, setupDb, test, waitFor } from './helpers.js';
 
 const SCHEMA = 't_client';
 /** A UUID version 7: 48 bits of Unix ms first, so ids sort by creation time. */
@@ -33,18 +33,12 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{1
 const MIB = 1_048_576;
 const THIRTY_MIN = 1_800_000;
 
-let db: TestDb;
-let client: Client;
+const { db, client } = setupDb(SCHEMA);
 
-before(async () => {
-  db = await testDb(SCHEMA);
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-
-after(async () => {
-  await client?.close();
-  await db?.close();
-});
+/** Asserts that `actual` has each field of `expected` (compared as assert.deepEqual compares them). */
+function assertFields(actual: object, expected: Record<string, unknown>): void {
+  assert.deepEqual(Object.fromEntries(Object.keys(expected).map((k) => [k, (actual as Record<string, unknown>)[k]])), expected);
+}
 
 interface Row {
   queue: string;
@@ -115,38 +109,42 @@ describe('enqueue: defaults and overrides', () => {
   test('a bare task gets queue default, maxRetry 25, 30 min timeout, a UUID, pending', async () => {
     const before = Date.now();
     const info = await client.enqueue(new Task('defaults:plain', { a: 1 }));
-    assert.equal(info.queue, 'default');
-    assert.equal(info.type, 'defaults:plain');
-    assert.deepEqual(info.payload, { a: 1 });
-    assert.equal(info.state, 'pending');
-    assert.equal(info.maxRetry, 25);
-    assert.equal(info.retried, 0);
-    assert.equal(info.timeout, THIRTY_MIN);
-    assert.equal(info.deadline, null);
-    assert.equal(info.group, null);
-    assert.equal(info.lastError, null);
-    assert.equal(info.lastFailedAt, null);
-    assert.equal(info.retention, 0);
-    assert.equal(info.completedAt, null);
-    assert.equal(info.result, null);
-    assert.equal(info.isOrphaned, false);
-    assert.deepEqual(info.headers, {});
+    assertFields(info, {
+      queue: 'default',
+      type: 'defaults:plain',
+      payload: { a: 1 },
+      state: 'pending',
+      maxRetry: 25,
+      retried: 0,
+      timeout: THIRTY_MIN,
+      deadline: null,
+      group: null,
+      lastError: null,
+      lastFailedAt: null,
+      retention: 0,
+      completedAt: null,
+      result: null,
+      isOrphaned: false,
+      headers: {},
+    });
     assert.match(info.id, UUID);
     near(info.nextProcessAt, before, 5_000, 'nextProcessAt');
 
     const r = await mustRow(info);
-    assert.equal(r.state, 'pending');
-    assert.equal(r.type, 'defaults:plain');
-    assert.deepEqual(r.payload, { a: 1 });
-    assert.equal(r.payload_bytes, null);
-    assert.equal(r.max_retry, 25);
-    assert.equal(r.retried, 0);
-    assert.equal(r.timeout_ms, THIRTY_MIN);
-    assert.equal(r.deadline, null);
-    assert.equal(r.unique_key, null);
-    assert.equal(r.group_key, null);
-    assert.equal(r.retention_ms, 0);
-    assert.deepEqual(r.headers, {});
+    assertFields(r, {
+      state: 'pending',
+      type: 'defaults:plain',
+      payload: { a: 1 },
+      payload_bytes: null,
+      max_retry: 25,
+      retried: 0,
+      timeout_ms: THIRTY_MIN,
+      deadline: null,
+      unique_key: null,
+      group_key: null,
+      retention_ms: 0,
+      headers: {},
+    });
     near(r.run_at, before, 5_000, 'run_at');
     const queues = await db.query('SELECT name FROM {{schema}}.queues WHERE name = $1', ['default']);
     assert.equal(queues.length, 1, 'the queue is registered');

@@ -5,30 +5,12 @@
  * notification takes, however late its transaction commits.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import pg from 'pg';
-import { Client, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
-import { resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { Task } from '../src/index.js';
+import { setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-const running: Server[] = [];
-
-before(async () => {
-  db = await testDb('t_cursor');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  await resetTables(db);
-});
-after(async () => {
-  await client.close();
-  await db.close();
-});
-
-const startServer = (handler: Handler, config: ServerConfig = {}) =>
-  startTestServer(db, handler, { taskCheckInterval: 50, shutdownTimeout: 200, ...config }, running);
+const { db, client, running, startServer } = setupDb('t_cursor', { resetEach: true, server: { taskCheckInterval: 50, shutdownTimeout: 200 } });
 
 describe('claim cursor', () => {
   test('a task whose transaction commits after later tasks were claimed is still claimed at once', { timeout: 60_000 }, async () => {

@@ -19,9 +19,7 @@ import { after, before, describe } from 'node:test';
 import pg from 'pg';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
 import {
-  Client,
   ConfigError,
-  Inspector,
   Scheduler,
   Server,
   Task,
@@ -32,7 +30,8 @@ import {
   type Dashboard,
   type QueueInfo,
 } from '../src/index.js';
-import { browserSkip, builtCli, launchBrowser, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { browserSkip, launchBrowser } from './browser.js';
+import { builtCli, setupDb, test, waitFor } from './helpers.js';
 
 const XSS_TYPE = '<img src=x onerror=alert(1)>';
 const TENANT_KEY = 'acme <b>corp</b>';
@@ -41,10 +40,6 @@ const TOKEN = 'test-token-0123456789';
 const SHOTS = process.env.DASHBOARD_SCREENSHOTS === '1';
 const REPO = fileURLToPath(new URL('..', import.meta.url));
 
-let db: TestDb;
-let conn: { connectionString: string; schema: string };
-let inspector: Inspector;
-let client: Client;
 let server: Server;
 let scheduler: Scheduler;
 /** The dashboards under test: default, read-only, with a token, hiding payloads. */
@@ -188,30 +183,26 @@ async function seed(): Promise<void> {
   await waitFor(async () => (await inspector.schedulerEntries()).length === 1, 20_000, 'the scheduler entry');
 }
 
-before(async () => {
-  db = await testDb('t_dashboard');
-  conn = { connectionString: db.connectionString, schema: db.schema };
-  inspector = new Inspector(conn);
-  client = new Client(conn);
-  await seed();
-  dash = createDashboard({ ...conn, refreshInterval: 5000 });
-  ro = createDashboard({ ...conn, readOnly: true });
-  tok = createDashboard({ ...conn, token: TOKEN });
-  hid = createDashboard({ ...conn, hidePayloads: true });
-  port.dash = (await dash.listen(0)).port;
-  port.ro = (await ro.listen(0)).port;
-  port.tok = (await tok.listen(0)).port;
-  port.hid = (await hid.listen(0)).port;
+// The server and the scheduler live through the whole file (seed starts them): they are not the afterEach's to shut down.
+const { db, client, inspector } = setupDb('t_dashboard', {
+  setup: async () => {
+    await seed();
+    dash = createDashboard({ ...conn, refreshInterval: 5000 });
+    ro = createDashboard({ ...conn, readOnly: true });
+    tok = createDashboard({ ...conn, token: TOKEN });
+    hid = createDashboard({ ...conn, hidePayloads: true });
+    port.dash = (await dash.listen(0)).port;
+    port.ro = (await ro.listen(0)).port;
+    port.tok = (await tok.listen(0)).port;
+    port.hid = (await hid.listen(0)).port;
+  },
+  teardown: async () => {
+    await Promise.all([dash?.close(), ro?.close(), tok?.close(), hid?.close()]);
+    await scheduler?.shutdown();
+    await server?.shutdown();
+  },
 });
-
-after(async () => {
-  await Promise.all([dash?.close(), ro?.close(), tok?.close(), hid?.close()]);
-  await scheduler?.shutdown();
-  await server?.shutdown();
-  await client?.close();
-  await inspector?.close();
-  await db?.close();
-});
+const conn = { connectionString: db.connectionString, schema: db.schema };
 
 // ------------------------------------------------------------------ HTTP
 

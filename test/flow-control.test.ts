@@ -4,35 +4,17 @@
  * (The cluster-wide limits are limits.test.ts's.)
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe } from 'node:test';
-import { Client, Inspector, InvalidOptionError, Server, Snooze, Task, TaskIdConflictError, type ServerConfig, type TaskContext } from '../src/index.js';
+import { describe } from 'node:test';
+import { InvalidOptionError, Snooze, Task, TaskIdConflictError } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { claimFrom } from '../src/broker/claim.js';
 import { claimShares, queueOrder } from '../src/server/queues.js';
-import { caught, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-const running: Server[] = [];
-
-before(async () => {
-  db = await testDb('t_flow_control');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+const { db, client, inspector, startServer } = setupDb('t_flow_control', {
+  resetEach: true,
+  server: { concurrency: 2, taskCheckInterval: 50, delayedTaskCheckInterval: 60_000 },
 });
-
-beforeEach(() => resetTables(db));
-
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await db.close();
-});
-
-const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
-  startTestServer(db, handle, { concurrency: 2, taskCheckInterval: 50, delayedTaskCheckInterval: 60_000, ...config }, running);
 
 const row = async (id: string) =>
   (
@@ -41,6 +23,14 @@ const row = async (id: string) =>
       [id],
     )
   )[0];
+
+/** Starts a one-slot server; once `n` tasks ran, each one's [id, payload] in the order they ran. */
+async function oneByOne(n: number, what: string): Promise<[string, unknown][]> {
+  const ran: [string, unknown][] = [];
+  await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
+  await waitFor(() => ran.length === n, 10_000, what);
+  return ran;
+}
 
 describe('Snooze', () => {
   test('back to scheduled, due in its delay, retry count unchanged, counted neither processed nor failed', { timeout: 30_000 }, async () => {
@@ -113,10 +103,7 @@ describe('replace', () => {
     const after = await info('x');
     assert.deepEqual([after.payload, after.headers, after.max_retry], ['version 10', { n: '10' }, 10]);
     assert.equal(after.pending_seq, before.pending_seq, 'same place in the queue');
-    const ran: [string, unknown][] = [];
-    await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
-    await waitFor(() => ran.length === 3, 10_000, 'three tasks');
-    assert.deepEqual(ran, [
+    assert.deepEqual(await oneByOne(3, 'three tasks'), [
       ['a', 1],
       ['x', 'version 10'],
       ['c', 3],
@@ -149,10 +136,7 @@ describe('replace', () => {
     const replaced = await client.enqueue(job('w', 'new'), { replace: true });
     assert.equal(replaced.state, 'waiting');
     assert.deepEqual(replaced.dependsOn, [{ queue: 'default', id: 'dep' }]);
-    const ran: [string, unknown][] = [];
-    await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
-    await waitFor(() => ran.length === 2, 10_000, 'both ran');
-    assert.deepEqual(ran, [
+    assert.deepEqual(await oneByOne(2, 'both ran'), [
       ['dep', 0],
       ['w', 'new'],
     ]);
@@ -230,12 +214,7 @@ describe('priority within a queue', () => {
       infos.map((t) => t.priority),
       order.map(([, p]) => p),
     );
-    const inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-    try {
-      assert.deepEqual(await inspector.getTaskInfo('default', 'f').then((t) => [t.priority, t.concurrencyKey]), [100, null]);
-    } finally {
-      await inspector.close();
-    }
+    assert.deepEqual(await inspector.getTaskInfo('default', 'f').then((t) => [t.priority, t.concurrencyKey]), [100, null]);
     const ran: string[] = [];
     await startServer((_t, ctx) => void ran.push(ctx.taskId), { concurrency: 1 });
     await waitFor(() => ran.length === order.length, 10_000, 'every task');
@@ -271,10 +250,7 @@ describe('priority within a queue', () => {
     const replaced = await client.enqueue(job('c', 'urgent', { priority: 1 }), { replace: true });
     assert.equal(replaced.priority, 1);
     await db.query(`UPDATE {{schema}}.tasks SET priority = 2 WHERE id = 'd'`);
-    const ran: [string, unknown][] = [];
-    await startServer((task, ctx) => void ran.push([ctx.taskId, task.payload]), { concurrency: 1 });
-    await waitFor(() => ran.length === 4, 10_000, 'four tasks');
-    assert.deepEqual(ran, [
+    assert.deepEqual(await oneByOne(4, 'four tasks'), [
       ['d', 4],
       ['c', 'urgent'],
       ['a', 1],

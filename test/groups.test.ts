@@ -1,28 +1,16 @@
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe } from 'node:test';
-import { Client, Inspector, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
-import { countByState, deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { describe } from 'node:test';
+import { Inspector, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { countByState, deferred, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-
-before(async () => {
-  db = await testDb('t_groups');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
+const {
+  db,
+  client,
+  startServer: serve,
+  reset,
+} = setupDb('t_groups', {
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 5000, heartbeatInterval: 200, groupGracePeriod: 250 },
 });
-
-/** Servers a test started: shut down after each test, even one that failed half-way. */
-const running: Server[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await db.close();
-});
-
-const reset = () => resetTables(db);
 
 interface Ran {
   type: string;
@@ -34,25 +22,17 @@ interface Ran {
 async function startServer(config: ServerConfig = {}): Promise<{ server: Server; ran: Ran[]; calls: { group: string; payloads: unknown[] }[] }> {
   const ran: Ran[] = [];
   const calls: { group: string; payloads: unknown[] }[] = [];
-  const server = await startTestServer(
-    db,
+  const server = await serve(
     (task: Task, ctx: TaskContext) => {
       ran.push({ type: task.type, payload: task.payload, queue: ctx.queue });
     },
     {
-      concurrency: 4,
-      taskCheckInterval: 50,
-      delayedTaskCheckInterval: 50,
-      leaseDuration: 5000,
-      heartbeatInterval: 200,
-      groupGracePeriod: 250,
       groupAggregator: (group, tasks) => {
         calls.push({ group, payloads: tasks.map((t) => t.payload) });
         return new Task('batch', { group, items: tasks.map((t) => t.payload) });
       },
       ...config,
     },
-    running,
   );
   return { server, ran, calls };
 }

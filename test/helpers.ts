@@ -7,12 +7,11 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { test as nodeTest, type TestFn, type TestOptions } from 'node:test';
+import { after, afterEach, before, beforeEach, test as nodeTest, type TestFn, type TestOptions } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { chromium, type Browser } from 'playwright-core';
-import pino from 'pino';
-import { Server, migrate, type Handler, type Logger, type ServeMux, type ServerConfig, type Task, type TaskContext } from '../src/index.js';
+import { Db } from '../src/broker/db.js';
+import { Client, Inspector, Server, migrate, type Handler, type ServeMux, type ServerConfig, type Task, type TaskContext } from '../src/index.js';
 
 export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -42,13 +41,11 @@ export interface TestDb {
   close(): Promise<void>;
 }
 
-/** Drops and re-creates `schema`, migrated to the latest version. */
-export async function testDb(name: string): Promise<TestDb> {
+/** A TestDb on `name` (plus TEST_SCHEMA_SUFFIX) that connects nowhere yet: its schema is made by {@link recreateSchema}. */
+function openTestDb(name: string): TestDb {
   // TEST_SCHEMA_SUFFIX lets several copies of one file run at once (stress runs).
   const schema = `${name}${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
   const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
-  await pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-  await migrate({ connectionString: DATABASE_URL, schema, logger: false });
   return {
     connectionString: DATABASE_URL,
     schema,
@@ -59,6 +56,34 @@ export async function testDb(name: string): Promise<TestDb> {
     close: () => pool.end(),
   };
 }
+
+/** Drops and re-creates db's schema, migrated to the latest version. */
+async function recreateSchema(db: TestDb): Promise<void> {
+  await db.pool.query(`DROP SCHEMA IF EXISTS "${db.schema}" CASCADE`);
+  await migrate({ connectionString: DATABASE_URL, schema: db.schema, logger: false });
+}
+
+/** Drops and re-creates `schema`, migrated to the latest version. */
+export async function testDb(name: string): Promise<TestDb> {
+  const db = openTestDb(name);
+  await recreateSchema(db);
+  return db;
+}
+
+/** Every shipped migration, in order: written out, so that a test fails when one is added or lost. */
+export const MIGRATIONS = [
+  '0001_initial',
+  '0002_views',
+  '0003_active_index',
+  '0004_storage_v2',
+  '0005_workflows',
+  '0006_replace',
+  '0007_flow_control',
+  '0008_sql_enqueue',
+  '0009_trust_boundary',
+  '0010_worker_writes',
+  '0011_clock_seam',
+];
 
 /**
  * The library's tables that hold data (every one but migrations), emptied by
@@ -106,23 +131,80 @@ export function testWithin(defaultMs: number): {
  */
 export const test = testWithin(TEST_TIMEOUT_MS);
 
+/** What a test file shares: its database, a Client and an Inspector on it, and its servers. */
+export interface TestFile {
+  db: TestDb;
+  client: Client;
+  inspector: Inspector;
+  broker: Db;
+  /** Servers (and schedulers) a test started: shut down after each test, even one that failed half-way. */
+  running: { shutdown(): Promise<void> }[];
+  /** Starts a Server on db's schema, logging off, with the file's `server` config and a test's `config` on top; shut down after the test. */
+  startServer: (handler: ServeMux | ((task: Task<any>, ctx: TaskContext) => unknown), config?: ServerConfig) => Promise<Server>;
+  /** Empties the tables (see {@link resetTables}), as `tables` says. */
+  reset: () => Promise<void>;
+  /** Every column of task `id` in the tasks view; undefined when there is none. */
+  taskRow: (id: string) => Promise<any>;
+  /** Waits (as {@link waitFor}) until task `id` is in `state`, and returns its row then. */
+  taskIn: (id: string, state: string, timeoutMs?: number) => Promise<any>;
+}
+
 /**
- * Starts a Server on db's schema with logging off and `config` (a file's own
- * durations and a test's overrides) on top; it connects with db's
- * connection string unless `config.pool` is given. A server added to
- * `running` is the caller's to shut down (an afterEach of the file's);
- * otherwise the test shuts it down itself.
+ * Registers a test file's hooks on schema `name`: made anew before its tests
+ * (then `setup`), emptied before each test when `resetEach`, its servers shut
+ * down after each test, everything closed after (`teardown` first). Client,
+ * Inspector and Db exist from the start, so that a file destructures them at
+ * its top; none connects before a test uses it. `server` is read at each start.
  */
-export async function startTestServer(
-  db: TestDb,
-  handler: ServeMux | ((task: Task<any>, ctx: TaskContext) => unknown),
-  config: ServerConfig = {},
-  running?: Server[],
-): Promise<Server> {
-  const server = new Server({ ...(config.pool ? {} : { connectionString: db.connectionString }), schema: db.schema, logger: false, ...config });
-  running?.push(server);
-  await server.start(handler as ServeMux | Handler);
-  return server;
+export function setupDb(
+  name: string,
+  opts: {
+    server?: ServerConfig | (() => ServerConfig);
+    tables?: { also?: string[]; keep?: string[] };
+    resetEach?: boolean;
+    setup?: (db: TestDb) => Promise<unknown>;
+    teardown?: () => Promise<unknown>;
+  } = {},
+): TestFile {
+  const db = openTestDb(name);
+  const conn = { connectionString: db.connectionString, schema: db.schema };
+  const file: TestFile = {
+    db,
+    client: new Client(conn),
+    inspector: new Inspector(conn),
+    broker: new Db(conn),
+    running: [],
+    startServer: async (handler, config = {}) => {
+      const defaults = typeof opts.server === 'function' ? opts.server() : (opts.server ?? {});
+      const all = { ...defaults, ...config };
+      const server = new Server({ ...(all.pool ? {} : { connectionString: db.connectionString }), schema: db.schema, logger: false, ...all });
+      file.running.push(server);
+      await server.start(handler as ServeMux | Handler);
+      return server;
+    },
+    reset: () => resetTables(db, opts.tables),
+    taskRow: async (id) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0],
+    taskIn: (id, state, timeoutMs) =>
+      waitFor(
+        async () => {
+          const r = await file.taskRow(id);
+          return r?.state === state ? r : undefined;
+        },
+        timeoutMs,
+        `task ${id} ${state}`,
+      ),
+  };
+  before(() => recreateSchema(db).then(() => opts.setup?.(db)));
+  if (opts.resetEach) beforeEach(() => file.reset());
+  afterEach(async () => {
+    await Promise.all(file.running.splice(0).map((s) => s.shutdown()));
+  });
+  after(async () => {
+    await opts.teardown?.();
+    await Promise.all([file.client.close(), file.inspector.close(), file.broker.close()]);
+    await db.close();
+  });
+  return file;
 }
 
 /** Polls `check` until it returns a truthy value (returned), or fails after `timeoutMs`. */
@@ -314,76 +396,4 @@ export async function caught(fn: () => unknown): Promise<unknown> {
     return err;
   }
   assert.fail('expected an error');
-}
-
-/** One log line as pino writes it, parsed. */
-export interface LogLine {
-  level: number;
-  msg: string;
-  component?: string;
-  [field: string]: unknown;
-}
-
-/** pino's numbers for the levels, for assertions on `line.level`. */
-export const LEVEL = { debug: 20, info: 30, warn: 40, error: 50 } as const;
-
-/**
- * A real pino logger (at `level`) whose destination keeps every line, parsed
- * as JSON: what a user's log collector would receive. `find` waits for the
- * first line with that message (and fields).
- */
-export function captureLog(level: 'debug' | 'info' | 'warn' | 'error' = 'debug'): {
-  logger: Logger;
-  lines: LogLine[];
-  raw: string[];
-  find: (msg: string, match?: (line: LogLine) => boolean, timeoutMs?: number) => Promise<LogLine>;
-} {
-  const raw: string[] = [];
-  const lines: LogLine[] = [];
-  const logger = pino({ level }, { write: (line: string) => void (raw.push(line), lines.push(JSON.parse(line) as LogLine)) });
-  const find = (msg: string, match: (line: LogLine) => boolean = () => true, timeoutMs = 20_000) =>
-    waitFor(() => lines.find((l) => l.msg === msg && match(l)), timeoutMs, `log line "${msg}"`);
-  return { logger, lines, raw, find };
-}
-
-/** The stderr of a child process as log lines: every line must be JSON. */
-export function parseLogLines(stderr: string): LogLine[] {
-  return stderr
-    .split('\n')
-    .filter((l) => l !== '')
-    .map((l) => {
-      try {
-        return JSON.parse(l) as LogLine;
-      } catch {
-        throw new Error(`not a JSON log line: ${l}`);
-      }
-    });
-}
-
-/** Debian's Chromium, which the dashboard's browser tests drive through playwright-core. */
-const CHROMIUM = '/usr/bin/chromium';
-const CHROMIUM_FLAGS = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-  '--no-first-run',
-];
-
-/**
- * The `skip` of a browser suite: false when Chromium is installed. A missing
- * Chromium fails the file rather than skipping it unnoticed, unless
- * PGASYNQ_SKIP_BROWSER=1 says to skip on purpose.
- */
-export function browserSkip(): false | string {
-  if (existsSync(CHROMIUM)) return false;
-  if (process.env.PGASYNQ_SKIP_BROWSER === '1') return `no ${CHROMIUM}, and PGASYNQ_SKIP_BROWSER=1`;
-  throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (.ci/run does), or PGASYNQ_SKIP_BROWSER=1 to skip the browser tests`);
-}
-
-/** A headless Chromium for a browser suite. */
-export function launchBrowser(): Promise<Browser> {
-  return chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_FLAGS });
 }

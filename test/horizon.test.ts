@@ -4,19 +4,13 @@
  * waiting), once, and says when it has ended.
  */
 import assert from 'node:assert/strict';
-import { after, before } from 'node:test';
 import pg from 'pg';
 import { Server } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
-import { captureLog, test, testDb, waitFor, type LogLine, type TestDb } from './helpers.js';
+import { captureLog, type LogLine } from './logs.js';
+import { setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-before(async () => {
-  db = await testDb('t_horizon');
-});
-after(async () => {
-  await db.close();
-});
+const { db } = setupDb('t_horizon');
 
 test('a snapshot held past a minute is named by pid in one warning, and its end is told', { timeout: 60_000 }, async () => {
   const holder = new pg.Client({ connectionString: db.connectionString, application_name: 'monthly-report' });

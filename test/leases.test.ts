@@ -2,10 +2,10 @@
  * Leases, heartbeats, the recoverer and fencing (issue "core engine, part 2").
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { Client, LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { LeaseExpiredError, Server, Task, type ServerConfig, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { complete, completeHeld, extendLeases, fail, requeue, writeResult } from '../src/broker/leases.js';
 import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
@@ -15,33 +15,7 @@ import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { startCommitProxy } from './faults/commit-proxy.js';
 import { claim, selectTask } from './broker-helpers.js';
-import { deferred, exited, resetTables, spawnFixture, startTestServer, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
-
-let db: TestDb;
-let client: Client;
-let broker: Db;
-
-before(async () => {
-  db = await testDb('t_leases');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  broker = new Db({ connectionString: db.connectionString, schema: db.schema });
-  await db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)');
-});
-/** Servers a test started: shut down after each test, even one that failed half-way. */
-const running: Server[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await broker.close();
-  await db.close();
-});
-
-const reset = () => resetTables(db, { also: ['side_effects'] });
-
-const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
+import { deferred, exited, setupDb, spawnFixture, test, waitFor, type Fixture } from './helpers.js';
 
 const fast: ServerConfig = {
   concurrency: 4,
@@ -55,7 +29,21 @@ const fast: ServerConfig = {
   shutdownTimeout: 200,
 };
 
-const startServer = (handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}) => startTestServer(db, handler, { ...fast, ...config }, running);
+const { db, client, broker, running, startServer, reset, taskRow, taskIn } = setupDb('t_leases', {
+  setup: (db) => db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)'),
+  tables: { also: ['side_effects'] },
+  server: fast,
+});
+
+/** A handler whose transaction records that `worker` ran the task, then does `after` (still inside the transaction). */
+const recordsEffect =
+  (worker: string, after: () => void = () => {}) =>
+  async (_t: Task, ctx: TaskContext) => {
+    await ctx.transaction(async (trx) => {
+      await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker }).execute();
+      after();
+    });
+  };
 
 /** Puts a task straight into the active state with a lease that expired `agoMs` ago. */
 async function activeTask(retried: number, maxRetry: number, leaseExpiresSql: string): Promise<string> {
@@ -374,10 +362,7 @@ describe('heartbeats', () => {
       },
       { recoverCutoff: 60_000 },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'active' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'active');
     await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'thief' WHERE id = $1", [info.id]);
     const r = await reason.promise;
     assert.ok(r instanceof LeaseExpiredError);
@@ -399,11 +384,7 @@ describe('ctx.transaction', () => {
   test("the handler's writes and the completion commit together", { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { retention: 60_000 });
-    const server = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
-      });
-    });
+    const server = await startServer(recordsEffect('a'));
     await waitFor(async () => (await taskRow(info.id))?.state === 'completed');
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 1);
     await server.shutdown();
@@ -587,12 +568,11 @@ describe('ctx.transaction', () => {
   test('a user error inside the transaction rolls it back and fails the task', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });
-    const server = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+    const server = await startServer(
+      recordsEffect('a', () => {
         throw new Error('card declined');
-      });
-    });
+      }),
+    );
     await waitFor(async () => (await taskRow(info.id))?.state === 'archived');
     assert.equal((await taskRow(info.id)).error_msg, 'card declined');
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
@@ -707,11 +687,7 @@ describe('processes', () => {
     const info = await client.enqueue(new Task('charge'));
     await worker.next('started');
     worker.child.kill('SIGSTOP');
-    const rescuer = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'rescuer' }).execute();
-      });
-    });
+    const rescuer = await startServer(recordsEffect('rescuer'));
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
     worker.child.kill('SIGCONT');
     const finished = await worker.next('finished');
@@ -735,11 +711,7 @@ describe('processes', () => {
     await worker.next('ready');
     const info = await client.enqueue(new Task('cpu'));
     await worker.next('started');
-    const rescuer = await startServer(async (_t, ctx) => {
-      await ctx.transaction(async (trx) => {
-        await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'rescuer' }).execute();
-      });
-    });
+    const rescuer = await startServer(recordsEffect('rescuer'));
     await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
     const finished = await worker.next('finished');
     assert.equal(finished.error, 'LeaseExpiredError', 'the blocked handler’s late transaction is refused');

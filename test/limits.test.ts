@@ -7,24 +7,10 @@
  */
 import assert from 'node:assert/strict';
 import { after, afterEach, before, describe } from 'node:test';
-import { Client, Inspector, InvalidOptionError, Server, Task, ValidationError } from '../src/index.js';
-import { caught, exited, spawnFixture, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { InvalidOptionError, Task, ValidationError } from '../src/index.js';
+import { caught, exited, setupDb, spawnFixture, test, waitFor, type Fixture } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
-
-before(async () => {
-  db = await testDb('t_limits');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-});
-
-after(async () => {
-  await client.close();
-  await inspector.close();
-  await db.close();
-});
+const { db, client, inspector, startServer } = setupDb('t_limits');
 
 const NONE = { concurrency: null, keyConcurrency: null, rateLimit: null };
 
@@ -173,28 +159,17 @@ describe('four servers at once', () => {
 });
 
 describe('a running server', () => {
-  const running: Server[] = [];
-  afterEach(async () => {
-    await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  });
-
   test('limits set, changed and cleared while it runs take effect at its next claim', { timeout: 60_000 }, async () => {
     await db.query(`INSERT INTO {{schema}}.queues (name) VALUES ('live')`);
     let release = () => {};
     let gate = Promise.resolve();
-    const server = new Server({
-      connectionString: db.connectionString,
-      schema: db.schema,
-      logger: false,
-      concurrency: 4,
-      queues: { live: 1 },
-      taskCheckInterval: 50,
-    });
-    running.push(server);
-    await server.start(async (task) => {
-      if (task.type === 'gated') await gate;
-      else await new Promise((r) => setTimeout(r, 10));
-    });
+    await startServer(
+      async (task) => {
+        if (task.type === 'gated') await gate;
+        else await new Promise((r) => setTimeout(r, 10));
+      },
+      { concurrency: 4, queues: { live: 1 }, taskCheckInterval: 50 },
+    );
     await inspector.setQueueLimits('live', { concurrency: 1 });
     await client.enqueueMany(Array.from({ length: 20 }, () => new Task('short', null, { queue: 'live' })));
     const limited = await sampleActive('live', left('live'));
@@ -215,12 +190,9 @@ describe('a running server', () => {
 });
 
 describe('fairness of the key limit', () => {
-  const running: Server[] = [];
   let release = () => {};
-  afterEach(async () => {
-    release();
-    await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  });
+  // Before the file's afterEach shuts the servers down: their handlers wait for it.
+  afterEach(() => release());
 
   test("one tenant's backlog of 100,000 does not hold another tenant's task back", { timeout: 180_000 }, async () => {
     await db.query(`INSERT INTO {{schema}}.queues (name) VALUES ('tenants')`);
@@ -230,20 +202,14 @@ describe('fairness of the key limit', () => {
     }
     const gate = new Promise<void>((resolve) => (release = resolve));
     const started: string[] = [];
-    const server = new Server({
-      connectionString: db.connectionString,
-      schema: db.schema,
-      logger: false,
-      concurrency: 4,
-      queues: { tenants: 1 },
-      taskCheckInterval: 50,
-    });
-    running.push(server);
-    await server.start(async (task) => {
-      started.push(task.type);
-      // The big tenant's tasks hold their slots: only the other tenant's can still start.
-      if (task.type === 'big') await gate;
-    });
+    await startServer(
+      async (task) => {
+        started.push(task.type);
+        // The big tenant's tasks hold their slots: only the other tenant's can still start.
+        if (task.type === 'big') await gate;
+      },
+      { concurrency: 4, queues: { tenants: 1 }, taskCheckInterval: 50 },
+    );
     await waitFor(() => started.length >= 2, 20_000, "the big tenant's first two tasks");
     await client.enqueue(new Task('small', null, { queue: 'tenants', concurrencyKey: 'small-tenant' }));
     await waitFor(() => started.includes('small'), 20_000, "the small tenant's task, behind 99,998 of the big tenant's");

@@ -3,32 +3,21 @@
  * slot frees, given back at stop without using a retry.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe } from 'node:test';
-import { Client, ConfigError, Server, Task, type Handler, type ServerConfig } from '../src/index.js';
+import { afterEach, describe } from 'node:test';
+import { ConfigError, Server, Task } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
 import { Prefetch } from '../src/server/prefetch.js';
-import { countByState, deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
-
-let db: TestDb;
-let client: Client;
-const running: Server[] = [];
-
-before(async () => {
-  db = await testDb('t_prefetch');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-  clock = new DatabaseClock();
-  await resetTables(db);
-});
-after(async () => {
-  await client.close();
-  await db.close();
-});
+import { countByState, deferred, setupDb, test, waitFor } from './helpers.js';
 
 /** The database's time as this test's servers see it: moved forward instead of slept through (a new one per test). */
 let clock = new DatabaseClock();
+afterEach(() => void (clock = new DatabaseClock()));
+
+/** `server` reads `clock` at each start: a test's own. */
+const { db, client, startServer } = setupDb('t_prefetch', {
+  resetEach: true,
+  server: () => ({ clock, taskCheckInterval: 50, leaseDuration: 3000, heartbeatInterval: 300, recoverInterval: 100, recoverCutoff: 0, shutdownTimeout: 200 }),
+});
 
 /** Waits until `n` active tasks hold a lease with at least `remainingMs` left on the moved clock: a heartbeat landed. */
 async function leasesExtended(n: number, remainingMs: number): Promise<void> {
@@ -44,15 +33,6 @@ async function leasesExtended(n: number, remainingMs: number): Promise<void> {
     `${n} leases extended`,
   );
 }
-
-/** Reads `clock` at each call: a test's own, made new in afterEach. */
-const startServer = (handler: Handler, config: ServerConfig) =>
-  startTestServer(
-    db,
-    handler,
-    { clock, taskCheckInterval: 50, leaseDuration: 3000, heartbeatInterval: 300, recoverInterval: 100, recoverCutoff: 0, shutdownTimeout: 200, ...config },
-    running,
-  );
 
 const enqueueN = (n: number, opts = {}) =>
   client.enqueueMany(

@@ -7,35 +7,15 @@
  * goes to retry woke no forwarder, where an enqueue of a delayed task does.
  */
 import assert from 'node:assert/strict';
-import { after, before, beforeEach, describe } from 'node:test';
-import { Client, Inspector, InvalidOptionError, QueueNotFoundError, Server, Task, ValidationError, type TaskContext } from '../src/index.js';
+import { describe } from 'node:test';
+import { InvalidOptionError, QueueNotFoundError, Task, ValidationError, type TaskContext } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { deferred, resetTables, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { deferred, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
-
-before(async () => {
-  db = await testDb('t_queues_known');
-  const conn = { connectionString: db.connectionString, schema: db.schema };
-  client = new Client(conn);
-  inspector = new Inspector(conn);
-});
-
-after(async () => {
-  await client.close();
-  await inspector.close();
-  await db.close();
-});
-
-beforeEach(() => resetTables(db));
-
-const server = (over: ConstructorParameters<typeof Server>[0] = {}) =>
-  new Server({ connectionString: db.connectionString, schema: db.schema, logger: false, taskCheckInterval: 50, ...over });
+const { db, client, inspector, startServer } = setupDb('t_queues_known', { resetEach: true, server: { taskCheckInterval: 50 } });
 
 describe('a queue known before its first task', () => {
   test('createQueue makes it known with its limits and flag; again, it keeps its tasks and what is left out', async () => {
@@ -89,13 +69,15 @@ describe('a queue known before its first task', () => {
     let running = 0;
     let most = 0;
     let done = 0;
-    const srv = server({ queues: { emails: 1 }, concurrency: 4 });
-    await srv.start(async () => {
-      most = Math.max(most, ++running);
-      await new Promise((r) => setTimeout(r, 100));
-      running--;
-      done++;
-    });
+    const srv = await startServer(
+      async () => {
+        most = Math.max(most, ++running);
+        await new Promise((r) => setTimeout(r, 100));
+        running--;
+        done++;
+      },
+      { queues: { emails: 1 }, concurrency: 4 },
+    );
     try {
       await client.enqueueMany(Array.from({ length: 4 }, () => new Task('send', null, { queue: 'emails' })));
       await waitFor(() => done === 4, 20_000, 'the four tasks');
@@ -110,8 +92,7 @@ describe('a queue known before its first task', () => {
     assert.equal((await inspector.getQueueInfo('later')).paused, true);
     await assert.rejects(inspector.pauseQueue('later'), /already paused/);
     const ran = deferred();
-    const srv = server({ queues: { later: 1 } });
-    await srv.start(() => ran.resolve());
+    const srv = await startServer(() => ran.resolve(), { queues: { later: 1 } });
     try {
       const { id } = await client.enqueue(new Task('t'), { queue: 'later' });
       await new Promise((r) => setTimeout(r, 300));
@@ -132,8 +113,7 @@ describe('a queue known before its first task', () => {
   });
 
   test('a started server registers the queues it serves', { timeout: 30_000 }, async () => {
-    const srv = server({ queues: { critical: 6, default: 3, low: 1 } });
-    await srv.start(() => {});
+    const srv = await startServer(() => {}, { queues: { critical: 6, default: 3, low: 1 } });
     try {
       assert.deepEqual(await inspector.queues(), ['critical', 'default', 'low']);
       const info = await inspector.getQueueInfo('low');
@@ -153,12 +133,14 @@ describe('retries on time', () => {
   test('a failed attempt that goes to retry wakes the forwarders: each retry starts about its delay later', { timeout: 30_000 }, async () => {
     const starts: number[] = [];
     let finished = false;
-    const srv = server({ delayedTaskCheckInterval: POLL, retryDelay: () => DELAY });
-    await srv.start((_task: Task, ctx: TaskContext) => {
-      starts.push(performance.now());
-      if (ctx.retryCount < 2) throw new Error(`attempt ${ctx.retryCount + 1} fails`);
-      finished = true;
-    });
+    const srv = await startServer(
+      (_task: Task, ctx: TaskContext) => {
+        starts.push(performance.now());
+        if (ctx.retryCount < 2) throw new Error(`attempt ${ctx.retryCount + 1} fails`);
+        finished = true;
+      },
+      { delayedTaskCheckInterval: POLL, retryDelay: () => DELAY },
+    );
     try {
       await client.enqueue(new Task('flaky'), { maxRetry: 3 });
       await waitFor(() => finished, 15_000, 'the third attempt');
@@ -176,8 +158,11 @@ describe('retries on time', () => {
   test("the recoverer's retries wake the forwarders too", { timeout: 30_000 }, async () => {
     let started: number | undefined;
     // Its own recoverer leaves the orphan alone (a cutoff of a day): the one below finds it.
-    const srv = server({ delayedTaskCheckInterval: POLL, recoverInterval: POLL, recoverCutoff: 86_400_000 });
-    await srv.start(() => void (started = performance.now()));
+    const srv = await startServer(() => void (started = performance.now()), {
+      delayedTaskCheckInterval: POLL,
+      recoverInterval: POLL,
+      recoverCutoff: 86_400_000,
+    });
     const broker = new Db({ connectionString: db.connectionString, schema: db.schema });
     try {
       // A task whose worker died an hour ago, found by another server's recoverer.

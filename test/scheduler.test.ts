@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
-import { after, afterEach, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import {
   ClientClosedError,
   ConfigError,
@@ -17,31 +17,17 @@ import {
 } from '../src/index.js';
 import { parseDuration, parseSchedule } from '../src/model/cron.js';
 import { HISTORY_LIMIT } from '../src/broker/scheduler.js';
-import { captureLog, dsnWith, LEVEL, resetTables, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { captureLog, LEVEL } from './logs.js';
+import { dsnWith, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-
-before(async () => {
-  db = await testDb('t_scheduler');
-});
-
-/** Schedulers and managers a test created: shut down after each test, even one that failed half-way. */
-const running: { shutdown(): Promise<void> }[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await db.close();
-});
+/** Schedulers and managers a test created are in `running`: shut down after each test, even one that failed half-way. */
+const { db, running, reset } = setupDb('t_scheduler');
 
 function scheduler(opts: SchedulerOptions = {}): Scheduler {
   const s = new Scheduler({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, ...opts });
   running.push(s);
   return s;
 }
-
-const reset = () => resetTables(db);
 
 const iso = (d: Date | null) => d?.toISOString() ?? null;
 

@@ -31,44 +31,19 @@ import {
   migrate,
   migrateDown,
   migrationStatus,
-  type ServerConfig,
   type TaskContext,
 } from '../src/index.js';
 import { parseSchedule } from '../src/model/cron.js';
 import { lastErrorText } from '../src/server/retry.js';
 import { redact, redactConnectionString } from '../src/internal/redact.js';
-import { caught, countedPool, DATABASE_URL, dsnWith, runCli, runNode, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, countedPool, DATABASE_URL, dsnWith, runCli, runNode, setupDb, test, waitFor } from './helpers.js';
 
 const MIB = 1_048_576;
 
-let db: TestDb;
-let pool: ReturnType<typeof countedPool>;
-
-const fastServer = (config: ServerConfig): ServerConfig => ({
-  connectionString: DATABASE_URL,
-  schema: db.schema,
-  logger: false,
-  concurrency: 4,
-  taskCheckInterval: 50,
-  delayedTaskCheckInterval: 50,
-  leaseDuration: 3000,
-  heartbeatInterval: 300,
-  shutdownTimeout: 2000,
-  ...config,
-});
-
-async function taskRow(id: string): Promise<Record<string, any> | undefined> {
-  return (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
-}
-
-before(async () => {
-  db = await testDb('security');
-  pool = countedPool();
-});
-
-after(async () => {
-  await pool.end();
-  await db.close();
+const pool = countedPool();
+const { db, startServer, taskRow, taskIn } = setupDb('security', {
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 3000, heartbeatInterval: 300, shutdownTimeout: 2000 },
+  teardown: () => pool.end(),
 });
 
 // ---------------------------------------------------------------------------
@@ -173,10 +148,12 @@ describe('SEC2 identifier injection', () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
     const inspector = new Inspector({ connectionString: DATABASE_URL, schema: db.schema });
     const seen: string[] = [];
-    const server = new Server(fastServer({ queues: { sec2: 1 } }));
-    await server.start((task) => {
-      seen.push(task.type);
-    });
+    const server = await startServer(
+      (task) => {
+        seen.push(task.type);
+      },
+      { queues: { sec2: 1 } },
+    );
     try {
       const infos = [];
       for (const type of types) {
@@ -216,18 +193,20 @@ describe('SEC3 prototype pollution', () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
     const inspector = new Inspector({ connectionString: DATABASE_URL, schema: db.schema });
     let handled: { own: string[]; proto: unknown; protoValue: unknown; assigned: unknown } | undefined;
-    const server = new Server(fastServer({ queues: { sec3: 1 } }));
-    await server.start((task) => {
-      const p = task.payload as Record<string, unknown>;
-      // What a careless handler does: Object.assign onto a fresh object.
-      const assigned: Record<string, unknown> = Object.assign({}, p);
-      handled = {
-        own: Object.keys(p).sort(),
-        proto: Object.getPrototypeOf(p) === Object.prototype,
-        protoValue: Object.getOwnPropertyDescriptor(p, '__proto__')?.value,
-        assigned: assigned.polluted,
-      };
-    });
+    const server = await startServer(
+      (task) => {
+        const p = task.payload as Record<string, unknown>;
+        // What a careless handler does: Object.assign onto a fresh object.
+        const assigned: Record<string, unknown> = Object.assign({}, p);
+        handled = {
+          own: Object.keys(p).sort(),
+          proto: Object.getPrototypeOf(p) === Object.prototype,
+          protoValue: Object.getOwnPropertyDescriptor(p, '__proto__')?.value,
+          assigned: assigned.polluted,
+        };
+      },
+      { queues: { sec3: 1 } },
+    );
     try {
       const info = await client.enqueue(new Task('proto', payload), { queue: 'sec3', retention: 60_000 });
       await waitFor(() => handled, 20_000, 'the handler ran');
@@ -299,18 +278,29 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
   const seen: string[] = [];
   const logLines: string[] = [];
   const logger = pino({ level: 'debug' }, { write: (line: string) => void logLines.push(line) });
+  /** An attempt that makes an object, uses it, then closes it, whatever the use did. */
+  const closing =
+    <T extends { close(): Promise<void> }>(make: () => T, use: (o: T) => Promise<unknown>) =>
+    async () => {
+      const o = make();
+      try {
+        await use(o);
+      } finally {
+        await o.close();
+      }
+    };
   const record = (err: unknown) => seen.push(String(err), inspect(err, { depth: 8 }), JSON.stringify(err) ?? '');
 
   test('library: Client, Inspector, Server (debug logs), migrate, against live, closed and malformed DSNs', { timeout: 90_000 }, async () => {
     const client = new Client({ connectionString: LIVE, schema: db.schema, logger });
     const inspector = new Inspector({ connectionString: LIVE, schema: db.schema, logger });
-    const server = new Server(fastServer({ connectionString: LIVE, queues: { sec4: 1 }, logger, retryDelay: () => 3_600_000 }));
-    await server.start(
+    const server = await startServer(
       new ServeMux()
         .handle('ok', (_t, ctx: TaskContext) => ctx.logger.debug({ note: 'handled' }, 'handled'))
         .handle('fail', () => {
           throw new Error('handler failed');
         }),
+      { connectionString: LIVE, queues: { sec4: 1 }, logger, retryDelay: () => 3_600_000 },
     );
     const ok = await client.enqueue(new Task('ok'), { queue: 'sec4', retention: 60_000 });
     const failed = await client.enqueue(new Task('fail'), { queue: 'sec4' });
@@ -322,9 +312,8 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
     await client.close();
 
     // A server whose database is not there: it logs every failure (debug level), never the password.
-    const down = new Server(fastServer({ connectionString: CLOSED, logger }));
     const downFrom = logLines.length;
-    await down.start(() => {});
+    const down = await startServer(() => {}, { connectionString: CLOSED, logger });
     // Until every component that touches the database has logged its failure at least once.
     const failingComponents = () =>
       new Set(
@@ -343,30 +332,16 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
       () => new Inspector({ connectionString: BAD_PORT }),
       () => new Server({ connectionString: BAD_PORT }),
       () => new Client({ connectionString: 'postgres:/postgres:' + sentinel + '@127.0.0.1/test' }),
-      async () => {
-        const c = new Client({ connectionString: CLOSED, logger });
-        try {
-          await c.enqueue(new Task('t'));
-        } finally {
-          await c.close();
-        }
-      },
-      async () => {
-        const c = new Client({ connectionString: BAD_HOST, logger });
-        try {
-          await c.enqueue(new Task('t'));
-        } finally {
-          await c.close();
-        }
-      },
-      async () => {
-        const i = new Inspector({ connectionString: CLOSED, logger });
-        try {
-          await i.queues();
-        } finally {
-          await i.close();
-        }
-      },
+      ...[CLOSED, BAD_HOST].map((connectionString) =>
+        closing(
+          () => new Client({ connectionString, logger }),
+          (c) => c.enqueue(new Task('t')),
+        ),
+      ),
+      closing(
+        () => new Inspector({ connectionString: CLOSED, logger }),
+        (i) => i.queues(),
+      ),
       () => migrate({ connectionString: CLOSED, schema: db.schema }),
       () => migrationStatus({ connectionString: BAD_HOST, schema: db.schema }),
     ]) {
@@ -424,18 +399,15 @@ describe('SEC4 secrets: the database password is never in a log line, an error o
   test("a DSN inside a handler error is masked in last_error and in the failed attempt's log line", { timeout: 30_000 }, async () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
     const lines: string[] = [];
-    const server = new Server(
-      fastServer({ queues: { sec4err: 1 }, retryDelay: () => 3_600_000, logger: pino({ level: 'debug' }, { write: (l: string) => void lines.push(l) }) }),
+    const server = await startServer(
+      () => {
+        throw new Error(`could not reach ${dsn({ host: 'db.example', port: 5432 })}`);
+      },
+      { queues: { sec4err: 1 }, retryDelay: () => 3_600_000, logger: pino({ level: 'debug' }, { write: (l: string) => void lines.push(l) }) },
     );
-    await server.start(() => {
-      throw new Error(`could not reach ${dsn({ host: 'db.example', port: 5432 })}`);
-    });
     try {
       const info = await client.enqueue(new Task('leaky'), { queue: 'sec4err' });
-      const row = await waitFor(async () => {
-        const r = await taskRow(info.id);
-        return r?.state === 'retry' ? r : undefined;
-      });
+      const row = await taskIn(info.id, 'retry');
       const masked = `could not reach ${dsn({ host: 'db.example', port: 5432 }).replaceAll(sentinel, '***')}`;
       assert.equal(row.error_msg, masked);
       const failedLine = await waitFor(() =>
@@ -747,16 +719,15 @@ describe(`stored errors: last_error is bounded (${MAX_LAST_ERROR_BYTES} bytes) a
 
   test('a handler error of 100 KB is stored cut to the bound', { timeout: 30_000 }, async () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
-    const server = new Server(fastServer({ queues: { errbound: 1 }, retryDelay: () => 3_600_000 }));
-    await server.start(() => {
-      throw new Error('é'.repeat(50_000));
-    });
+    const server = await startServer(
+      () => {
+        throw new Error('é'.repeat(50_000));
+      },
+      { queues: { errbound: 1 }, retryDelay: () => 3_600_000 },
+    );
     try {
       const info = await client.enqueue(new Task('long-error'), { queue: 'errbound' });
-      const row = await waitFor(async () => {
-        const r = await taskRow(info.id);
-        return r?.state === 'retry' ? r : undefined;
-      }, 15_000);
+      const row = await taskIn(info.id, 'retry', 15_000);
       assert.ok(Buffer.byteLength(row.error_msg) <= MAX_LAST_ERROR_BYTES, `${Buffer.byteLength(row.error_msg)} bytes stored`);
       assert.ok(String(row.error_msg).endsWith('… [truncated]'));
     } finally {
@@ -767,16 +738,15 @@ describe(`stored errors: last_error is bounded (${MAX_LAST_ERROR_BYTES} bytes) a
 
   test('a handler error holding a NUL character is stored (PostgreSQL text refuses NUL)', { timeout: 30_000 }, async () => {
     const client = new Client({ connectionString: DATABASE_URL, schema: db.schema });
-    const server = new Server(fastServer({ queues: { errnul: 1 }, retryDelay: () => 3_600_000 }));
-    await server.start(() => {
-      throw new Error('bad\u0000byte');
-    });
+    const server = await startServer(
+      () => {
+        throw new Error('bad\u0000byte');
+      },
+      { queues: { errnul: 1 }, retryDelay: () => 3_600_000 },
+    );
     try {
       const info = await client.enqueue(new Task('nul-error'), { queue: 'errnul' });
-      const row = await waitFor(async () => {
-        const r = await taskRow(info.id);
-        return r?.state === 'retry' ? r : undefined;
-      }, 10_000);
+      const row = await taskIn(info.id, 'retry', 10_000);
       assert.equal(row.error_msg, 'bad\uFFFDbyte');
     } finally {
       await server.shutdown();

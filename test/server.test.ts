@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { lookup } from 'node:dns/promises';
 import { createServer, connect as tcpConnect, type Server as NetServer, type Socket } from 'node:net';
-import { after, afterEach, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import {
   Client,
   ConfigError,
@@ -29,53 +29,13 @@ import { FailureRun } from '../src/internal/logger.js';
 import { backoffMs } from '../src/internal/backoff.js';
 import { TcpProxy, reset as resetEveryConnection } from './faults/proxy.js';
 import { claim } from './broker-helpers.js';
-import {
-  captureLog,
-  countByState,
-  deferred,
-  dsnWith,
-  LEVEL,
-  parseLogLines,
-  resetTables,
-  runNode,
-  startTestServer,
-  test,
-  testDb,
-  waitFor,
-  type LogLine,
-  type TestDb,
-} from './helpers.js';
-
-let db: TestDb;
-let client: Client;
-
-before(async () => {
-  db = await testDb('t_server');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-/** Servers a test started: shut down after each test, even one that failed half-way. */
-const running: Server[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await db.close();
-});
+import { captureLog, LEVEL, parseLogLines, type LogLine } from './logs.js';
+import { countByState, deferred, dsnWith, runNode, setupDb, test, waitFor } from './helpers.js';
 
 /** Fast durations for tests; each test empties the tables first. */
-const startServer = (handler: ServeMux | ((t: Task, c: TaskContext) => unknown), config: ServerConfig = {}) =>
-  startTestServer(
-    db,
-    handler,
-    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200, ...config },
-    running,
-  );
-
-const reset = () => resetTables(db);
-
-const taskRow = async (id: string) => (await db.query('SELECT * FROM {{schema}}.tasks WHERE id = $1', [id]))[0];
+const { db, client, running, startServer, reset, taskRow, taskIn } = setupDb('t_server', {
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200 },
+});
 
 describe('outcomes', () => {
   test('success deletes the row and releases the unique lock', { timeout: 30_000 }, async () => {
@@ -93,10 +53,7 @@ describe('outcomes', () => {
     await reset();
     const info = await client.enqueue(new Task('keep'), { retention: 60_000 });
     const server = await startServer(async (_t, ctx) => ctx.writeResult({ answer: 42 }));
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'completed' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'completed');
     assert.deepEqual(row.result, { answer: 42 });
     assert.ok(row.completed_at instanceof Date);
     assert.equal(row.lease_token, null);
@@ -116,10 +73,7 @@ describe('outcomes', () => {
       },
       { retryDelay: (n) => (n === 0 ? 3_600_000 : 0) },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     assert.equal(row.retried, 1);
     assert.equal(row.error_msg, 'kaput');
     assert.ok(row.last_failed_at instanceof Date);
@@ -140,10 +94,7 @@ describe('outcomes', () => {
       },
       { retryDelay: () => 0 },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'archived' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'archived');
     assert.deepEqual(attempts, [0, 1, 2], 'maxRetry 2 runs the task 3 times');
     assert.equal(row.retried, 2);
     assert.equal(row.error_msg, 'attempt 2');
@@ -201,10 +152,7 @@ describe('outcomes', () => {
       },
       { isFailure: (err) => err.message !== 'rate limited', retryDelay: () => 3_600_000 },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     assert.equal(row.retried, 0);
     await server.shutdown();
     assert.equal((await db.query('SELECT * FROM {{schema}}.daily_stats')).length, 0, 'not counted as processed or failed');
@@ -231,10 +179,7 @@ describe('outcomes', () => {
       new ServeMux().handle('email:', () => {}),
       { retryDelay: () => 3_600_000 },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     assert.equal(row.error_msg, new HandlerNotFoundError('nobody:handles').message);
     assert.equal(row.error_msg, 'handler not found for task "nobody:handles"');
     await server.shutdown();
@@ -249,10 +194,7 @@ describe('outcomes', () => {
       },
       { retryDelay: () => 3_600_000 },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     assert.equal(row.error_msg, 'non-Error thrown: "boom"');
     await server.shutdown();
   });
@@ -266,10 +208,7 @@ describe('outcomes', () => {
       },
       { retryDelay: () => Number.NaN },
     );
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     const [{ secs }] = await db.query('SELECT extract(epoch FROM run_at - last_failed_at)::float8 AS secs FROM {{schema}}.tasks WHERE id = $1', [row.id]);
     assert.ok(secs >= 15 && secs < 45, `default delay for n = 0 is 15–44 s, got ${secs}`);
     await server.shutdown();
@@ -289,10 +228,7 @@ describe('timeouts and deadlines', () => {
       { retryDelay: () => 3_600_000 },
     );
     assert.ok((await reason.promise) instanceof TaskTimeoutError);
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     assert.equal(row.retried, 1);
     assert.match(row.error_msg, /timeout/);
     await server.shutdown();
@@ -314,10 +250,7 @@ describe('timeouts and deadlines', () => {
     // the deadline aborts it (a task claimed after its deadline is the next test's case).
     const info = await client.enqueue(new Task('deadline'), { deadline: new Date(Date.now() + 3000) });
     await started.promise;
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'retry' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'retry');
     assert.equal(row.error_msg, 'task deadline exceeded');
     assert.ok(reason instanceof TaskTimeoutError, `the handler's signal was aborted with ${String(reason)}`);
     await server.shutdown();
@@ -331,10 +264,7 @@ describe('timeouts and deadlines', () => {
     const server = await startServer(() => {
       ran = true;
     });
-    const row = await waitFor(async () => {
-      const r = await taskRow(info.id);
-      return r?.state === 'archived' ? r : undefined;
-    });
+    const row = await taskIn(info.id, 'archived');
     assert.equal(ran, false);
     assert.equal(row.error_msg, 'task deadline exceeded');
     await server.shutdown();

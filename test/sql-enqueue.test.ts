@@ -5,41 +5,19 @@
  * library's own enqueue writes and says.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe } from 'node:test';
+import { before, beforeEach, describe } from 'node:test';
 import pg from 'pg';
-import { Client, Inspector, Server, Task, TaskIdConflictError, ValidationError, type ServerConfig, type TaskContext, type TaskInfo } from '../src/index.js';
+import { Task, TaskIdConflictError, ValidationError, type TaskInfo } from '../src/index.js';
 import { toRecord, validateOptions } from '../src/model/task.js';
-import { caught, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { caught, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
-const running: Server[] = [];
+const { db, client, inspector, startServer } = setupDb('t_sql_enqueue', {
+  resetEach: true,
+  teardown: () => db.pool.query(`DROP SCHEMA IF EXISTS "${app}" CASCADE`),
+  server: { concurrency: 2 },
+});
 /** The schema of the application's own tables (the trigger test's orders). */
-let app: string;
-
-before(async () => {
-  db = await testDb('t_sql_enqueue');
-  app = `${db.schema}_app`;
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-});
-
-beforeEach(() => resetTables(db));
-
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await db.pool.query(`DROP SCHEMA IF EXISTS "${app}" CASCADE`);
-  await inspector.close();
-  await client.close();
-  await db.close();
-});
-
-const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
-  startTestServer(db, handle, { concurrency: 2, ...config }, running);
+const app = `${db.schema}_app`;
 
 /** `SELECT schema.enqueue(<args>)`: the task id. */
 async function enqueueSql(args: string, values?: unknown[]): Promise<string> {
@@ -190,7 +168,18 @@ describe('refusals', () => {
   const big = 'x'.repeat(1_048_575); // 1,048,577 bytes as JSON
   // The innermost array 65 levels below the top: one too deep.
   const deep = '['.repeat(66) + ']'.repeat(66);
-  const cases: { name: string; args: string; values?: unknown[]; field: string; rule: string; prefix?: boolean }[] = [
+  type Case = { name: string; args: string; values?: unknown[]; field: string; rule: string; prefix?: boolean };
+  /**
+   * A case of one bad option (`arg` is `field => value`) on an otherwise good
+   * call; `rule` is the message's, or the options whose refusal by the library gives it.
+   */
+  const refused = (name: string, arg: string, rule: string | Record<string, unknown>): Case => ({
+    name,
+    args: `'t', queue => 'refused', ${arg}`,
+    field: arg.split(' => ')[0]!,
+    rule: typeof rule === 'string' ? rule : libraryRule(() => validateOptions(rule)),
+  });
+  const cases: Case[] = [
     { name: 'type NULL', args: `NULL, queue => 'refused'`, field: 'type', rule: 'must not be NULL' },
     { name: 'type empty', args: `'', queue => 'refused'`, field: 'type', rule: libraryRule(() => new Task('')) },
     { name: 'type blank', args: `E' \\t\\u3000', queue => 'refused'`, field: 'type', rule: libraryRule(() => new Task(' \t\u3000')) },
@@ -216,77 +205,22 @@ describe('refusals', () => {
     { name: 'queue too long', args: `'t', queue => repeat('q', 101)`, field: 'queue', rule: libraryRule(() => validateOptions({ queue: 'q'.repeat(101) })) },
     { name: 'queue charset', args: `'t', queue => 'a b'`, field: 'queue', rule: libraryRule(() => validateOptions({ queue: 'a b' })) },
     { name: 'queue astral', args: `'t', queue => 'a😀'`, field: 'queue', rule: libraryRule(() => validateOptions({ queue: 'a😀' })) },
-    {
-      name: 'max_retry high',
-      args: `'t', queue => 'refused', max_retry => 1001`,
-      field: 'max_retry',
-      rule: libraryRule(() => validateOptions({ maxRetry: 1001 })),
-    },
-    {
-      name: 'max_retry negative',
-      args: `'t', queue => 'refused', max_retry => -1`,
-      field: 'max_retry',
-      rule: libraryRule(() => validateOptions({ maxRetry: -1 })),
-    },
-    { name: 'max_retry NULL', args: `'t', queue => 'refused', max_retry => NULL`, field: 'max_retry', rule: 'must be an integer in [0, 1000] (got NULL)' },
-    { name: 'task_id empty', args: `'t', queue => 'refused', task_id => ''`, field: 'task_id', rule: libraryRule(() => validateOptions({ taskId: '' })) },
-    {
-      name: 'task_id first',
-      args: `'t', queue => 'refused', task_id => '../x'`,
-      field: 'task_id',
-      rule: libraryRule(() => validateOptions({ taskId: '../x' })),
-    },
-    {
-      name: 'task_id charset',
-      args: `'t', queue => 'refused', task_id => E'x\\n'`,
-      field: 'task_id',
-      rule: libraryRule(() => validateOptions({ taskId: 'x\n' })),
-    },
-    {
-      name: 'task_id too long',
-      args: `'t', queue => 'refused', task_id => repeat('i', 129)`,
-      field: 'task_id',
-      rule: libraryRule(() => validateOptions({ taskId: 'i'.repeat(129) })),
-    },
-    {
-      name: 'process_at infinity',
-      args: `'t', queue => 'refused', process_at => 'infinity'`,
-      field: 'process_at',
-      rule: 'must be a time in years 1–9999 (got infinity)',
-    },
-    {
-      // Past what a JavaScript Date holds: every reader (CLI, dashboard) would fail on it.
-      name: 'process_at past year 9999',
-      args: `'t', queue => 'refused', process_at => '280000-01-01 00:00:00+00'`,
-      field: 'process_at',
-      rule: 'must be a time in years 1–9999 (got 280000-01-01 00:00:00+00)',
-    },
-    { name: 'priority high', args: `'t', queue => 'refused', priority => 101`, field: 'priority', rule: libraryRule(() => validateOptions({ priority: 101 })) },
-    {
-      name: 'priority low',
-      args: `'t', queue => 'refused', priority => -101`,
-      field: 'priority',
-      rule: libraryRule(() => validateOptions({ priority: -101 })),
-    },
-    { name: 'priority NULL', args: `'t', queue => 'refused', priority => NULL`, field: 'priority', rule: 'must be an integer in [-100, 100] (got NULL)' },
-    {
-      name: 'concurrency_key blank',
-      args: `'t', queue => 'refused', concurrency_key => '  '`,
-      field: 'concurrency_key',
-      rule: libraryRule(() => validateOptions({ concurrencyKey: '  ' })),
-    },
-    {
-      name: 'concurrency_key too long',
-      args: `'t', queue => 'refused', concurrency_key => repeat('k', 201)`,
-      field: 'concurrency_key',
-      rule: libraryRule(() => validateOptions({ concurrencyKey: 'k'.repeat(201) })),
-    },
-    {
-      name: 'concurrency_key control',
-      args: `'t', queue => 'refused', concurrency_key => E'k\\x7f'`,
-      field: 'concurrency_key',
-      rule: libraryRule(() => validateOptions({ concurrencyKey: 'k\x7f' })),
-    },
+    refused('max_retry high', `max_retry => 1001`, { maxRetry: 1001 }),
+    refused('max_retry negative', `max_retry => -1`, { maxRetry: -1 }),
+    refused('max_retry NULL', `max_retry => NULL`, 'must be an integer in [0, 1000] (got NULL)'),
+    refused('task_id empty', `task_id => ''`, { taskId: '' }),
+    refused('task_id first', `task_id => '../x'`, { taskId: '../x' }),
+    refused('task_id charset', `task_id => E'x\\n'`, { taskId: 'x\n' }),
+    refused('task_id too long', `task_id => repeat('i', 129)`, { taskId: 'i'.repeat(129) }),
+    refused('process_at infinity', `process_at => 'infinity'`, 'must be a time in years 1–9999 (got infinity)'),
+    // Past what a JavaScript Date holds: every reader (CLI, dashboard) would fail on it.
+    refused('process_at past year 9999', `process_at => '280000-01-01 00:00:00+00'`, 'must be a time in years 1–9999 (got 280000-01-01 00:00:00+00)'),
+    refused('priority high', `priority => 101`, { priority: 101 }),
+    refused('priority low', `priority => -101`, { priority: -101 }),
+    refused('priority NULL', `priority => NULL`, 'must be an integer in [-100, 100] (got NULL)'),
+    refused('concurrency_key blank', `concurrency_key => '  '`, { concurrencyKey: '  ' }),
+    refused('concurrency_key too long', `concurrency_key => repeat('k', 201)`, { concurrencyKey: 'k'.repeat(201) }),
+    refused('concurrency_key control', `concurrency_key => E'k\\x7f'`, { concurrencyKey: 'k\x7f' }),
   ];
 
   for (const c of cases) {

@@ -48,6 +48,21 @@ async function freshSchema(schema: string, to?: string): Promise<void> {
   await migrate({ connectionString: DATABASE_URL, schema, logger: false, ...(to ? { to } : {}) });
 }
 
+/**
+ * Migrates `schema` down one step at a time to v1, each step naming the
+ * migration that is then the latest, and checks that v1 has every task of
+ * `before` with the same seqs and pending order, and unique seqs.
+ */
+async function downToV1Keeps(schema: string, before: Record<string, any>[], order: string[]): Promise<void> {
+  for (const v of [V9, V8, V7, V6, V5, V4, V3, V2]) assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), v);
+  const down = await v1Rows(schema);
+  assert.deepEqual(withoutSeq(down), withoutSeq(before));
+  assert.deepEqual(seqsOfNonPending(down), seqsOfNonPending(before));
+  assert.deepEqual(await pendingOrder(schema), order);
+  const [{ dup }] = await q(schema, 'SELECT count(*)::int AS dup FROM (SELECT seq FROM {{schema}}.tasks GROUP BY seq HAVING count(*) > 1) d');
+  assert.equal(dup, 0, 'seq is unique in v1');
+}
+
 async function applied(schema: string): Promise<string> {
   const [row] = await q(schema, 'SELECT max(name) AS name FROM {{schema}}.migrations');
   return row.name;
@@ -249,23 +264,10 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('back to v1 keeps every task, and up again', async () => {
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V9);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V8);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V7);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V6);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V5);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V4);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V3);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V2);
+    await downToV1Keeps(schema, before, order);
     assert.equal(await applied(schema), V1);
     const [{ kind }] = await q(schema, `SELECT relkind AS kind FROM pg_class WHERE oid = to_regclass('{{schema}}.tasks')`);
     assert.equal(kind, 'r');
-    const down = await v1Rows(schema);
-    assert.deepEqual(withoutSeq(down), withoutSeq(before));
-    assert.deepEqual(seqsOfNonPending(down), seqsOfNonPending(before));
-    assert.deepEqual(await pendingOrder(schema), order);
-    const [{ dup }] = await q(schema, 'SELECT count(*)::int AS dup FROM (SELECT seq FROM {{schema}}.tasks GROUP BY seq HAVING count(*) > 1) d');
-    assert.equal(dup, 0, 'seq is unique in v1');
     assert.deepEqual(await stats(schema), {
       default: { pending: 5, active: 1, scheduled: 1, retry: 1, archived: 1, completed: 1, aggregating: 2, size: 12 },
       other: { pending: 2, active: 0, scheduled: 0, retry: 0, archived: 0, completed: 1, aggregating: 0, size: 3 },
@@ -383,20 +385,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     assert.deepEqual(new Set(before.map((r) => r.state)), new Set(['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating']));
     assert.equal(locks.length, 2);
 
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V9);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V8);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V7);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V6);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V5);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V4);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V3);
-    assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), V2);
-    const down = await v1Rows(schema);
-    assert.deepEqual(withoutSeq(down), withoutSeq(before));
-    assert.deepEqual(seqsOfNonPending(down), seqsOfNonPending(before));
-    assert.deepEqual(await pendingOrder(schema), order);
-    const [{ dup }] = await q(schema, 'SELECT count(*)::int AS dup FROM (SELECT seq FROM {{schema}}.tasks GROUP BY seq HAVING count(*) > 1) d');
-    assert.equal(dup, 0, 'seq is unique in v1');
+    await downToV1Keeps(schema, before, order);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
     assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });

@@ -9,26 +9,15 @@
  * so the test process never holds them.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe } from 'node:test';
+import { describe } from 'node:test';
 import pg from 'pg';
-import { Client, Inspector, Server, Task, createDashboard } from '../src/index.js';
+import { Inspector, Server, Task, createDashboard } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { claim } from './broker-helpers.js';
-import { exited, spawnFixture, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { exited, setupDb, spawnFixture, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
+const { db, client } = setupDb('trust_bytes');
 const MB = 1_000_000;
-
-before(async () => {
-  db = await testDb('trust_bytes');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-});
-
-after(async () => {
-  await client.close();
-  await db.close();
-});
 
 /** Plants, as the owner, `n` active tasks of `queue` whose lease expired an hour ago, each with `headerBytes` of headers. */
 async function plantExpired(queue: string, n: number, headerBytes: number): Promise<void> {

@@ -5,44 +5,41 @@
  */
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { after, before, beforeEach, describe } from 'node:test';
+import { describe } from 'node:test';
 import pg from 'pg';
-import { Client, Inspector, Task, TaskCanceledError, type ServerConfig, type TaskContext } from '../src/index.js';
-import { deferred, dsnWith, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { Task, TaskCanceledError, type ServerConfig, type TaskContext } from '../src/index.js';
+import { deferred, dsnWith, setupDb, test, waitFor } from './helpers.js';
 
 /** A login with no grants at all: it may connect, and so NOTIFY, and nothing else. */
 const NOBODY = `hc_nobody${(process.env.TEST_SCHEMA_SUFFIX ?? '').replace(/\W/g, '')}`;
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
 /** A session of NOBODY's. */
 let nobody: pg.Client;
 
-before(async () => {
-  db = await testDb('t_trust_cancel');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-  await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
-  // A password: a server that asks for one (the embedded PostgreSQL) gets it; trust ignores it.
-  await db.pool.query(`CREATE ROLE ${NOBODY} LOGIN PASSWORD 'nobody-pw'`);
-  const database = new URL(db.connectionString).pathname.slice(1);
-  await db.pool.query(`GRANT CONNECT ON DATABASE "${database}" TO ${NOBODY}`);
-  nobody = new pg.Client({ connectionString: dsnWith({ user: NOBODY, password: 'nobody-pw' }) });
-  await nobody.connect();
+const {
+  db,
+  client,
+  inspector,
+  startServer: serve,
+} = setupDb('t_trust_cancel', {
+  setup: async (db) => {
+    await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
+    // A password: a server that asks for one (the embedded PostgreSQL) gets it; trust ignores it.
+    await db.pool.query(`CREATE ROLE ${NOBODY} LOGIN PASSWORD 'nobody-pw'`);
+    const database = new URL(db.connectionString).pathname.slice(1);
+    await db.pool.query(`GRANT CONNECT ON DATABASE "${database}" TO ${NOBODY}`);
+    nobody = new pg.Client({ connectionString: dsnWith({ user: NOBODY, password: 'nobody-pw' }) });
+    await nobody.connect();
+  },
+  teardown: async () => {
+    await nobody.end();
+    await db.pool.query(`DROP OWNED BY ${NOBODY}`).catch(() => {});
+    await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
+  },
+  // Each test starts from no tasks: one left by an earlier test would hold a slot of the next server.
+  resetEach: true,
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, retryDelay: () => 0 },
 });
-
-after(async () => {
-  await nobody.end();
-  await client.close();
-  await inspector.close();
-  await db.pool.query(`DROP OWNED BY ${NOBODY}`).catch(() => {});
-  await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
-  await db.close();
-});
-
-// Each test starts from no tasks: one left by an earlier test would hold a slot of the next server.
-beforeEach(() => resetTables(db));
 
 /** A forged cancellation, sent by the login with no grants. */
 const forge = (id: string) => nobody.query(`NOTIFY "${db.schema}_cancel", '${id}'`);
@@ -71,17 +68,13 @@ async function startServer(config: Partial<ServerConfig> = {}) {
     if (!d) m.set(id, (d = deferred()));
     return d;
   };
-  const server = await startTestServer(
-    db,
-    async (_task: Task, ctx: TaskContext) => {
-      const attempt: (typeof attempts)[number] = { id: ctx.taskId, retryCount: ctx.retryCount };
-      attempts.push(attempt);
-      ctx.signal.addEventListener('abort', () => (attempt.aborted = ctx.signal.reason), { once: true });
-      gate(started, ctx.taskId).resolve();
-      await Promise.race([gate(releases, ctx.taskId).promise, new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }))]);
-    },
-    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, retryDelay: () => 0, ...config },
-  );
+  const server = await serve(async (_task: Task, ctx: TaskContext) => {
+    const attempt: (typeof attempts)[number] = { id: ctx.taskId, retryCount: ctx.retryCount };
+    attempts.push(attempt);
+    ctx.signal.addEventListener('abort', () => (attempt.aborted = ctx.signal.reason), { once: true });
+    gate(started, ctx.taskId).resolve();
+    await Promise.race([gate(releases, ctx.taskId).promise, new Promise((r) => ctx.signal.addEventListener('abort', r, { once: true }))]);
+  }, config);
   return {
     server,
     attempts,

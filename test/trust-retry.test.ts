@@ -6,31 +6,14 @@
  * years, on both paths: the processor's failures and the recoverer's.
  */
 import assert from 'node:assert/strict';
-import { after, before, beforeEach, describe } from 'node:test';
-import { Client, Server, Task, type Logger } from '../src/index.js';
-import { Db } from '../src/broker/db.js';
+import { describe } from 'node:test';
+import { Server, Task, type Logger } from '../src/index.js';
 import { silentLogger } from '../src/internal/logger.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { resetTables, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let broker: Db;
-
-before(async () => {
-  db = await testDb('t_trust_retry');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  broker = new Db({ connectionString: db.connectionString, schema: db.schema });
-});
-
-after(async () => {
-  await client.close();
-  await broker.close();
-  await db.close();
-});
-
-beforeEach(() => resetTables(db));
+const { db, client, broker } = setupDb('t_trust_retry', { resetEach: true });
 
 /** Delays a retryDelay gives that no timestamp holds, by task type; every other type waits 5 s. */
 const HUGE: Record<string, number> = { huge: 1e300, max: Number.MAX_VALUE };

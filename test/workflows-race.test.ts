@@ -6,40 +6,31 @@
  * releases nothing, and the task rescued from it releases the dependent once.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe } from 'node:test';
-import { Client, Server, Task, type TaskContext } from '../src/index.js';
+import { afterEach, describe } from 'node:test';
+import { Task, type TaskContext } from '../src/index.js';
 import { sql } from 'kysely';
-import { countReleases, exited, resetTables, spawnFixture, test, testDb, waitFor, type Fixture, type TestDb } from './helpers.js';
+import { countReleases, exited, setupDb, spawnFixture, test, waitFor, type Fixture } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
 let releases: () => Promise<Record<string, string[]>>;
 const children: Fixture[] = [];
-const servers: Server[] = [];
-
-before(async () => {
-  db = await testDb('t_workflows_race');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  releases = await countReleases(db);
-  await db.query(`
-    CREATE TABLE {{schema}}.t_gate (go boolean NOT NULL);
-    CREATE TABLE {{schema}}.t_final_runs (id text, worker text, results int);
-    CREATE TABLE {{schema}}.t_effects (id text, worker text);`);
-});
-
-beforeEach(() => resetTables(db, { also: ['t_releases', 't_gate', 't_final_runs', 't_effects'] }));
-
+// The worker processes are killed before the file's afterEach shuts the servers down.
 afterEach(async () => {
   for (const c of children.splice(0)) {
     c.child.kill('SIGKILL');
     await exited(c.child);
   }
-  await Promise.all(servers.splice(0).map((s) => s.shutdown()));
 });
 
-after(async () => {
-  await client.close();
-  await db.close();
+const { db, client, startServer } = setupDb('t_workflows_race', {
+  setup: async (db) => {
+    releases = await countReleases(db);
+    await db.query(`
+      CREATE TABLE {{schema}}.t_gate (go boolean NOT NULL);
+      CREATE TABLE {{schema}}.t_final_runs (id text, worker text, results int);
+      CREATE TABLE {{schema}}.t_effects (id text, worker text);`);
+  },
+  resetEach: true,
+  tables: { also: ['t_releases', 't_gate', 't_final_runs', 't_effects'] },
 });
 
 const PROCESS_TEST_MS = 240_000;
@@ -99,22 +90,15 @@ describe('workflows across worker processes', () => {
     await exited(worker.child);
     // The dying connection's transaction is rolled back: its effect and any release with it.
     assert.deepEqual(await releases(), {});
-    const rescuer = new Server({
-      connectionString: db.connectionString,
-      schema: db.schema,
-      logger: false,
-      taskCheckInterval: 50,
-      recoverInterval: 100,
-      recoverCutoff: 0,
-      retryDelay: () => 0,
-    });
-    servers.push(rescuer);
-    await rescuer.start(async (task: Task, ctx: TaskContext) => {
-      await ctx.transaction(async (trx) => {
-        const table = task.type === 'hang' ? 't_effects' : 't_final_runs';
-        await sql`INSERT INTO ${sql.id(db.schema, table)} (id, worker) VALUES (${ctx.taskId}, 'rescuer')`.execute(trx);
-      });
-    });
+    await startServer(
+      async (task: Task, ctx: TaskContext) => {
+        await ctx.transaction(async (trx) => {
+          const table = task.type === 'hang' ? 't_effects' : 't_final_runs';
+          await sql`INSERT INTO ${sql.id(db.schema, table)} (id, worker) VALUES (${ctx.taskId}, 'rescuer')`.execute(trx);
+        });
+      },
+      { taskCheckInterval: 50, recoverInterval: 100, recoverCutoff: 0, retryDelay: () => 0 },
+    );
     await waitFor(() => count('SELECT count(*)::int AS n FROM {{schema}}.t_final_runs').then((n) => n > 0), 30_000, 'the dependent ran');
     assert.deepEqual(await db.query('SELECT id, worker FROM {{schema}}.t_effects'), [{ id: 'last', worker: 'rescuer' }]);
     assert.deepEqual(await releases(), { after: ['pending'] });

@@ -6,61 +6,22 @@
  * processes and kill -9: workflows-race.test.ts.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, beforeEach, describe } from 'node:test';
-import {
-  Client,
-  Inspector,
-  InvalidOptionError,
-  Scheduler,
-  Server,
-  SkipRetry,
-  Task,
-  TaskNotFoundError,
-  ValidationError,
-  type EnqueueOptions,
-  type ServerConfig,
-  type TaskContext,
-} from '../src/index.js';
-import { caught, countReleases, deferred, resetTables, startTestServer, test, testDb, waitFor, type TestDb } from './helpers.js';
+import { describe } from 'node:test';
+import { InvalidOptionError, Scheduler, SkipRetry, Task, TaskNotFoundError, ValidationError, type EnqueueOptions } from '../src/index.js';
+import { caught, countReleases, deferred, setupDb, test, waitFor } from './helpers.js';
 
-let db: TestDb;
-let client: Client;
-let inspector: Inspector;
 /** How many times each task left `waiting`, by id (helpers.ts countReleases). */
 let releases: () => Promise<Record<string, string[]>>;
-
-before(async () => {
-  db = await testDb('t_workflows');
-  client = new Client({ connectionString: db.connectionString, schema: db.schema });
-  inspector = new Inspector({ connectionString: db.connectionString, schema: db.schema });
-  releases = await countReleases(db);
+const { db, client, inspector, running, startServer } = setupDb('t_workflows', {
+  setup: async (db) => (releases = await countReleases(db)),
+  resetEach: true,
+  tables: { also: ['t_releases'] },
+  server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, recoverInterval: 100, retryDelay: () => 50 },
 });
-
-const running: Server[] = [];
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((s) => s.shutdown()));
-});
-
-after(async () => {
-  await client.close();
-  await inspector.close();
-  await db.close();
-});
-
-beforeEach(() => resetTables(db, { also: ['t_releases'] }));
 
 const stateOf = async (id: string, queue = 'default') => (await inspector.getTaskInfo(queue, id)).state;
 const rowCount = async () => (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.task_inputs'))[0]!.n;
 const edgeCount = async () => (await db.query<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.task_dependencies'))[0]!.n;
-
-/** A server whose handler is `handle` (default: record the task and succeed). */
-const startServer = (handle: (task: Task, ctx: TaskContext) => Promise<void> | void, config: ServerConfig = {}) =>
-  startTestServer(
-    db,
-    handle,
-    { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, recoverInterval: 100, retryDelay: () => 50, ...config },
-    running,
-  );
 
 const t = (id: string, opts: EnqueueOptions = {}, payload: unknown = null) => new Task('step', payload, { taskId: id, ...opts });
 
