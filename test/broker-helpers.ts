@@ -7,7 +7,7 @@
 import { sql } from 'kysely';
 import { claimFrom, type ClaimedRow } from '../src/broker/claim.js';
 import type { Db } from '../src/broker/db.js';
-import { taskColumns, toTaskInfo, type TaskRow } from '../src/broker/rows.js';
+import { taskColumns, toTaskInfo, type TaskRow } from '../src/broker/task-columns.js';
 import type { TaskInfo } from '../src/model/task.js';
 
 /** claimFrom() from the head of every queue, taking the queues strictly in order. */

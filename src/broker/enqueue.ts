@@ -14,45 +14,7 @@ import { sql } from 'kysely';
 import { DuplicateTaskError, InvalidOptionError, TaskIdConflictError, TaskNotFoundError } from '../model/errors.js';
 import type { TaskInfo, TaskRecord, TaskState } from '../model/task.js';
 import type { Db, Transactional } from './db.js';
-
-/**
- * The tasks as one JSON array: a single parameter that PostgreSQL parses
- * natively, instead of fifteen arrays that pg would escape element by element
- * in JavaScript. Short keys, and an option at its zero value (no deadline, no
- * group, …) left out: a bulk enqueue sends tens of thousands of these, and
- * the bytes are built, sent and parsed once each. Payloads were encoded once,
- * at `new Task`, and go in as they are. `dp`: the dependencies, as
- * [queue, id] pairs; `of`: 'run' when a failed one does not archive the task.
- */
-export function toJsonRows(records: TaskRecord[]): string {
-  const parts = new Array<string>(records.length);
-  for (let n = 0; n < records.length; n++) {
-    const r = records[n]!;
-    let row = `{"i":${JSON.stringify(r.id)},"q":${JSON.stringify(r.queue)},"t":${JSON.stringify(r.type)},"m":${r.maxRetry},"to":${r.timeoutMs}`;
-    if (r.payload.json !== null) row += `,"p":${r.payload.json}`;
-    if (r.payload.bytes) row += `,"b":"${r.payload.bytes.toString('hex')}"`;
-    if (hasKeys(r.headers)) row += `,"h":${JSON.stringify(r.headers)}`;
-    if (r.deadline) row += `,"d":"${r.deadline.toISOString()}"`;
-    if (r.uniqueKey !== null) row += `,"u":${JSON.stringify(r.uniqueKey)},"ut":${r.uniqueTtlMs}`;
-    if (r.group !== null) row += `,"g":${JSON.stringify(r.group)}`;
-    if (r.retentionMs !== 0) row += `,"r":${r.retentionMs}`;
-    if (r.processAt) row += `,"at":"${r.processAt.toISOString()}"`;
-    if (r.processInMs !== null) row += `,"in":${r.processInMs}`;
-    if (r.priority !== 0) row += `,"pr":${r.priority}`;
-    if (r.concurrencyKey !== null) row += `,"k":${JSON.stringify(r.concurrencyKey)}`;
-    if (r.dependsOn.length > 0) {
-      row += `,"dp":${JSON.stringify(r.dependsOn.map((d) => [d.queue, d.id]))}`;
-      if (r.onDependencyFailure === 'run') row += `,"of":"run"`;
-    }
-    parts[n] = row + '}';
-  }
-  return `[${parts.join(',')}]`;
-}
-
-function hasKeys(o: object): boolean {
-  for (const _ in o) return true;
-  return false;
-}
+import { insertedInfo, toJsonRows } from './task-columns.js';
 
 /**
  * Inserts the tasks, with their dependencies' edges, in one statement (in the
@@ -83,7 +45,13 @@ export async function insertTasks(db: Db, records: TaskRecord[], tx?: Transactio
   return records.map((r, n) => {
     const state = STATES[inserted.states[n]!]!;
     const runAt = state === 'pending' ? enqueuedAt : state === 'scheduled' ? Number(due[scheduled++]) : null;
-    return insertedInfo(r, state, runAt, enqueuedAt, inserted.waiting?.[n] ?? 0, inserted.archived_because?.[n] ?? null);
+    return insertedInfo(r, {
+      state,
+      runAtMs: runAt,
+      enqueuedAtMs: enqueuedAt,
+      waitingFor: inserted.waiting?.[n] ?? 0,
+      archivedBecause: inserted.archived_because?.[n] ?? null,
+    });
   });
 }
 
@@ -108,51 +76,6 @@ function refusal([why, queue, id]: NonNullable<Inserted['refused']>): Error {
 }
 
 const STATES: Record<string, TaskState> = { p: 'pending', s: 'scheduled', a: 'aggregating', w: 'waiting', x: 'archived' };
-
-/**
- * The TaskInfo of a task just inserted, from its record and what the insert
- * returned: reading the whole row back cost more than the insert (bulk
- * enqueues spent most of their time parsing timestamps and payloads they had
- * just sent). The payload is decoded from the JSON that was sent, so it is a
- * copy, as from any read; jsonb may order its keys differently.
- */
-function insertedInfo(
-  r: TaskRecord,
-  state: TaskState,
-  runAtMs: number | null,
-  enqueuedAtMs: number,
-  waitingFor: number,
-  archivedBecause: string | null,
-): TaskInfo {
-  return {
-    id: r.id,
-    queue: r.queue,
-    type: r.type,
-    payload: r.payload.bytes ? Buffer.from(r.payload.bytes) : r.payload.json === null ? null : JSON.parse(r.payload.json),
-    state,
-    maxRetry: r.maxRetry,
-    retried: 0,
-    lastError: archivedBecause,
-    lastFailedAt: archivedBecause === null ? null : new Date(enqueuedAtMs),
-    timeout: r.timeoutMs,
-    deadline: r.deadline,
-    group: r.group,
-    nextProcessAt: runAtMs === null ? null : new Date(runAtMs),
-    isOrphaned: false,
-    retention: r.retentionMs,
-    completedAt: null,
-    result: null,
-    headers: { ...r.headers },
-    enqueuedAt: new Date(enqueuedAtMs),
-    startedAt: null,
-    leaseOwner: null,
-    leaseExpiresAt: null,
-    dependsOn: r.dependsOn.map((d) => ({ ...d })),
-    waitingFor,
-    priority: r.priority,
-    concurrencyKey: r.concurrencyKey,
-  };
-}
 
 /** Maps PostgreSQL's unique violations to the errors asynq users know. */
 function translateConflict(err: unknown, records: TaskRecord[]): unknown {

@@ -11,19 +11,8 @@ import type { TaskInfo, TaskState } from '../model/task.js';
 import type { DailyStats, GroupInfo, QueueInfo, SchedulerEnqueueEvent, SchedulerEntry, ServerInfo } from '../model/inspector-types.js';
 import type { ServerPreview, ServerWith, TaskPageInfo, TaskPreview } from '../model/previews.js';
 import type { Db } from './db.js';
-import {
-  pageValuesJoin,
-  previewColumns,
-  previewOf,
-  taskColumns,
-  taskPageColumns,
-  toTaskInfo,
-  toTaskPageInfo,
-  toTaskPreview,
-  type TaskPageRow,
-  type TaskPreviewRow,
-  type TaskRow,
-} from './rows.js';
+import { pageValuesJoin, previewColumns, previewOf, taskPageColumns, toTaskPageInfo, toTaskPreview, type TaskPageRow, type TaskPreviewRow } from './rows.js';
+import { taskColumns, toTaskInfo, type TaskRow } from './task-columns.js';
 
 /** A result about one queue: `queueFound` is false when the queue does not exist. */
 export interface InQueue<T> {

@@ -16,8 +16,7 @@ import { taskName, type TaskInfo, type TaskRecord } from '../model/task.js';
 import type { Db, Transactional } from './db.js';
 import { durableTransaction } from './transaction.js';
 import { insertWithDependencies } from './dependencies.js';
-import { toJsonRows } from './enqueue.js';
-import { taskColumns, toTaskInfo, type TaskRow } from './rows.js';
+import { taskColumns, toJsonRows, toTaskInfo, type TaskRow } from './task-columns.js';
 
 export async function insertOrReplace(db: Db, records: TaskRecord[], tx?: Transactional): Promise<TaskInfo[]> {
   const run = async (trx: Transactional): Promise<TaskInfo[]> => {

@@ -1,11 +1,10 @@
 /**
- * The projections of a task row and their mappings: `taskColumns` → TaskInfo,
- * what every read of the Inspector returns, and `previewColumns` →
- * TaskPreview, what the dashboard's lists show. Statements select them from a
- * row aliased `t`.
+ * The projections of a task row beside TaskInfo's (task-columns.ts):
+ * `previewColumns` → TaskPreview, what the dashboard's lists show, and
+ * `taskPageColumns` → TaskPageInfo, its task page. Statements select them
+ * from a row aliased `t`.
  */
 import { sql, type RawBuilder } from 'kysely';
-import { decodePayload } from '../model/payload.js';
 import {
   DEPENDS_PREVIEW,
   ERROR_PREVIEW_CHARS,
@@ -15,8 +14,9 @@ import {
   type TaskPreview,
   type ValueExcerpt,
 } from '../model/previews.js';
-import type { TaskInfo, TaskState } from '../model/task.js';
+import type { TaskState } from '../model/task.js';
 import type { Db } from './db.js';
+import { taskFacts, toTaskInfo, type TaskRow } from './task-columns.js';
 
 /** Orders seqs (bigints as text) ascending: statements lock rows in seq order, so batches cannot deadlock. */
 export const compareSeq = (a: string, b: string): number => (BigInt(a) < BigInt(b) ? -1 : BigInt(a) > BigInt(b) ? 1 : 0);
@@ -24,7 +24,8 @@ export const compareSeq = (a: string, b: string): number => (BigInt(a) < BigInt(
 /**
  * What every read of a task returns, whatever it is for: which task, what it
  * runs, and how many of its attempts are spent. The claim (ClaimedRow), the
- * recoverer (loadInputs) and the Inspector (TaskRow) add their own fields.
+ * recoverer (loadInputs) add their own fields; the Inspector reads all of
+ * TaskInfo (task-columns.ts).
  */
 export interface TaskCore {
   queue: string;
@@ -35,78 +36,6 @@ export interface TaskCore {
   headers: Record<string, string>;
   retried: number;
   max_retry: number;
-}
-
-export interface TaskRow extends TaskCore {
-  state: TaskState;
-  timeout_ms: number;
-  deadline: Date | null;
-  group_key: string | null;
-  next_process_at: Date | null;
-  error_msg: string | null;
-  last_failed_at: Date | null;
-  retention_ms: number;
-  completed_at: Date | null;
-  result: unknown;
-  result_bytes: Buffer | null;
-  is_orphaned: boolean;
-  enqueued_at: Date;
-  started_at: Date | null;
-  lease_owner: string | null;
-  lease_expires_at: Date | null;
-  waiting_for: number | null;
-  priority: number;
-  concurrency_key: string | null;
-  /** [queue, id] pairs; null for a task without dependencies. */
-  depends_on: [string, string][] | null;
-}
-
-/** Columns of TaskRow, computed from a tasks row aliased `t`, on the database clock. */
-export const taskColumns = (db: Db) => sql`
-  t.payload, t.payload_bytes, t.headers, t.error_msg, t.result, t.result_bytes, ${taskFacts(db)}`;
-
-/** Columns of TaskRow but its payload, headers, last error and result: what a task is, not what it carries. */
-export const taskFacts = (db: Db) => sql`
-  t.queue, t.id, t.type, t.state, t.max_retry, t.retried,
-  (extract(epoch FROM t.timeout) * 1000)::float8 AS timeout_ms, t.deadline, t.group_key,
-  CASE t.state WHEN 'pending' THEN ${db.now()} WHEN 'scheduled' THEN t.run_at WHEN 'retry' THEN t.run_at END AS next_process_at,
-  t.last_failed_at, (extract(epoch FROM t.retention) * 1000)::float8 AS retention_ms, t.completed_at,
-  (t.state = 'active' AND t.lease_expires_at < ${db.now()}) AS is_orphaned,
-  t.enqueued_at, t.started_at, t.lease_owner, t.lease_expires_at, t.waiting_for, t.priority, t.concurrency_key,
-  CASE WHEN t.waiting_for IS NOT NULL THEN
-    (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(d.dependency_queue, d.dependency_id) ORDER BY d.dependency_seq)
-     FROM ${db.table('task_dependencies')} d WHERE d.dependent_seq = t.seq)
-  END AS depends_on`;
-
-export function toTaskInfo(r: TaskRow): TaskInfo {
-  return {
-    id: r.id,
-    queue: r.queue,
-    type: r.type,
-    payload: decodePayload(r.payload, r.payload_bytes),
-    state: r.state,
-    maxRetry: r.max_retry,
-    retried: r.retried,
-    lastError: r.error_msg,
-    lastFailedAt: r.last_failed_at,
-    timeout: r.timeout_ms,
-    deadline: r.deadline,
-    group: r.group_key,
-    nextProcessAt: r.next_process_at,
-    isOrphaned: r.is_orphaned,
-    retention: r.retention_ms,
-    completedAt: r.completed_at,
-    result: decodePayload(r.result, r.result_bytes),
-    headers: r.headers,
-    enqueuedAt: r.enqueued_at,
-    startedAt: r.started_at,
-    leaseOwner: r.lease_owner,
-    leaseExpiresAt: r.lease_expires_at,
-    dependsOn: (r.depends_on ?? []).map(([queue, id]) => ({ queue, id })),
-    waitingFor: r.waiting_for ?? 0,
-    priority: r.priority,
-    concurrencyKey: r.concurrency_key,
-  };
 }
 
 export interface TaskPreviewRow {
@@ -235,7 +164,7 @@ type ExcerptRow<N extends string> = { [K in `${N}_text`]: string | null } & { [K
   [K in `${N}_size`]: number | null;
 } & { [K in `${N}_cut`]: boolean | null };
 
-export type TaskPageRow = Omit<TaskRow, 'payload' | 'payload_bytes' | 'headers' | 'error_msg' | 'result' | 'result_bytes'> & {
+export type TaskPageRow = TaskRow & {
   has_result: boolean;
   has_error: boolean;
 } & Partial<ExcerptRow<'payload'> & ExcerptRow<'result'> & ExcerptRow<'headers'> & ExcerptRow<'error'>>;
