@@ -84,25 +84,6 @@ export interface EnqueueOptions {
   concurrencyKey?: string;
 }
 
-const OPTION_KEYS = [
-  'queue',
-  'maxRetry',
-  'taskId',
-  'timeout',
-  'deadline',
-  'unique',
-  'processAt',
-  'processIn',
-  'retention',
-  'group',
-  'headers',
-  'dependsOn',
-  'onDependencyFailure',
-  'replace',
-  'priority',
-  'concurrencyKey',
-] as const;
-
 /** The most dependencies one task may have. */
 export const MAX_DEPENDENCIES = 10_000;
 
@@ -160,33 +141,46 @@ export interface TaskInfo {
   concurrencyKey: string | null;
 }
 
+/**
+ * Each option's rule, the one place it is checked: the value as given in, the
+ * value kept out (or a ValidationError naming the option). The compiler holds
+ * this table to EnqueueOptions: an option without its rule does not build,
+ * and the known keys are the table's.
+ */
+const OPTION_RULES: { readonly [K in keyof EnqueueOptions]-?: (value: unknown) => NonNullable<EnqueueOptions[K]> } = {
+  queue: (x) => v.queueName(x),
+  maxRetry: (x) => v.integer(x, 'maxRetry', 0, MAX_RETRY_LIMIT),
+  taskId: (x) => v.taskId(x),
+  timeout: (x) => v.duration(x, 'timeout'),
+  deadline: (x) => v.date(x, 'deadline'),
+  unique: (x) => v.duration(x, 'unique', 1000, v.MAX_DURATION_MS),
+  processAt: (x) => v.date(x, 'processAt'),
+  processIn: (x) => v.duration(x, 'processIn'),
+  retention: (x) => v.duration(x, 'retention', 0, v.MAX_DURATION_MS),
+  group: (x) => v.groupName(x),
+  headers: (x) => validateHeaders(x),
+  dependsOn: (x) => validateDependsOn(x),
+  onDependencyFailure: (x) => {
+    if (x !== 'archive' && x !== 'run') throw new InvalidOptionError('onDependencyFailure', `must be 'archive' or 'run' (got ${v.describeValue(x)})`);
+    return x;
+  },
+  replace: (x) => v.boolean(x, 'replace'),
+  priority: (x) => v.integer(x, 'priority', MIN_PRIORITY, MAX_PRIORITY),
+  concurrencyKey: (x) => v.concurrencyKey(x),
+};
+
+const OPTION_KEYS = Object.keys(OPTION_RULES);
+
 /** Checks an options object: unknown keys, wrong types and out-of-range values are ValidationErrors. */
 export function validateOptions(input: unknown, what = 'options'): EnqueueOptions {
   if (input === undefined) return {};
   const o = v.plainObject(input, what);
   v.knownKeys(o, OPTION_KEYS, what);
-  const out: EnqueueOptions = {};
-  if (o.queue !== undefined) out.queue = v.queueName(o.queue);
-  if (o.maxRetry !== undefined) out.maxRetry = v.integer(o.maxRetry, 'maxRetry', 0, MAX_RETRY_LIMIT);
-  if (o.taskId !== undefined) out.taskId = v.taskId(o.taskId);
-  if (o.timeout !== undefined) out.timeout = v.duration(o.timeout, 'timeout');
-  if (o.deadline !== undefined) out.deadline = v.date(o.deadline, 'deadline');
-  if (o.unique !== undefined) out.unique = v.duration(o.unique, 'unique', 1000, v.MAX_DURATION_MS);
-  if (o.processAt !== undefined) out.processAt = v.date(o.processAt, 'processAt');
-  if (o.processIn !== undefined) out.processIn = v.duration(o.processIn, 'processIn');
-  if (o.retention !== undefined) out.retention = v.duration(o.retention, 'retention', 0, v.MAX_DURATION_MS);
-  if (o.group !== undefined) out.group = v.groupName(o.group);
-  if (o.headers !== undefined) out.headers = validateHeaders(o.headers);
-  if (o.dependsOn !== undefined) out.dependsOn = validateDependsOn(o.dependsOn);
-  if (o.onDependencyFailure !== undefined) {
-    if (o.onDependencyFailure !== 'archive' && o.onDependencyFailure !== 'run') {
-      throw new InvalidOptionError('onDependencyFailure', `must be 'archive' or 'run' (got ${v.describeValue(o.onDependencyFailure)})`);
-    }
-    out.onDependencyFailure = o.onDependencyFailure;
+  const out: Record<string, unknown> = {};
+  // In the table's order, so that of two bad options the same one is named whatever the caller's order.
+  for (const key of OPTION_KEYS) {
+    if (o[key] !== undefined) out[key] = OPTION_RULES[key as keyof EnqueueOptions](o[key]);
   }
-  if (o.replace !== undefined) out.replace = v.boolean(o.replace, 'replace');
-  if (o.priority !== undefined) out.priority = v.integer(o.priority, 'priority', MIN_PRIORITY, MAX_PRIORITY);
-  if (o.concurrencyKey !== undefined) out.concurrencyKey = v.concurrencyKey(o.concurrencyKey);
   return out;
 }
 

@@ -86,63 +86,84 @@ export interface ServerConfig extends ConnectionOptions {
 /** The options ServerConfig adds to the connection's. */
 type ServerOption = Exclude<keyof ServerConfig, keyof ConnectionOptions>;
 
-/**
- * Every ServerConfig option beyond the connection's, for knownKeys(): the
- * compiler refuses this object if it misses an option of ServerConfig or
- * names one that is not there, so the list cannot fall behind the interface.
- */
-const SERVER_OPTIONS = {
-  listenConnectionString: true,
-  concurrency: true,
-  prefetch: true,
-  queues: true,
-  strictPriority: true,
-  retryDelay: true,
-  isFailure: true,
-  errorHandler: true,
-  healthCheck: true,
-  healthCheckInterval: true,
-  shutdownTimeout: true,
-  delayedTaskCheckInterval: true,
-  groupGracePeriod: true,
-  groupMaxDelay: true,
-  groupMaxSize: true,
-  groupAggregator: true,
-  janitorInterval: true,
-  janitorBatchSize: true,
-  taskCheckInterval: true,
-  leaseDuration: true,
-  heartbeatInterval: true,
-  recoverInterval: true,
-  recoverCutoff: true,
-} as const satisfies { readonly [K in ServerOption]-?: true };
+/** A duration option: its default when not given, else a duration of at least `min` ms. */
+const duration =
+  (key: ServerOption, def: number, min = 0) =>
+  (x: unknown): number =>
+    x === undefined ? def : v.duration(x, key, min, v.MAX_TIMER_MS, ConfigError);
 
-const KEYS: readonly string[] = [...CONNECTION_OPTION_KEYS, ...Object.keys(SERVER_OPTIONS)];
+/** A callback option: a function, or undefined when not given. */
+const callback =
+  <F>(key: ServerOption) =>
+  (x: unknown): F | undefined =>
+    x === undefined ? undefined : v.func<F>(x, key, ConfigError);
 
-/** The options without a default: resolved, they stay undefined when not given. */
-type NoDefault = 'retryDelay' | 'errorHandler' | 'healthCheck' | 'groupAggregator' | 'listenConnectionString';
+/** An integer option in [min, max], `def` when not given. */
+const integer =
+  (key: ServerOption, def: number, min: number, max: number) =>
+  (x: unknown): number =>
+    x === undefined ? def : v.integer(x, key, min, max, ConfigError);
+
+const leaseDuration = duration('leaseDuration', 30_000, 100);
 
 /**
- * ServerConfig resolved and frozen: every server option set, to its default
- * when not given (but NoDefault's), in ServerConfig's type; the connection
- * options are the Db's, but for the resolved logger.
+ * Each option's rule, the one place it is checked and defaulted: the value
+ * given (undefined when not) and the whole config (for the rules that depend
+ * on another option) in, the resolved value out. The compiler holds this
+ * table to ServerConfig: an option without its rule, or a rule without its
+ * option, does not build; the known keys and ResolvedServerConfig are the
+ * table's.
  */
-export type ResolvedServerConfig = {
-  readonly [K in Exclude<ServerOption, NoDefault | 'prefetch' | 'queues'>]-?: NonNullable<ServerConfig[K]>;
-} & {
-  readonly [K in NoDefault]: ServerConfig[K];
-} & {
+const SERVER_RULES = {
+  concurrency: integer('concurrency', availableParallelism(), 1, 10_000),
+  prefetch: (x: unknown): number | null => (x === undefined ? null : v.integer(x, 'prefetch', 0, 10_000, ConfigError)),
+  queues: (x: unknown): Readonly<Record<string, number>> => Object.freeze(x === undefined ? { default: 1 } : validateQueues(x)),
+  strictPriority: (x: unknown) => (x === undefined ? false : v.boolean(x, 'strictPriority', ConfigError)),
+  retryDelay: callback<(retried: number, err: Error, task: Task) => number>('retryDelay'),
+  isFailure: (x: unknown) => callback<(err: Error) => boolean>('isFailure')(x) ?? (() => true),
+  errorHandler: callback<(err: Error, task: Task) => void>('errorHandler'),
+  healthCheck: callback<(err: Error | null) => void>('healthCheck'),
+  healthCheckInterval: duration('healthCheckInterval', 15_000, 10),
+  shutdownTimeout: duration('shutdownTimeout', 8_000),
+  delayedTaskCheckInterval: duration('delayedTaskCheckInterval', 5_000, 10),
+  groupGracePeriod: (x: unknown) => {
+    const ms = duration('groupGracePeriod', 60_000)(x);
+    if (x !== undefined && ms < 100) throw new ConfigError('groupGracePeriod', `must be at least 100 ms (got ${ms})`);
+    return ms;
+  },
+  groupMaxDelay: duration('groupMaxDelay', 0),
+  groupMaxSize: integer('groupMaxSize', 0, 0, 1_000_000),
+  groupAggregator: callback<(group: string, tasks: Task[]) => Task | Promise<Task>>('groupAggregator'),
+  janitorInterval: duration('janitorInterval', 8_000, 10),
+  janitorBatchSize: integer('janitorBatchSize', 100, 1, 10_000),
+  taskCheckInterval: duration('taskCheckInterval', 1_000, 10),
+  leaseDuration,
+  heartbeatInterval: (x: unknown, c: ServerConfig): number => {
+    const lease = leaseDuration(c.leaseDuration);
+    const ms = duration('heartbeatInterval', Math.min(5_000, lease / 6), 10)(x);
+    if (ms >= lease / 2) throw new ConfigError('heartbeatInterval', `(${ms} ms) must be below leaseDuration / 2 (${lease / 2} ms)`);
+    return ms;
+  },
+  recoverInterval: duration('recoverInterval', 60_000, 10),
+  recoverCutoff: duration('recoverCutoff', 30_000),
+  listenConnectionString: (x: unknown, c: ServerConfig) => validateListenConnectionString(x, c),
+} satisfies { readonly [K in ServerOption]-?: (value: unknown, config: ServerConfig) => unknown };
+
+const KEYS: readonly string[] = [...CONNECTION_OPTION_KEYS, ...Object.keys(SERVER_RULES)];
+
+/**
+ * ServerConfig resolved and frozen: every server option as its rule resolved
+ * it (to its default when not given), and the connection options are the
+ * Db's, but for the resolved logger.
+ */
+export type ResolvedServerConfig = { readonly [K in ServerOption]: ReturnType<(typeof SERVER_RULES)[K]> } & {
   readonly logger: Logger;
-  /** null: adaptive (server/prefetch.ts). */
-  readonly prefetch: number | null;
-  readonly queues: Readonly<Record<string, number>>;
   /** How long after a successful extension was sent the worker still trusts its lease. */
   readonly leaseTrust: number;
 };
 
 /** A connection string for LISTEN: a postgres:// URL or key=value pairs, never shown with its password. */
-function validateListenConnectionString(c: ServerConfig): string | undefined {
-  const cs: unknown = c.listenConnectionString;
+function validateListenConnectionString(cs: unknown, c: ServerConfig): string | undefined {
   if (cs === undefined) return undefined;
   if (typeof cs !== 'string' || cs.trim() === '') throw new ConfigError('listenConnectionString', 'must be a non-empty connection string');
   checkConnectionString(cs, 'listenConnectionString');
@@ -165,45 +186,11 @@ function validateQueues(input: unknown): Record<string, number> {
 export function resolveServerConfig(input: ServerConfig): ResolvedServerConfig {
   const c = v.plainObject(input, 'config', ConfigError) as ServerConfig;
   v.knownKeys(c as Record<string, unknown>, KEYS, 'config', ConfigError);
-  const dur = (key: keyof ServerConfig, def: number, min = 0) => (c[key] === undefined ? def : v.duration(c[key], key, min, v.MAX_TIMER_MS, ConfigError));
-  const fn = <F>(key: keyof ServerConfig): F | undefined => (c[key] === undefined ? undefined : v.func<F>(c[key], key, ConfigError));
-
-  const leaseDuration = dur('leaseDuration', 30_000, 100);
-  const heartbeatInterval = dur('heartbeatInterval', Math.min(5_000, leaseDuration / 6), 10);
-  if (heartbeatInterval >= leaseDuration / 2) {
-    throw new ConfigError('heartbeatInterval', `(${heartbeatInterval} ms) must be below leaseDuration / 2 (${leaseDuration / 2} ms)`);
-  }
+  const resolved: Record<string, unknown> = { logger: resolveLogger(c) };
+  for (const [key, rule] of Object.entries(SERVER_RULES) as [ServerOption, (x: unknown, c: ServerConfig) => unknown][]) resolved[key] = rule(c[key], c);
+  const lease = resolved.leaseDuration as number;
   // The worker stops trusting its lease a margin before it expires, so it aborts
   // before the database could hand the task to anyone else (River's trust window).
-  const margin = Math.min(Math.max(1000, leaseDuration / 6), leaseDuration / 3);
-  const gracePeriod = dur('groupGracePeriod', 60_000);
-  if (c.groupGracePeriod !== undefined && gracePeriod < 100) throw new ConfigError('groupGracePeriod', `must be at least 100 ms (got ${gracePeriod})`);
-
-  return Object.freeze({
-    logger: resolveLogger(c),
-    concurrency: c.concurrency === undefined ? availableParallelism() : v.integer(c.concurrency, 'concurrency', 1, 10_000, ConfigError),
-    prefetch: c.prefetch === undefined ? null : v.integer(c.prefetch, 'prefetch', 0, 10_000, ConfigError),
-    queues: Object.freeze(c.queues === undefined ? { default: 1 } : validateQueues(c.queues)),
-    strictPriority: c.strictPriority === undefined ? false : v.boolean(c.strictPriority, 'strictPriority', ConfigError),
-    retryDelay: fn<ResolvedServerConfig['retryDelay']>('retryDelay'),
-    isFailure: fn<(err: Error) => boolean>('isFailure') ?? (() => true),
-    errorHandler: fn<ResolvedServerConfig['errorHandler']>('errorHandler'),
-    healthCheck: fn<ResolvedServerConfig['healthCheck']>('healthCheck'),
-    healthCheckInterval: dur('healthCheckInterval', 15_000, 10),
-    shutdownTimeout: dur('shutdownTimeout', 8_000),
-    delayedTaskCheckInterval: dur('delayedTaskCheckInterval', 5_000, 10),
-    groupGracePeriod: gracePeriod,
-    groupMaxDelay: dur('groupMaxDelay', 0),
-    groupMaxSize: c.groupMaxSize === undefined ? 0 : v.integer(c.groupMaxSize, 'groupMaxSize', 0, 1_000_000, ConfigError),
-    groupAggregator: fn<ResolvedServerConfig['groupAggregator']>('groupAggregator'),
-    janitorInterval: dur('janitorInterval', 8_000, 10),
-    janitorBatchSize: c.janitorBatchSize === undefined ? 100 : v.integer(c.janitorBatchSize, 'janitorBatchSize', 1, 10_000, ConfigError),
-    taskCheckInterval: dur('taskCheckInterval', 1_000, 10),
-    leaseDuration,
-    heartbeatInterval,
-    leaseTrust: leaseDuration - margin,
-    recoverInterval: dur('recoverInterval', 60_000, 10),
-    recoverCutoff: dur('recoverCutoff', 30_000),
-    listenConnectionString: validateListenConnectionString(c),
-  });
+  resolved.leaseTrust = lease - Math.min(Math.max(1000, lease / 6), lease / 3);
+  return Object.freeze(resolved) as ResolvedServerConfig;
 }
