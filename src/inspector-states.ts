@@ -23,12 +23,12 @@ export async function listInState(db: Db, queue: string, state: TaskState, opts:
 export async function deleteAllInState(db: Db, queue: string, state: TaskState, group?: unknown): Promise<number> {
   const q = v.queueName(queue);
   const g = state === 'aggregating' ? v.groupName(group) : null;
-  return read.inQueue(q, await write.deleteAllInState(db, q, state, g));
+  return read.inQueue(q, await write.actOnState(db, q, state, 'delete', g));
 }
 
 /** Moves every task of the queue in `from` to `to`; resolves to how many. */
 export async function moveAllInState(db: Db, queue: string, from: TaskState, to: 'pending' | 'archived', group?: unknown): Promise<number> {
   const q = v.queueName(queue);
   const g = from === 'aggregating' ? v.groupName(group) : null;
-  return read.inQueue(q, await write.moveAllInState(db, q, from, to, g));
+  return read.inQueue(q, await write.actOnState(db, q, from, to, g));
 }

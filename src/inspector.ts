@@ -160,7 +160,7 @@ export class Inspector {
   async deleteTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await write.deleteTask(this.#open(), q, taskId, SINGLE_STATES.delete);
+    const r = await write.actOnTask(this.#open(), q, taskId, 'delete', SINGLE_STATES.delete);
     this.#check(q, taskId, r, () => `cannot delete task in active state: id=${taskId}, queue=${q}; use cancelProcessing instead`);
   }
 
@@ -172,7 +172,7 @@ export class Inspector {
   async runTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await write.moveTask(this.#open(), q, taskId, 'pending', SINGLE_STATES.run);
+    const r = await write.actOnTask(this.#open(), q, taskId, 'pending', SINGLE_STATES.run);
     this.#check(q, taskId, r, (state) =>
       state === 'active' ? `task is already running: id=${taskId}, queue=${q}` : `task is already in pending state: id=${taskId}, queue=${q}`,
     );
@@ -186,7 +186,7 @@ export class Inspector {
   async archiveTask(queue: string, id: string): Promise<void> {
     const q = v.queueName(queue);
     const taskId = v.taskId(id);
-    const r = await write.moveTask(this.#open(), q, taskId, 'archived', SINGLE_STATES.archive);
+    const r = await write.actOnTask(this.#open(), q, taskId, 'archived', SINGLE_STATES.archive);
     this.#check(q, taskId, r, (state) =>
       state === 'active'
         ? `cannot archive task in active state: id=${taskId}, queue=${q}; use cancelProcessing instead`

@@ -161,7 +161,8 @@ describe('pgasynq migrate', () => {
       ['waiting', 'waiting'],
     );
 
-    // 0011, 0010, 0009, 0008, 0007 and 0006 drop no table holding tasks: rolled back without a question.
+    // 0012, 0011, 0010, 0009, 0008, 0007 and 0006 drop no table holding tasks: rolled back without a question.
+    assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0012_transitions\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0011_clock_seam\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0010_worker_writes\n');
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0009_trust_boundary\n');
@@ -172,14 +173,14 @@ describe('pgasynq migrate', () => {
     assert.equal(refused.code, 1, refused.stderr);
     assert.equal(refused.stdout, '');
     assert.match(refused.stderr, /^error: rolling back 0005_workflows would drop task_dependencies \(2 rows\): pass --force/);
-    assert.deepEqual(await recorded(schema), ALL.slice(0, -6), 'nothing rolled back');
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -7), 'nothing rolled back');
     assert.deepEqual(await states(), ['first:pending', 'second:waiting', 'third:waiting']);
 
     // The dependents deleted, their edges go with them: nothing to refuse, and the other tasks stay.
     await pool.query(`DELETE FROM "${schema}".tasks WHERE id IN ('second', 'third')`);
     assert.equal((await pool.query(`SELECT count(*)::int AS n FROM "${schema}".task_dependencies`)).rows[0].n, 0);
     assert.equal(ok(await inSchema(schema, 'migrate', 'down')), 'reverted 0005_workflows\n');
-    assert.deepEqual(await recorded(schema), ALL.slice(0, -7));
+    assert.deepEqual(await recorded(schema), ALL.slice(0, -8));
     assert.equal((await pool.query(`SELECT to_regclass('"${schema}".task_dependencies')::text AS t`)).rows[0].t, null);
     const columns = await pool.query(
       `SELECT attname FROM pg_attribute WHERE attrelid = '"${schema}".task_states'::regclass AND attname IN ('waiting_for', 'has_dependents') AND NOT attisdropped`,
@@ -188,11 +189,12 @@ describe('pgasynq migrate', () => {
     assert.deepEqual(await states(), ['first:pending']);
     assert.equal(
       ok(await inSchema(schema, 'migrate', 'up')),
-      'applied 0005_workflows\napplied 0006_replace\napplied 0007_flow_control\napplied 0008_sql_enqueue\napplied 0009_trust_boundary\napplied 0010_worker_writes\napplied 0011_clock_seam\n',
+      'applied 0005_workflows\napplied 0006_replace\napplied 0007_flow_control\napplied 0008_sql_enqueue\napplied 0009_trust_boundary\napplied 0010_worker_writes\napplied 0011_clock_seam\napplied 0012_transitions\n',
     );
 
     // --force drops the edges; a task still waiting becomes pending.
     await enqueue([new Task('t', null, { taskId: 'fourth', dependsOn: ['first'] })]);
+    assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0012_transitions' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0011_clock_seam' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0010_worker_writes' });
     assert.deepEqual(json(await inSchema(schema, '--json', 'migrate', 'down')), { reverted: '0009_trust_boundary' });

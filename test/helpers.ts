@@ -83,6 +83,7 @@ export const MIGRATIONS = [
   '0009_trust_boundary',
   '0010_worker_writes',
   '0011_clock_seam',
+  '0012_transitions',
 ];
 
 /**

@@ -719,7 +719,7 @@ describe('validation, closing, migration', () => {
     await pool.end();
   });
 
-  test('migrations 0011 down to 0002 roll back and apply again', async () => {
+  test('migrations 0012 down to 0002 roll back and apply again', async () => {
     const schema = `${db.schema}_mig`;
     await db.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     const opts = { connectionString: db.connectionString, schema, logger: false as const };
@@ -731,6 +731,7 @@ describe('validation, closing, migration', () => {
         )
         .then((r) => r.rows[0]);
     const activeIndex = () => db.pool.query(`SELECT pg_get_indexdef(to_regclass('"${schema}".tasks_active_idx')) AS def`).then((r) => r.rows[0].def as string);
+    assert.equal(await migrateDown(opts), '0012_transitions');
     assert.equal(await migrateDown(opts), '0011_clock_seam');
     assert.equal(await migrateDown(opts), '0010_worker_writes');
     assert.equal(await migrateDown(opts), '0009_trust_boundary');

@@ -60,3 +60,34 @@ test('migrations/schema.sql is not a migration', async () => {
     'the file was generated before the newest migration: run `npm run schema:dump`',
   );
 });
+
+/** Each function of the file, by name, with its whole text (to the next object). */
+const functions = committed
+  .split(/^(?=CREATE )/m)
+  .map((text) => [/^CREATE OR REPLACE FUNCTION \{\{schema\}\}\.(\w+)\(/.exec(text)?.[1], text] as const)
+  .filter((f): f is readonly [string, string] => f[0] !== undefined);
+
+test('every place in the pending order is drawn by task_position(), which takes the transaction id first (the claim cursor)', () => {
+  // A nextval of task_seq anywhere else would draw a place that a transaction
+  // without an id could commit behind the cursor.
+  const drawers = functions.filter(([, text]) => /nextval\(/.test(text)).map(([name]) => name);
+  assert.deepEqual(drawers, ['task_position']);
+  const body = functions.find(([name]) => name === 'task_position')![1];
+  assert.match(body, /CASE WHEN \(?pg_catalog\.pg_current_xact_id\(\) IS NOT NULL\)? THEN pg_catalog\.nextval/, 'the id before the place');
+  // Every function that draws a place calls it.
+  const users = functions
+    .filter(([name, text]) => name !== 'task_position' && /task_position\(\)/.test(text))
+    .map(([name]) => name)
+    .sort();
+  assert.deepEqual(users, [
+    'enqueue',
+    'enqueue_tasks',
+    'forward_due',
+    'replace_tasks',
+    'requeue_tasks',
+    'run_tasks',
+    'settle_completed',
+    'settle_failed',
+    'tasks_write',
+  ]);
+});

@@ -536,7 +536,7 @@ describe('configuration', () => {
         assert.ok(err instanceof FailedPreconditionError);
         assert.match(
           err.message,
-          /schema "t_server\w*_old" lacks migrations 0005_workflows, 0006_replace, 0007_flow_control, 0008_sql_enqueue, 0009_trust_boundary, 0010_worker_writes, 0011_clock_seam: run `pgasynq migrate`/,
+          /schema "t_server\w*_old" lacks migrations 0005_workflows, 0006_replace, 0007_flow_control, 0008_sql_enqueue, 0009_trust_boundary, 0010_worker_writes, 0011_clock_seam, 0012_transitions: run `pgasynq migrate`/,
         );
         return true;
       },

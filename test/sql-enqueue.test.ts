@@ -236,6 +236,37 @@ describe('refusals', () => {
     });
   }
 
+  // The other side of each rule: the last value both take. Each case runs through
+  // the library (new Task, validateOptions) and enqueue(), and both must take it.
+  const taken: { name: string; args: string; library: () => unknown }[] = [
+    { name: 'type of 100 characters', args: `repeat('t', 100)`, library: () => new Task('t'.repeat(100)) },
+    { name: 'type of 50 astral characters (100 UTF-16 units)', args: `repeat('😀', 50)`, library: () => new Task('😀'.repeat(50)) },
+    { name: 'queue of 100 characters', args: `'t', queue => repeat('q', 100)`, library: () => validateOptions({ queue: 'q'.repeat(100) }) },
+    { name: 'queue of every allowed character', args: `'t', queue => 'aZ09_.:-'`, library: () => validateOptions({ queue: 'aZ09_.:-' }) },
+    { name: 'max_retry 0', args: `'t', max_retry => 0`, library: () => validateOptions({ maxRetry: 0 }) },
+    { name: 'max_retry 1000', args: `'t', max_retry => 1000`, library: () => validateOptions({ maxRetry: 1000 }) },
+    { name: 'task_id of 128 characters', args: `'t', task_id => repeat('i', 128)`, library: () => validateOptions({ taskId: 'i'.repeat(128) }) },
+    { name: 'priority 100', args: `'t', priority => 100`, library: () => validateOptions({ priority: 100 }) },
+    { name: 'priority -100', args: `'t', priority => -100`, library: () => validateOptions({ priority: -100 }) },
+    {
+      name: 'concurrency_key of 200 characters',
+      args: `'t', concurrency_key => repeat('k', 200)`,
+      library: () => validateOptions({ concurrencyKey: 'k'.repeat(200) }),
+    },
+    {
+      name: 'process_at in year 9999',
+      args: `'t', process_at => '9999-12-31 23:59:59+00'`,
+      library: () => validateOptions({ processAt: new Date('9999-12-31T23:59:59Z') }),
+    },
+  ];
+  for (const c of taken) {
+    test(`${c.name}: taken by the library and by enqueue()`, async () => {
+      c.library();
+      const id = await enqueueSql(c.args);
+      assert.ok(id.length > 0);
+    });
+  }
+
   test('the largest payload the library takes is taken: its size is JSON.stringify’s, not jsonb’s spaced text', async () => {
     // 1,045 strings of 1,000: 1,048,136 bytes compact (the library's measure), 1,049,180 as jsonb prints it.
     const payload = Array.from({ length: 1045 }, () => 'x'.repeat(1000));

@@ -24,6 +24,7 @@ const V6 = '0008_sql_enqueue';
 const V7 = '0009_trust_boundary';
 const V8 = '0010_worker_writes';
 const V9 = '0011_clock_seam';
+const V10 = '0012_transitions';
 
 let admin: pg.Pool;
 before(() => {
@@ -54,7 +55,7 @@ async function freshSchema(schema: string, to?: string): Promise<void> {
  * `before` with the same seqs and pending order, and unique seqs.
  */
 async function downToV1Keeps(schema: string, before: Record<string, any>[], order: string[]): Promise<void> {
-  for (const v of [V9, V8, V7, V6, V5, V4, V3, V2]) assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), v);
+  for (const v of [V10, V9, V8, V7, V6, V5, V4, V3, V2]) assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), v);
   const down = await v1Rows(schema);
   assert.deepEqual(withoutSeq(down), withoutSeq(before));
   assert.deepEqual(seqsOfNonPending(down), seqsOfNonPending(before));
@@ -228,7 +229,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('0004 keeps every task, field for field, and the pending order', async () => {
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9, V10] });
     const rows = await q(schema, 'SELECT * FROM {{schema}}.tasks ORDER BY queue, id');
     assert.deepEqual(await v1Rows(schema), before);
     assert.deepEqual(await pendingOrder(schema), order);
@@ -275,7 +276,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
     assert.equal((await q(schema, 'SELECT * FROM {{schema}}.active_tasks')).length, 1);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9, V10] });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: 15, states: 15, view: 15, orphans: 0 });
@@ -388,7 +389,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     await downToV1Keeps(schema, before, order);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9, V10] });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: before.length, states: before.length, view: before.length, orphans: 0 });

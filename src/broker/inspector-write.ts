@@ -8,7 +8,7 @@
  */
 import { sql } from 'kysely';
 import type { QueueLimits } from '../model/inspector-types.js';
-import type { TaskState } from '../model/task.js';
+import { TASK_STATES, type TaskState } from '../model/task.js';
 import type { AnyTransaction, Db } from './db.js';
 import { ensureQueues } from './servers.js';
 import { transaction } from './transaction.js';
@@ -26,57 +26,45 @@ export interface TaskActionResult {
 /** What a bulk action found and did: whether the queue exists, and how many rows it changed. */
 export type BulkActionResult = InQueue<number>;
 
-type ActionRow = { queue_found: boolean; state: TaskState | null; n: number };
-const toAction = (r: ActionRow | undefined): TaskActionResult => ({ queueFound: r?.queue_found ?? false, state: r?.state ?? null, done: (r?.n ?? 0) > 0 });
+/** Every state but active: what deleteQueue deletes. */
+const NOT_ACTIVE = TASK_STATES.filter((s) => s !== 'active');
+
+type ActionRow = { queue_found: boolean; state: TaskState | null; done: boolean | null };
+const toAction = (r: ActionRow | undefined): TaskActionResult => ({ queueFound: r?.queue_found ?? false, state: r?.state ?? null, done: r?.done ?? false });
 const toBulk = (r: { queue_found: boolean; n: number } | undefined): BulkActionResult => ({ queueFound: r?.queue_found ?? false, value: r?.n ?? 0 });
 
+/** The owner's function of each move (migration 0012): the tasks view's trigger makes the same moves with them. */
+const MOVES = { delete: 'delete_tasks', pending: 'run_tasks', archived: 'archive_tasks' } as const;
+type Move = keyof typeof MOVES;
+
 /**
- * Deletes task `id` of `queue` if its state is in `allowed`, and releases its
- * unique lock if the lock is held by this task (asynq's DeleteTask, T21).
+ * Makes `move` on task `id` of `queue` if its state is in `allowed`: delete
+ * it (T21, deleteTask; its unique lock is released with it), or move it to
+ * 'pending' (T19, runTask: the back of its queue, servers woken) or
+ * 'archived' (T20, archiveTask). The state is the one the function found
+ * under its lock.
  */
-export async function deleteTask(db: Db, queue: string, id: string, allowed: readonly TaskState[]): Promise<TaskActionResult> {
+export async function actOnTask(db: Db, queue: string, id: string, move: Move, allowed: readonly TaskState[]): Promise<TaskActionResult> {
   const rows = await db.run(sql<ActionRow>`
-    WITH target AS (
-      SELECT t.queue, t.id, t.state FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id} FOR UPDATE
-    ),
-    deleted AS (
-      DELETE FROM ${db.table('tasks')} t USING target
-      WHERE t.queue = target.queue AND t.id = target.id AND target.state = ANY(${allowed}::text[])
-      RETURNING t.queue, t.id, t.unique_key
-    ),
-    unlocked AS (
-      DELETE FROM ${db.table('unique_locks')} l USING deleted d WHERE l.queue = d.queue AND l.key = d.unique_key AND l.task_id = d.id
-    )
-    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found,
-           (SELECT state FROM target) AS state, (SELECT pg_catalog.count(*)::int FROM deleted) AS n`);
+    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found, m.found AS state, m.done
+    FROM (SELECT 1) one
+    LEFT JOIN ${db.table(MOVES[move])}(ARRAY(SELECT t.seq FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id}), ${allowed}::text[]) m ON true`);
   return toAction(rows[0]);
 }
 
 /**
- * Moves task `id` of `queue` to `to` ('pending': T19, runTask; 'archived': T20,
- * archiveTask) if its state is in `allowed`. run_at becomes db.now(): the back
- * of the pending queue, or the archive time. Lease fields are cleared;
- * error_msg and last_failed_at are kept. A task made pending is announced on
- * the tasks channel so servers claim it at once.
+ * Makes `move` on every task of `queue` in `state` (and `group`, for
+ * aggregating), as actOnTask does for one (asynq's DeleteAll…, RunAll… and
+ * ArchiveAll…). Tasks made pending keep their relative order.
  */
-export async function moveTask(db: Db, queue: string, id: string, to: 'pending' | 'archived', allowed: readonly TaskState[]): Promise<TaskActionResult> {
-  const rows = await db.run(sql<ActionRow>`
-    WITH target AS (
-      SELECT t.queue, t.id, t.state FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id} FOR UPDATE
-    ),
-    moved AS (
-      UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = ${db.now()}, updated_at = ${db.now()}
-      FROM target WHERE t.queue = target.queue AND t.id = target.id AND target.state = ANY(${allowed}::text[])
-      RETURNING t.queue, t.state
-    ),
-    notified AS (
-      SELECT pg_notify(${db.channels.tasks}, queue) FROM moved WHERE state = 'pending'
-    )
+export async function actOnState(db: Db, queue: string, state: TaskState, move: Move, group: string | null): Promise<BulkActionResult> {
+  const rows = await db.run(sql<{ queue_found: boolean; n: number }>`
     SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found,
-           (SELECT state FROM target) AS state, (SELECT pg_catalog.count(*)::int FROM moved) AS n,
-           (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
-  return toAction(rows[0]);
+           (SELECT pg_catalog.count(*)::int FROM ${db.table(MOVES[move])}(
+              ARRAY(SELECT t.seq FROM ${db.table('tasks')} t
+                    WHERE t.queue = ${queue} AND t.state = ${state} AND (${group}::text IS NULL OR t.group_key = ${group})),
+              ARRAY[${state}]::text[]) m WHERE m.done) AS n`);
+  return toBulk(rows[0]);
 }
 
 /**
@@ -85,58 +73,11 @@ export async function moveTask(db: Db, queue: string, id: string, to: 'pending' 
  */
 export async function updatePayload(db: Db, queue: string, id: string, json: string | null, bytes: Buffer | null): Promise<TaskActionResult> {
   const rows = await db.run(sql<ActionRow>`
-    WITH target AS (
-      SELECT t.queue, t.id, t.state FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id} FOR UPDATE
-    ),
-    updated AS (
-      UPDATE ${db.table('tasks')} t SET payload = ${json}::jsonb, payload_bytes = ${bytes}::bytea, updated_at = ${db.now()}
-      FROM target WHERE t.queue = target.queue AND t.id = target.id AND target.state = 'scheduled'
-      RETURNING 1
-    )
-    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found,
-           (SELECT state FROM target) AS state, (SELECT pg_catalog.count(*)::int FROM updated) AS n`);
+    SELECT EXISTS (SELECT 1 FROM ${db.table('queues')} WHERE name = ${queue}) AS queue_found, m.found AS state, m.done
+    FROM (SELECT t.seq FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id}) target
+    CROSS JOIN LATERAL ${db.table('set_payload')}(target.seq, ${json}::jsonb, ${bytes}::bytea) m
+    RIGHT JOIN (SELECT 1) one ON true`);
   return toAction(rows[0]);
-}
-
-/**
- * Deletes every task of `queue` in `state` (and `group`, for aggregating),
- * releasing the unique locks the deleted tasks hold (asynq's DeleteAll…).
- */
-export async function deleteAllInState(db: Db, queue: string, state: TaskState, group: string | null): Promise<BulkActionResult> {
-  const rows = await db.run(sql<{ queue_found: boolean; n: number }>`
-    WITH q AS (SELECT name FROM ${db.table('queues')} WHERE name = ${queue}),
-    deleted AS (
-      DELETE FROM ${db.table('tasks')} t USING q
-      WHERE t.queue = q.name AND t.state = ${state} AND (${group}::text IS NULL OR t.group_key = ${group})
-      RETURNING t.queue, t.id, t.unique_key
-    ),
-    unlocked AS (
-      DELETE FROM ${db.table('unique_locks')} l USING deleted d WHERE l.queue = d.queue AND l.key = d.unique_key AND l.task_id = d.id
-    )
-    SELECT EXISTS (SELECT 1 FROM q) AS queue_found, (SELECT pg_catalog.count(*)::int FROM deleted) AS n`);
-  return toBulk(rows[0]);
-}
-
-/**
- * Moves every task of `queue` in `from` (and `group`, for aggregating) to
- * `to`, as moveTask does for one (asynq's RunAll… and ArchiveAll…). They keep
- * their relative order: equal run_at, ties broken by enqueue order (seq).
- */
-export async function moveAllInState(db: Db, queue: string, from: TaskState, to: 'pending' | 'archived', group: string | null): Promise<BulkActionResult> {
-  const rows = await db.run(sql<{ queue_found: boolean; n: number }>`
-    WITH q AS (SELECT name FROM ${db.table('queues')} WHERE name = ${queue}),
-    moved AS (
-      UPDATE ${db.table('tasks')} t
-      SET state = ${to}, run_at = ${db.now()}, updated_at = ${db.now()}
-      FROM q WHERE t.queue = q.name AND t.state = ${from} AND (${group}::text IS NULL OR t.group_key = ${group})
-      RETURNING 1
-    ),
-    notified AS (
-      SELECT pg_notify(${db.channels.tasks}, ${queue}) WHERE ${to}::text = 'pending' AND EXISTS (SELECT 1 FROM moved)
-    )
-    SELECT EXISTS (SELECT 1 FROM q) AS queue_found, (SELECT pg_catalog.count(*)::int FROM moved) AS n,
-           (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
-  return toBulk(rows[0]);
 }
 
 /**
@@ -147,16 +88,7 @@ export async function moveAllInState(db: Db, queue: string, from: TaskState, to:
  * Returns how many tasks were marked.
  */
 export async function requestCancel(db: Db, id: string): Promise<number> {
-  const rows = await db.run(sql<{ n: number }>`
-    WITH marked AS (
-      UPDATE ${db.table('tasks')} SET cancel_requested = true, updated_at = ${db.now()}
-      WHERE id = ${id} AND state = 'active' AND lease_owner IS NOT NULL -- tasks_active_idx (0003)
-      RETURNING 1
-    ),
-    notified AS (
-      SELECT pg_notify(${db.channels.cancel}, ${id}) WHERE EXISTS (SELECT 1 FROM marked)
-    )
-    SELECT (SELECT pg_catalog.count(*)::int FROM marked) AS n, (SELECT pg_catalog.count(*) FROM notified) AS notifications`);
+  const rows = await db.run(sql<{ n: number }>`SELECT ${db.table('request_cancel')}(${id}) AS n`);
   return rows[0]?.n ?? 0;
 }
 
@@ -255,15 +187,12 @@ export async function deleteQueue(db: Db, queue: string, force: boolean): Promis
              EXISTS (SELECT 1 FROM ${db.table('tasks')} WHERE queue = ${queue}) AS has_tasks
     ),
     ok AS (SELECT q.name FROM q, c WHERE NOT c.has_active AND (NOT c.has_tasks OR ${force}::boolean)),
-    deleted_tasks AS (
-      DELETE FROM ${db.table('tasks')} t USING ok WHERE t.queue = ok.name AND t.state <> 'active'
-      RETURNING t.queue, t.id, t.unique_key
+    deleted_tasks AS MATERIALIZED (
+      SELECT m.* FROM ok CROSS JOIN LATERAL ${db.table('delete_tasks')}(
+        ARRAY(SELECT t.seq FROM ${db.table('tasks')} t WHERE t.queue = ok.name AND t.state <> 'active'), ${NOT_ACTIVE}::text[]) m
     ),
-    unlocked AS (
-      DELETE FROM ${db.table('unique_locks')} l USING deleted_tasks d WHERE l.queue = d.queue AND l.key = d.unique_key AND l.task_id = d.id
-    ),
-    stats AS (DELETE FROM ${db.table('daily_stats')} s USING ok WHERE s.queue = ok.name),
-    gone AS (DELETE FROM ${db.table('queues')} u USING ok WHERE u.name = ok.name RETURNING 1)
+    stats AS (DELETE FROM ${db.table('daily_stats')} s USING ok WHERE s.queue = ok.name AND (SELECT pg_catalog.count(*) FROM deleted_tasks) >= 0),
+    gone AS (DELETE FROM ${db.table('queues')} u USING ok WHERE u.name = ok.name AND (SELECT pg_catalog.count(*) FROM deleted_tasks) >= 0 RETURNING 1)
     SELECT EXISTS (SELECT 1 FROM q) AS queue_found, c.has_active, c.has_tasks, EXISTS (SELECT 1 FROM gone) AS deleted
     FROM c`);
   const r = rows[0];

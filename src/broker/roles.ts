@@ -20,12 +20,10 @@
  * the forwarder, the recoverer, the janitor, the aggregator's commit), each
  * SECURITY DEFINER, fencing and deciding time itself (a moved clock is the
  * owner's alone): each statement file lists the functions it calls, and the
- * worker is granted exactly those, with SELECT on what it reads. The cold
- * paths (Inspector, a replace's read back) go through the view `tasks`, whose
- * INSTEAD OF trigger function tasks_write() is SECURITY DEFINER: a write
- * through the view is gated by the role's column privileges on the view,
- * never on the tables, so the view carries the admin's grants and the tables
- * none of anyone's writes.
+ * worker is granted exactly those, with SELECT on what it reads. The
+ * Inspector's actions are the owner's functions of migration 0012, granted to
+ * the admin. The view `tasks` stays writable for repairs in SQL by the owner:
+ * its INSTEAD OF trigger function tasks_write() calls the same functions.
  *
  * Flow control (migration 0007): a task's priority and concurrency key are
  * written at enqueue, as its other state columns; a queue's limits are set by
@@ -101,12 +99,18 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
 ];
 
 /**
- * What the Inspector's actions change (inspector-write.ts). Not priority: no action
- * changes it (a repair in SQL that does, through the view, is the owner's). Not the
- * lease: no action moves an active task, and a task moved out of active has its lease
- * cleared by the table's trigger (0010 release_lease()).
+ * The owner's functions of the Inspector's actions on tasks (inspector-write.ts,
+ * migration 0012): run, archive, delete (with the unique lock the task holds),
+ * a scheduled task's payload, a cancellation. Each decides which states it acts
+ * on and leaves the lease to the table's trigger (0010 release_lease()).
  */
-const ADMIN_TASK_COLUMNS = 'state, run_at, payload, payload_bytes, cancel_requested, updated_at';
+const ADMIN_FUNCTIONS = [
+  'run_tasks(bigint[], text[])',
+  'archive_tasks(bigint[], text[])',
+  'delete_tasks(bigint[], text[])',
+  'set_payload(bigint, jsonb, bytea)',
+  'request_cancel(text)',
+];
 
 /** A queue's limits (migration 0007): the admin sets them (inspector-write.ts setLimits), the worker's claim reads them. */
 const QUEUE_LIMIT_COLUMNS = 'concurrency, key_concurrency, rate_limit, rate_interval_ms';
@@ -253,7 +257,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, TASK_NOW, ...WORKER_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, TASK_NOW, ...WORKER_FUNCTIONS, ...ADMIN_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -343,17 +347,15 @@ ${WORKER_FUNCTIONS.map((f) => `  GRANT EXECUTE ON FUNCTION ${t(f)} TO ${id(r.wor
     EXECUTE format('GRANT SELECT (%s) ON %I.%I TO %I', o.cols, ${lit(schema)}, o.relname, ${lit(r.monitor)});
   END LOOP;
 
-  -- admin (a member of inspector): the Inspector's actions. Task transitions
-  -- and payload updates of scheduled tasks, deletions (with the unique locks
-  -- they release), cancellation, pause, a queue's limits (setQueueLimits,
-  -- 0007; createQueue makes a queue known through ensure_queues(), granted
-  -- above), queue removal with its stats. All
-  -- through the view (tasks_write() writes the tables): no privilege on them
-  -- but the inspector's SELECT. Running, archiving or deleting a waiting task
-  -- or one with dependents is the same write; the triggers settle the edges.
-  GRANT UPDATE (${ADMIN_TASK_COLUMNS}), DELETE ON ${t('tasks')} TO ${id(r.admin)};
-  GRANT UPDATE (paused, ${QUEUE_LIMIT_COLUMNS}), DELETE ON ${t('queues')} TO ${id(r.admin)};
-  GRANT DELETE ON ${t('unique_locks')} TO ${id(r.admin)};
+  -- admin (a member of inspector): the Inspector's actions. Task moves (run,
+  -- archive, delete with the unique lock released), a scheduled task's payload
+  -- and cancellation are the owner's functions (0012): no write on the task
+  -- tables, the view or the unique locks. Running, archiving or deleting a
+  -- waiting task or one with dependents settles the edges through the
+  -- triggers. Pause, a queue's limits (setQueueLimits, 0007; createQueue makes
+  -- a queue known through ensure_queues(), granted above), and queue removal
+  -- with its stats are writes of the queue's own rows.
+${ADMIN_FUNCTIONS.map((f) => `  GRANT EXECUTE ON FUNCTION ${t(f)} TO ${id(r.admin)};\n`).join('')}  GRANT UPDATE (paused, ${QUEUE_LIMIT_COLUMNS}), DELETE ON ${t('queues')} TO ${id(r.admin)};
   GRANT DELETE ON ${t('daily_stats')} TO ${id(r.admin)};
 END
 $$;
