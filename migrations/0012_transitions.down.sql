@@ -668,6 +668,7 @@ BEGIN
 END
 $function$;
 
+DROP FUNCTION {{schema}}.write_task_columns(bigint, jsonb, boolean);
 DROP FUNCTION {{schema}}.request_cancel(text);
 DROP FUNCTION {{schema}}.set_payload(bigint, jsonb, bytea);
 DROP FUNCTION {{schema}}.delete_tasks(bigint[], text[]);

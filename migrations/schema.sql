@@ -1944,6 +1944,8 @@ DECLARE
   now_at timestamptz := {{schema}}.task_now();
   own_seq boolean := false;
   cur {{schema}}.task_states;
+  -- The columns the statement sets: an INSERT's that are not NULL, an UPDATE's that it changes.
+  given jsonb;
   move text;
 BEGIN
   IF TG_OP <> 'INSERT' THEN
@@ -1973,89 +1975,38 @@ BEGIN
       NEW.pending_seq := coalesce(NEW.pending_seq, CASE WHEN own_seq THEN NEW.seq ELSE {{schema}}.task_position() END);
       NEW.run_at := coalesce(NEW.run_at, now_at);
     END IF;
-  ELSIF NEW.state IS DISTINCT FROM cur.state AND NEW.state IN ('pending', 'archived') THEN
-    -- Run or archived: the Inspector's move (run_tasks(), archive_tasks()), made
-    -- after the statement's other columns are written; a position or a run_at the
-    -- statement gives wins over the move's.
-    move := NEW.state;
-    NEW.state := cur.state;
-  ELSIF NEW.state <> 'pending' THEN
-    -- Out of the pending order (a claim keeps the place of the task it makes active: not a repair's concern).
-    NEW.pending_seq := NULL;
-  END IF;
-  IF TG_OP = 'INSERT' THEN
-    INSERT INTO {{schema}}.task_inputs (seq, queue, id, type, payload, payload_bytes, headers, max_retry, timeout,
-                                        deadline, unique_key, retention, enqueued_at)
-    VALUES (NEW.seq, NEW.queue, NEW.id,
-            NEW.type, NEW.payload, NEW.payload_bytes, coalesce(NEW.headers, '{}'), coalesce(NEW.max_retry, 25),
-            coalesce(NEW.timeout, '0'), NEW.deadline, NEW.unique_key, coalesce(NEW.retention, '0'),
-            coalesce(NEW.enqueued_at, now_at))
-    RETURNING seq, headers, max_retry, timeout, retention, enqueued_at
-      INTO NEW.seq, NEW.headers, NEW.max_retry, NEW.timeout, NEW.retention, NEW.enqueued_at;
-    INSERT INTO {{schema}}.task_states (seq, queue, state, pending_seq, run_at, retried, group_key, lease_owner,
-                                        lease_expires_at, lease_token, started_at, cancel_requested, error_msg,
-                                        last_failed_at, completed_at, result, result_bytes, updated_at, priority, concurrency_key)
-    VALUES (NEW.seq, NEW.queue, NEW.state, NEW.pending_seq, NEW.run_at, coalesce(NEW.retried, 0), NEW.group_key,
-            NEW.lease_owner, NEW.lease_expires_at, NEW.lease_token, NEW.started_at,
-            coalesce(NEW.cancel_requested, false), NEW.error_msg, NEW.last_failed_at, NEW.completed_at, NEW.result,
-            NEW.result_bytes, coalesce(NEW.updated_at, now_at), coalesce(NEW.priority, 0), NEW.concurrency_key)
-    -- So that INSERT … RETURNING shows the row as stored.
-    RETURNING retried, cancel_requested, updated_at, priority INTO NEW.retried, NEW.cancel_requested, NEW.updated_at, NEW.priority;
+    NEW.enqueued_at := coalesce(NEW.enqueued_at, now_at);
+    NEW.updated_at := coalesce(NEW.updated_at, now_at);
+    SELECT jsonb_object_agg(n.key, n.value) INTO given FROM jsonb_each(to_jsonb(NEW)) n WHERE n.value <> 'null';
+    PERFORM {{schema}}.write_task_columns(NEW.seq, given, true);
+    PERFORM pg_notify({{schema}}.task_channel('_tasks'), NEW.queue) WHERE NEW.state = 'pending';
   ELSE
-    IF (NEW.queue, NEW.id, NEW.type, NEW.payload::text, NEW.payload_bytes, NEW.headers::text, NEW.max_retry,
-        NEW.timeout, NEW.deadline, NEW.unique_key, NEW.retention, NEW.enqueued_at, NEW.seq)
-       IS DISTINCT FROM
-       (OLD.queue, OLD.id, OLD.type, OLD.payload::text, OLD.payload_bytes, OLD.headers::text, OLD.max_retry,
-        OLD.timeout, OLD.deadline, OLD.unique_key, OLD.retention, OLD.enqueued_at, OLD.seq) THEN
-      UPDATE {{schema}}.task_inputs
-      SET queue = NEW.queue, id = NEW.id, type = NEW.type, payload = NEW.payload, payload_bytes = NEW.payload_bytes,
-          headers = NEW.headers, max_retry = NEW.max_retry, timeout = NEW.timeout, deadline = NEW.deadline,
-          unique_key = NEW.unique_key, retention = NEW.retention, enqueued_at = NEW.enqueued_at
-      WHERE seq = OLD.seq;
+    IF NEW.state IS DISTINCT FROM cur.state AND NEW.state IN ('pending', 'archived') THEN
+      -- Run or archived: the Inspector's move (run_tasks(), archive_tasks()), made
+      -- after the statement's other columns are written.
+      move := NEW.state;
+      NEW.state := OLD.state;
+    ELSIF NEW.state IS DISTINCT FROM cur.state AND cur.state = 'pending' THEN
+      -- Out of the pending order (a claim keeps the place of the task it makes active: not a repair's concern).
+      NEW.pending_seq := NULL;
     END IF;
     -- A column the statement did not set keeps its current value, not the
     -- snapshot's: a heartbeat's lease_expires_at, a result written since.
-    IF NEW.queue IS NOT DISTINCT FROM OLD.queue THEN NEW.queue := cur.queue; END IF;
-    IF NEW.pending_seq IS NOT DISTINCT FROM OLD.pending_seq THEN NEW.pending_seq := cur.pending_seq; END IF;
-    IF NEW.run_at IS NOT DISTINCT FROM OLD.run_at THEN NEW.run_at := cur.run_at; END IF;
-    IF NEW.retried IS NOT DISTINCT FROM OLD.retried THEN NEW.retried := cur.retried; END IF;
-    IF NEW.group_key IS NOT DISTINCT FROM OLD.group_key THEN NEW.group_key := cur.group_key; END IF;
-    IF NEW.lease_owner IS NOT DISTINCT FROM OLD.lease_owner THEN NEW.lease_owner := cur.lease_owner; END IF;
-    IF NEW.lease_expires_at IS NOT DISTINCT FROM OLD.lease_expires_at THEN NEW.lease_expires_at := cur.lease_expires_at; END IF;
-    IF NEW.started_at IS NOT DISTINCT FROM OLD.started_at THEN NEW.started_at := cur.started_at; END IF;
-    IF NEW.cancel_requested IS NOT DISTINCT FROM OLD.cancel_requested THEN NEW.cancel_requested := cur.cancel_requested; END IF;
-    IF NEW.error_msg IS NOT DISTINCT FROM OLD.error_msg THEN NEW.error_msg := cur.error_msg; END IF;
-    IF NEW.last_failed_at IS NOT DISTINCT FROM OLD.last_failed_at THEN NEW.last_failed_at := cur.last_failed_at; END IF;
-    IF NEW.completed_at IS NOT DISTINCT FROM OLD.completed_at THEN NEW.completed_at := cur.completed_at; END IF;
-    IF NEW.result IS NOT DISTINCT FROM OLD.result THEN NEW.result := cur.result; END IF;
-    IF NEW.result_bytes IS NOT DISTINCT FROM OLD.result_bytes THEN NEW.result_bytes := cur.result_bytes; END IF;
-    IF NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at THEN NEW.updated_at := cur.updated_at; END IF;
-    IF NEW.priority IS NOT DISTINCT FROM OLD.priority THEN NEW.priority := cur.priority; END IF;
-    IF NEW.concurrency_key IS NOT DISTINCT FROM OLD.concurrency_key THEN NEW.concurrency_key := cur.concurrency_key; END IF;
-    UPDATE {{schema}}.task_states
-    SET queue = NEW.queue, state = NEW.state, pending_seq = NEW.pending_seq, run_at = NEW.run_at,
-        retried = NEW.retried, group_key = NEW.group_key, lease_owner = NEW.lease_owner,
-        lease_expires_at = NEW.lease_expires_at, lease_token = NEW.lease_token, started_at = NEW.started_at,
-        cancel_requested = NEW.cancel_requested, error_msg = NEW.error_msg, last_failed_at = NEW.last_failed_at,
-        completed_at = NEW.completed_at, result = NEW.result, result_bytes = NEW.result_bytes,
-        updated_at = NEW.updated_at, priority = NEW.priority, concurrency_key = NEW.concurrency_key
-    WHERE seq = OLD.seq;
+    SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') INTO given
+    FROM jsonb_each(to_jsonb(NEW)) n WHERE n.value IS DISTINCT FROM to_jsonb(OLD) -> n.key;
+    PERFORM {{schema}}.write_task_columns(OLD.seq, given, false);
     IF move = 'pending' THEN
       PERFORM {{schema}}.run_tasks(ARRAY[OLD.seq], ARRAY[cur.state]);
     ELSIF move = 'archived' THEN
       PERFORM {{schema}}.archive_tasks(ARRAY[OLD.seq], ARRAY[cur.state]);
     END IF;
-    IF move IS NOT NULL THEN
-      UPDATE {{schema}}.task_states s
-      SET pending_seq = CASE WHEN NEW.pending_seq IS DISTINCT FROM OLD.pending_seq THEN NEW.pending_seq ELSE s.pending_seq END,
-          run_at = CASE WHEN NEW.run_at IS DISTINCT FROM OLD.run_at THEN NEW.run_at ELSE s.run_at END
-      WHERE s.seq = OLD.seq
-      RETURNING s.state, s.pending_seq, s.run_at, s.updated_at INTO NEW.state, NEW.pending_seq, NEW.run_at, NEW.updated_at;
+    -- A position or a due time the statement gave wins over the move's.
+    IF move IS NOT NULL AND given ?| ARRAY['pending_seq', 'run_at'] THEN
+      PERFORM {{schema}}.write_task_columns(OLD.seq, given - ARRAY(SELECT k FROM jsonb_object_keys(given) k WHERE k NOT IN ('pending_seq', 'run_at')), false);
     END IF;
   END IF;
-  IF TG_OP = 'INSERT' AND NEW.state = 'pending' THEN
-    PERFORM pg_notify({{schema}}.task_channel('_tasks'), NEW.queue);
-  END IF;
+  -- So that INSERT … RETURNING and UPDATE … RETURNING show the row as stored.
+  SELECT v.* INTO NEW FROM {{schema}}.tasks v WHERE v.seq = NEW.seq;
   -- A position chosen by hand, or a pending task moved to another priority, may be below
   -- the servers' claim cursors (one floor per priority): they start from the head.
   IF NEW.state = 'pending' AND (
@@ -2128,3 +2079,32 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.write_result(task_seq bigint, token uuid, result jsonb, result_bytes bytea, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.write_task_columns(task_seq bigint, fields jsonb, inserting boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  tbl regclass;
+  cols text;
+BEGIN
+  FOREACH tbl IN ARRAY ARRAY['{{schema}}.task_inputs'::regclass, '{{schema}}.task_states'::regclass] LOOP
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols
+    FROM pg_attribute a
+    WHERE a.attrelid = tbl AND a.attnum > 0 AND NOT a.attisdropped AND fields ? a.attname::text
+      AND (inserting OR a.attname <> 'seq');
+    IF cols IS NULL THEN
+      CONTINUE;
+    END IF;
+    IF inserting THEN
+      EXECUTE format('INSERT INTO %s (%s) SELECT %s FROM jsonb_populate_record(NULL::%s, $1)', tbl, cols, cols, tbl) USING fields;
+    ELSE
+      EXECUTE format('UPDATE %s t SET (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1)) WHERE t.seq = $2', tbl, cols, cols, tbl)
+        USING fields, task_seq;
+    END IF;
+  END LOOP;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.write_task_columns(task_seq bigint, fields jsonb, inserting boolean) FROM PUBLIC;
