@@ -43,6 +43,8 @@ export {
   TaskTimeoutError,
   TaskCanceledError,
   HandlerNotFoundError,
+  TaskFailedError,
+  WaitTimeoutError,
   SkipRetry,
   RevokeTask,
   isValidationError,
@@ -52,11 +54,14 @@ export {
   isTaskNotFound,
   isLeaseExpired,
   isServerClosed,
+  isTaskFailed,
+  isWaitTimeout,
   isDatabaseUnavailable,
   isSkipRetry,
   isRevokeTask,
 } from './model/errors.js';
 export { Inspector, type InspectorOptions } from './inspector.js';
+export type { AttemptInfo, AttemptOutcome, TaskEvent, TaskLogLine, TaskProgress } from './model/following.js';
 export type {
   QueueInfo,
   QueueLimits,

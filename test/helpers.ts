@@ -84,6 +84,7 @@ export const MIGRATIONS = [
   '0010_worker_writes',
   '0011_clock_seam',
   '0012_transitions',
+  '0013_following',
 ];
 
 /**

@@ -127,8 +127,8 @@ describe('fencing', () => {
     const stale = { queue: 'default', id: info.id, seq: row.seq, token: row.lease_token };
     assert.deepEqual(await complete(broker, [{ ...stale, keep: false }]), []);
     assert.deepEqual(await complete(broker, [{ ...stale, keep: true }]), []);
-    assert.deepEqual(await fail(broker, [{ ...stale, archive: false, counts: true, delayMs: 0, error: 'x' }]), []);
-    assert.deepEqual(await fail(broker, [{ ...stale, archive: true, counts: true, delayMs: 0, error: 'x' }]), []);
+    assert.deepEqual(await fail(broker, [{ ...stale, archive: false, counts: true, delayMs: 0, error: 'x', outcome: 'failed' }]), []);
+    assert.deepEqual(await fail(broker, [{ ...stale, archive: true, counts: true, delayMs: 0, error: 'x', outcome: 'failed' }]), []);
     assert.deepEqual(await requeue(broker, [stale]), []);
     assert.deepEqual(await extendLeases(broker, [stale], 30_000), []);
     assert.equal(await writeResult(broker, stale, '{"r":1}', null), false);

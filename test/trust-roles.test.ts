@@ -224,7 +224,7 @@ describe("a worker writes tasks only through the owner's functions", () => {
       'DELETE FROM {{S}}.queue_starts',
       // A claim or extension an hour ahead of the database's clock.
       "SELECT * FROM {{S}}.claim_limited(ARRAY['q'], ARRAY[1], 1, 'me', 30000, 3600000)",
-      "SELECT * FROM {{S}}.extend_leases('{}', '{}', 30000, 3600000)",
+      "SELECT * FROM {{S}}.extend_leases('{}', '{}', 30000, NULL, 3600000)",
     ]) {
       await refused(as('worker', stmt), `worker: ${stmt}`);
     }
@@ -238,15 +238,19 @@ describe("a worker writes tasks only through the owner's functions", () => {
     // leases), a lease of no length, arrays that do not pair up.
     const cutoff = await refused(as('worker', 'SELECT * FROM {{S}}.expired_leases(10, false, -1, 30000, 0)'), 'cutoff', '22023');
     assert.equal(cutoff.column, 'recoverCutoff');
-    const lease = await refused(as('worker', "SELECT * FROM {{S}}.extend_leases('{1}', ARRAY[gen_random_uuid()], 0, 0)"), 'lease 0', '22023');
+    const lease = await refused(as('worker', "SELECT * FROM {{S}}.extend_leases('{1}', ARRAY[gen_random_uuid()], 0, NULL, 0)"), 'lease 0', '22023');
     assert.equal(lease.column, 'leaseDuration');
     const pairs = await refused(
-      as('worker', "SELECT * FROM {{S}}.fail_tasks('{1,2}', ARRAY[gen_random_uuid()], '{t}', '{t}', '{0}', '{x}', 0)"),
+      as('worker', "SELECT * FROM {{S}}.fail_tasks('{1,2}', ARRAY[gen_random_uuid()], '{t}', '{t}', '{0}', '{x}', '{failed}', NULL, 0)"),
       'pairs',
       '22023',
     );
     assert.equal(pairs.column, 'leases');
-    const delay = await refused(as('worker', "SELECT * FROM {{S}}.snooze_tasks('{1}', ARRAY[gen_random_uuid()], ARRAY['NaN'::float8], 0)"), 'delay', '22023');
+    const delay = await refused(
+      as('worker', "SELECT * FROM {{S}}.snooze_tasks('{1}', ARRAY[gen_random_uuid()], ARRAY['NaN'::float8], NULL, 0)"),
+      'delay',
+      '22023',
+    );
     assert.equal(delay.column, 'delayMs');
   });
 

@@ -24,6 +24,28 @@ export interface LeaseKey {
   token: string;
 }
 
+/**
+ * ctx.log() lines a write carries for its lease (append_task_logs(), 0013):
+ * attempt, age in ms when sent (the database dates a line by its own clock
+ * less the age), message.
+ */
+export type LogLines = readonly (readonly [attempt: number, ageMs: number, message: string])[];
+
+/** A lease's write, with the log lines it carries, if any. */
+export interface WithLines {
+  lines?: LogLines | undefined;
+}
+
+/** The lines of a batch as the functions take them: `{"<seq>": {"t": token, "l": lines}}`, or null when none has any. */
+function logsOf(items: readonly (LeaseKey & WithLines)[]): string | null {
+  let out = '';
+  for (const i of items) {
+    if (i.lines === undefined || i.lines.length === 0) continue;
+    out += `${out === '' ? '{' : ','}"${i.seq}":{"t":"${i.token}","l":${JSON.stringify(i.lines)}}`;
+  }
+  return out === '' ? null : `${out}}`;
+}
+
 /** The items whose seq the function returned: the leases that were still held. */
 function held<T extends LeaseKey>(items: readonly T[], rows: readonly { seq: string }[]): T[] {
   const seqs = new Set(rows.map((r) => String(r.seq)));
@@ -41,13 +63,17 @@ function batch<T extends LeaseKey>(items: readonly T[]) {
  * Returns the leases extended, each with whether a cancellation was requested;
  * a lease missing from the result is lost.
  */
-export async function extendLeases<T extends LeaseKey>(db: Db, leases: readonly T[], leaseMs: number): Promise<{ lease: T; cancelRequested: boolean }[]> {
+export async function extendLeases<T extends LeaseKey & WithLines>(
+  db: Db,
+  leases: readonly T[],
+  leaseMs: number,
+): Promise<{ lease: T; cancelRequested: boolean }[]> {
   if (leases.length === 0) return [];
   const b = batch(leases);
   const rows = await db.run(
     sql<{ seq: string; cancel_requested: boolean }>`
     SELECT e.task_seq::text AS seq, e.cancel_requested
-    FROM ${db.table('extend_leases')}(${b.keys}, ${leaseMs}::float8, ${db.clockShift()}) e`,
+    FROM ${db.table('extend_leases')}(${b.keys}, ${leaseMs}::float8, ${logsOf(leases)}::jsonb, ${db.clockShift()}) e`,
     undefined,
     'extend',
   );
@@ -78,7 +104,7 @@ export async function cancelRequested<T extends LeaseKey>(db: Db, leases: readon
 }
 
 /** A successful (or revoked) attempt: `keep` marks it completed for its retention, otherwise it is deleted. */
-export interface Completion extends LeaseKey {
+export interface Completion extends LeaseKey, WithLines {
   keep: boolean;
 }
 
@@ -93,7 +119,7 @@ export async function complete<T extends Completion>(db: Db, items: readonly T[]
   const b = batch(items);
   const rows = await db.run(
     sql<{ seq: string }>`
-    SELECT c::text AS seq FROM ${db.table('complete_tasks')}(${b.keys}, ${b.sorted.map((i) => i.keep)}::bool[], ${db.clockShift()}) c`,
+    SELECT c::text AS seq FROM ${db.table('complete_tasks')}(${b.keys}, ${b.sorted.map((i) => i.keep)}::bool[], ${logsOf(items)}::jsonb, ${db.clockShift()}) c`,
     trx,
     'complete',
   );
@@ -115,8 +141,10 @@ export async function completeHeld(db: Db, trx: AnyTransaction, item: Completion
 }
 
 /** A failed attempt: to retry after `delayMs`, or to the archive. */
-export interface Failure extends LeaseKey {
+export interface Failure extends LeaseKey, WithLines {
   archive: boolean;
+  /** How the run ended, as its attempt record says. */
+  outcome: 'failed' | 'timeout' | 'canceled';
   /** Whether the failure uses up a retry (asynq's IsFailure). */
   counts: boolean;
   delayMs: number;
@@ -134,7 +162,7 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
     sql<{ seq: string }>`
     SELECT f::text AS seq FROM ${db.table('fail_tasks')}(${b.keys}, ${b.sorted.map((i) => i.archive)}::bool[],
       ${b.sorted.map((i) => i.counts)}::bool[], ${b.sorted.map((i) => i.delayMs)}::float8[], ${b.sorted.map((i) => i.error)}::text[],
-      ${db.clockShift()}) f`,
+      ${b.sorted.map((i) => i.outcome)}::text[], ${logsOf(items)}::jsonb, ${db.clockShift()}) f`,
     undefined,
     'fail',
   );
@@ -142,7 +170,7 @@ export async function fail<T extends Failure>(db: Db, items: readonly T[]): Prom
 }
 
 /** A snoozed attempt: due again in `delayMs`. */
-export interface Snoozed extends LeaseKey {
+export interface Snoozed extends LeaseKey, WithLines {
   delayMs: number;
 }
 
@@ -157,7 +185,7 @@ export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Pr
   const b = batch(items);
   const rows = await db.run(
     sql<{ seq: string }>`
-    SELECT z::text AS seq FROM ${db.table('snooze_tasks')}(${b.keys}, ${b.sorted.map((i) => i.delayMs)}::float8[], ${db.clockShift()}) z`,
+    SELECT z::text AS seq FROM ${db.table('snooze_tasks')}(${b.keys}, ${b.sorted.map((i) => i.delayMs)}::float8[], ${logsOf(items)}::jsonb, ${db.clockShift()}) z`,
     undefined,
     'snooze',
   );
@@ -169,18 +197,36 @@ export async function snooze<T extends Snoozed>(db: Db, items: readonly T[]): Pr
  * front of pending with their retry count unchanged (asynq's requeue).
  * Returns the leases still held.
  */
-export async function requeue<T extends LeaseKey>(db: Db, leases: readonly T[]): Promise<T[]> {
+export async function requeue<T extends LeaseKey & WithLines>(db: Db, leases: readonly T[]): Promise<T[]> {
   if (leases.length === 0) return [];
   const b = batch(leases);
-  const rows = await db.run(sql<{ seq: string }>`SELECT r::text AS seq FROM ${db.table('requeue_tasks')}(${b.keys}, ${db.clockShift()}) r`);
+  const rows = await db.run(
+    sql<{ seq: string }>`SELECT r::text AS seq FROM ${db.table('requeue_tasks')}(${b.keys}, ${logsOf(leases)}::jsonb, ${db.clockShift()}) r`,
+  );
   return held(leases, rows);
 }
 
-/** Stores a handler's result on its task (write_result). Returns false when the lease is gone. */
-export async function writeResult(db: Db, lease: LeaseKey, json: string | null, bytes: Buffer | null): Promise<boolean> {
+/** Stores a handler's result on its task (write_result), with its log lines. Returns false when the lease is gone. */
+export async function writeResult(db: Db, lease: LeaseKey & WithLines, json: string | null, bytes: Buffer | null): Promise<boolean> {
   const rows = await db.run(
     sql<{ held: boolean }>`
-    SELECT ${db.table('write_result')}(${lease.seq}::bigint, ${lease.token}::uuid, ${json}::jsonb, ${bytes}::bytea, ${db.clockShift()}) AS held`,
+    SELECT ${db.table('write_result')}(${lease.seq}::bigint, ${lease.token}::uuid, ${json}::jsonb, ${bytes}::bytea, ${logsOf([lease])}::jsonb,
+      ${db.clockShift()}) AS held`,
+  );
+  return rows[0]?.held === true;
+}
+
+/**
+ * Stores ctx.progress()'s value (JSON text, checked by model/following.ts and
+ * again by write_progress()), with the lease's log lines, and tells the
+ * watchers. Returns false when the lease is gone.
+ */
+export async function writeProgress(db: Db, lease: LeaseKey & WithLines, json: string): Promise<boolean> {
+  const rows = await db.run(
+    sql<{ held: boolean }>`
+    SELECT ${db.table('write_progress')}(${lease.seq}::bigint, ${lease.token}::uuid, ${json}::jsonb, ${logsOf([lease])}::jsonb, ${db.clockShift()}) AS held`,
+    undefined,
+    'progress',
   );
   return rows[0]?.held === true;
 }
@@ -196,13 +242,14 @@ export async function lockLease(db: Db, trx: AnyTransaction, lease: LeaseKey): P
   return rows[0]?.held === true;
 }
 
-/** The owner's functions (migration 0010) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
+/** The owner's functions (migrations 0010, 0013) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
 export const LEASE_FUNCTIONS: readonly string[] = [
-  'extend_leases(bigint[], uuid[], float8, float8)',
-  'complete_tasks(bigint[], uuid[], boolean[], float8)',
-  'fail_tasks(bigint[], uuid[], boolean[], boolean[], float8[], text[], float8)',
-  'snooze_tasks(bigint[], uuid[], float8[], float8)',
-  'requeue_tasks(bigint[], uuid[], float8)',
-  'write_result(bigint, uuid, jsonb, bytea, float8)',
+  'extend_leases(bigint[], uuid[], float8, jsonb, float8)',
+  'complete_tasks(bigint[], uuid[], boolean[], jsonb, float8)',
+  'fail_tasks(bigint[], uuid[], boolean[], boolean[], float8[], text[], text[], jsonb, float8)',
+  'snooze_tasks(bigint[], uuid[], float8[], jsonb, float8)',
+  'requeue_tasks(bigint[], uuid[], jsonb, float8)',
+  'write_result(bigint, uuid, jsonb, bytea, jsonb, float8)',
+  'write_progress(bigint, uuid, jsonb, jsonb, float8)',
   'lock_lease(bigint, uuid)',
 ];

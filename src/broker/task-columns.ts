@@ -119,6 +119,7 @@ const FIELDS: { [K in keyof TaskInfo]-?: Field<TaskInfo[K]> } = {
   ),
   priority: column('priority', (r) => r.priority),
   concurrencyKey: column('concurrency_key', (r) => r.concurrencyKey),
+  progress: column('progress', () => null),
 };
 
 const ENTRIES = Object.entries(FIELDS) as [keyof TaskInfo, Field<unknown>][];

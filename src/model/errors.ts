@@ -4,6 +4,8 @@
  * use the `is…` helpers at the bottom instead.
  */
 
+import type { TaskInfo } from './task.js';
+
 export abstract class PgasynqError extends Error {
   abstract readonly code: string;
   constructor(message: string, options?: { cause?: unknown }) {
@@ -159,6 +161,26 @@ export class TaskCanceledError extends PgasynqError {
   }
 }
 
+/** Client.waitFor: the task was archived (its retries spent, SkipRetry, a dependency failed); `task.lastError` says why. */
+export class TaskFailedError extends PgasynqError {
+  readonly code = 'ERR_TASK_FAILED';
+  constructor(readonly task: TaskInfo) {
+    super(`task ${task.queue}/${task.id} failed: ${task.lastError ?? 'archived'}`);
+  }
+}
+
+/** Client.waitFor: the task did not finish within the timeout. */
+export class WaitTimeoutError extends PgasynqError {
+  readonly code = 'ERR_WAIT_TIMEOUT';
+  constructor(
+    readonly queue: string,
+    readonly taskId: string,
+    readonly timeoutMs: number,
+  ) {
+    super(`task ${queue}/${taskId} did not finish within ${timeoutMs} ms`);
+  }
+}
+
 /** No handler matches the task's type (asynq's ErrHandlerNotFound); retried like any failure. */
 export class HandlerNotFoundError extends PgasynqError {
   readonly code = 'ERR_HANDLER_NOT_FOUND';
@@ -205,6 +227,8 @@ export const isTaskIdConflict = (err: unknown): err is TaskIdConflictError => ha
 export const isQueueNotFound = (err: unknown): err is QueueNotFoundError => hasCode(err, 'ERR_QUEUE_NOT_FOUND');
 export const isTaskNotFound = (err: unknown): err is TaskNotFoundError => hasCode(err, 'ERR_TASK_NOT_FOUND');
 export const isLeaseExpired = (err: unknown): err is LeaseExpiredError => hasCode(err, 'ERR_LEASE_EXPIRED');
+export const isTaskFailed = (err: unknown): err is TaskFailedError => hasCode(err, 'ERR_TASK_FAILED');
+export const isWaitTimeout = (err: unknown): err is WaitTimeoutError => hasCode(err, 'ERR_WAIT_TIMEOUT');
 export const isServerClosed = (err: unknown): err is ServerClosedError => hasCode(err, 'ERR_SERVER_CLOSED');
 export const isDatabaseUnavailable = (err: unknown): err is DatabaseUnavailableError => hasCode(err, 'ERR_DATABASE_UNAVAILABLE');
 /** SkipRetry anywhere on the cause chain. */

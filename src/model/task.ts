@@ -6,6 +6,7 @@ import { createHash } from 'node:crypto';
 import { InvalidOptionError, InvalidTaskTypeError, PayloadTooLargeError } from './errors.js';
 import { MAX_HEADERS_BYTES, checkHeadersSize, validateHeaders } from './headers.js';
 import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, encodedSize, type EncodedPayload } from './payload.js';
+import type { TaskProgress } from './following.js';
 import { timeOrderedUuid } from './task-id.js';
 import * as v from './validate.js';
 
@@ -139,6 +140,8 @@ export interface TaskInfo {
   priority: number;
   /** What the queue's keyConcurrency limit counts it by; null without one. */
   concurrencyKey: string | null;
+  /** The last value its handler reported with ctx.progress(); null before any. */
+  progress: TaskProgress | null;
 }
 
 /**

@@ -29,6 +29,25 @@ export interface TaskContext {
   /** Stores a JSON value or bytes as the task's result (fenced by the lease). */
   writeResult(data: unknown): Promise<void>;
   /**
+   * Reports how far the task is: a number in [0, 100] or a JSON object of at
+   * most 4 KiB (`{ done: 40, total: 200 }`). Stored as the task's progress
+   * (TaskInfo.progress, the dashboard's bar), with the lines ctx.log() kept
+   * since the last write, and sent to Inspector.watch(). Fenced by the lease:
+   * after a lost lease it rejects with LeaseExpiredError and writes nothing; a
+   * bad value is a ValidationError naming `progress`.
+   */
+  progress(value: number | Record<string, unknown>): Promise<void>;
+  /**
+   * Keeps a line with the task (attempt, time, text), shown by
+   * Inspector.getTaskLogs(), `pgasynq task logs` and the dashboard. Lines go
+   * with the task's next write (the heartbeat, writeResult, progress, the
+   * outcome), so this never waits for the database. A line over 4 KiB is cut;
+   * a task keeps its last 1,000 lines within 64 KiB. Throws a ValidationError
+   * for a non-string, and LeaseExpiredError once the lease is lost. The lines
+   * of a task deleted at completion (no retention) go with it.
+   */
+  log(message: string): void;
+  /**
    * What each of the task's completed dependencies wrote with writeResult,
    * keyed `queue/id` (null for one that wrote nothing), kept until this task
    * is gone whatever the dependencies' retention. A dependency that failed

@@ -19,6 +19,7 @@ import type { Db } from '../broker/db.js';
 import { TaskCanceledError } from '../model/errors.js';
 import type { Logger } from '../internal/logger.js';
 import type { LeaseTable } from './lease-table.js';
+import { leaseKey } from './lease.js';
 import { Ticker } from '../internal/ticker.js';
 
 /** The least time between two lookups of cancel hints: what a flood of forged NOTIFYs can cost. */
@@ -113,8 +114,16 @@ export class Heartbeater {
     const held = this.#leases.all().filter((l) => l.heartbeats);
     if (held.length > 0) {
       const sentAt = this.#db.clock.now();
-      const extended = await extendLeases(this.#db, held, this.#leaseDuration);
-      const found = new Map(extended.map((e) => [e.lease, e.cancelRequested]));
+      // Each lease's log lines ride along; a beat that fails puts them back for the next write.
+      const items = held.map((lease) => ({ ...leaseKey(lease), lines: lease.takeLogs(), lease }));
+      let extended: { lease: (typeof items)[number]; cancelRequested: boolean }[];
+      try {
+        extended = await extendLeases(this.#db, items, this.#leaseDuration);
+      } catch (err) {
+        for (const item of items) item.lease.putBackLogs(item.lines);
+        throw err;
+      }
+      const found = new Map(extended.map((e) => [e.lease.lease, e.cancelRequested]));
       let lost = 0;
       for (const lease of held) {
         const cancelRequested = found.get(lease);

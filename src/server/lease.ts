@@ -23,7 +23,11 @@
  */
 import type { ClockTimer, DatabaseClock } from '../internal/clock.js';
 import { FailedPreconditionError, LeaseExpiredError } from '../model/errors.js';
-import type { LeaseKey } from '../broker/leases.js';
+import type { LeaseKey, LogLines } from '../broker/leases.js';
+import { LogBuffer } from './log-buffer.js';
+
+/** The lease as the broker's fenced writes take it: a plain object, to which a write adds its own fields. */
+export const leaseKey = (l: Lease): LeaseKey => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });
 
 export type LeaseState = 'held' | 'transaction' | 'committed' | 'settled' | 'lost' | 'released';
 
@@ -41,6 +45,8 @@ export class Lease implements LeaseKey {
   #trustTimer: ClockTimer | undefined;
   readonly #trustMs: number;
   readonly #clock: DatabaseClock;
+  /** ctx.log()'s lines that no write has carried yet; made at the first line (most handlers log none). */
+  #logs: LogBuffer | undefined;
 
   /** `claimSentAt`: when the claim was sent, on `clock` (its now()). */
   constructor(key: LeaseKey, trustMs: number, claimSentAt: number, clock: DatabaseClock) {
@@ -65,6 +71,22 @@ export class Lease implements LeaseKey {
   /** Whether the heartbeater should extend it. */
   get heartbeats(): boolean {
     return this.#state === 'held' || this.#state === 'settled';
+  }
+
+  // --- log lines (they ride on the lease's writes) ---
+
+  log(attempt: number, message: string): void {
+    (this.#logs ??= new LogBuffer(this.#clock)).add(attempt, message);
+  }
+
+  /** The lines for the write about to be sent; undefined when there are none. */
+  takeLogs(): LogLines | undefined {
+    return this.#logs?.take();
+  }
+
+  /** Lines a failed write took: sent again with the next one. */
+  putBackLogs(lines: LogLines | undefined): void {
+    if (lines !== undefined) (this.#logs ??= new LogBuffer(this.#clock)).putBack(lines);
   }
 
   // --- abort ---

@@ -10,13 +10,13 @@ import { complete, fail, requeue, snooze, type Completion, type Failure, type Le
 import type { Db } from '../broker/db.js';
 import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';
-import { isRevokeTask, isSkipRetry, ServerClosedError } from '../model/errors.js';
+import { isRevokeTask, isSkipRetry, ServerClosedError, TaskCanceledError, TaskTimeoutError } from '../model/errors.js';
 import { attemptOf, maxAttemptsOf } from '../model/attempt.js';
 import { snoozeOf } from '../model/snooze.js';
 import { errorSummary, lastErrorText, retryDelayFor } from './retry.js';
 import type { Task } from '../model/task.js';
 import { Batcher } from './batcher.js';
-import type { Lease } from './lease.js';
+import { leaseKey, type Lease } from './lease.js';
 import type { StatsCollector } from './stats.js';
 
 /** How a handler ended: null when it returned. */
@@ -38,9 +38,6 @@ export interface OutcomeCounters {
 /** The tasks a fenced batch write reached, by seq (a task's key across queues). */
 const seqSet = (rows: readonly LeaseKey[]) => new Set(rows.map((r) => r.seq));
 
-/** The lease as the broker's fenced writes take it. */
-export const leaseKey = (l: Lease): LeaseKey => ({ queue: l.queue, id: l.id, seq: l.seq, token: l.token });
-
 /**
  * A task as log lines name it, never its payload: ctx.logger's bindings and
  * every line the worker writes about one run, so `task.attempt` is the same
@@ -52,6 +49,13 @@ export const taskFields = (row: Pick<ClaimedRow, 'id' | 'type' | 'queue' | 'retr
   queue: row.queue,
   attempt: attemptOf(row.retried),
 });
+
+/** How a failed run ended, as its attempt record says: a timeout or deadline, a cancellation, or any other error. */
+function failureOutcome(error: Error): Failure['outcome'] {
+  if (error instanceof TaskTimeoutError) return 'timeout';
+  if (error instanceof TaskCanceledError) return 'canceled';
+  return 'failed';
+}
 
 export class Outcomes {
   readonly #db: Db;
@@ -103,19 +107,24 @@ export class Outcomes {
       this.#logger.warn({ task: taskFields(row) }, 'lease lost; the outcome of this attempt is dropped');
       return;
     }
+    // The lines ctx.log() kept since the last write go with this one (taken once: a retried write sends them again).
+    const lines = lease.takeLogs();
     if (shutdown) {
-      await this.#write(lease, 'requeue', async () => seqSet(await requeue(this.#db, [lease])));
+      const item = { ...leaseKey(lease), lines };
+      await this.#write(lease, 'requeue', async () => seqSet(await requeue(this.#db, [item])));
       return;
     }
     if (snoozed) {
-      if (await this.#write(lease, 'snooze', () => this.#snoozer.add({ ...leaseKey(lease), delayMs: snoozed.delayMs }))) {
+      const item = { ...leaseKey(lease), lines, delayMs: snoozed.delayMs };
+      if (await this.#write(lease, 'snooze', () => this.#snoozer.add(item))) {
         this.#logger.debug({ task: taskFields(row), delayMs: snoozed.delayMs }, 'task snoozed');
       }
       return;
     }
     if (!error || isRevokeTask(error)) {
       // RevokeTask is asynq's markAsDone: counted as processed, deleted even with retention.
-      if (await this.#write(lease, 'complete', () => this.#completer.add({ ...leaseKey(lease), keep: !error && row.retention_ms > 0 }))) {
+      const item = { ...leaseKey(lease), lines, keep: !error && row.retention_ms > 0 };
+      if (await this.#write(lease, 'complete', () => this.#completer.add(item))) {
         this.#stats.processed(queue);
       }
       return;
@@ -123,7 +132,7 @@ export class Outcomes {
     const archive = isSkipRetry(error) || row.retried >= row.max_retry;
     const counts = archive || this.#countsAsFailure(error);
     const delayMs = archive ? 0 : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
-    const failure: Failure = { ...leaseKey(lease), archive, counts, delayMs, error: lastErrorText(error) };
+    const failure: Failure = { ...leaseKey(lease), lines, archive, counts, delayMs, error: lastErrorText(error), outcome: failureOutcome(error) };
     if (!(await this.#write(lease, archive ? 'archive' : 'retry', () => this.#failer.add(failure)))) return;
     if (counts) {
       this.#stats.processed(queue);

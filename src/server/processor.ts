@@ -20,18 +20,19 @@ import type { AnyTransaction, Db } from '../broker/db.js';
 import { durableTransaction } from '../broker/transaction.js';
 import type { ClaimedRow } from '../broker/claim.js';
 import { dependencyResults } from '../broker/dependencies.js';
-import { completeHeld, lockLease, requeue, writeResult } from '../broker/leases.js';
+import { completeHeld, lockLease, requeue, writeProgress, writeResult, type LeaseKey, type WithLines } from '../broker/leases.js';
 import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import type { ClockTimer } from '../internal/clock.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from './handler.js';
 import { attemptOf } from '../model/attempt.js';
+import { logLine, progressJson } from '../model/following.js';
 import { decodePayload, encodePayload } from '../model/payload.js';
 import { Task } from '../model/task.js';
 import { MAX_TIMER_MS } from '../model/validate.js';
-import { Lease } from './lease.js';
-import { leaseKey, Outcomes, taskFields, type Outcome, type OutcomePolicies } from './outcomes.js';
+import { Lease, leaseKey } from './lease.js';
+import { Outcomes, taskFields, type Outcome, type OutcomePolicies } from './outcomes.js';
 import { backoffMs } from '../internal/backoff.js';
 import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
@@ -316,12 +317,13 @@ export class Processor {
   #context(row: ClaimedRow, lease: Lease): TaskContext {
     let logger: Logger | undefined;
     const parent = this.#logger;
+    const attempt = attemptOf(row.retried);
     return {
       taskId: row.id,
       queue: row.queue,
       retryCount: row.retried,
       maxRetry: row.max_retry,
-      attempt: attemptOf(row.retried),
+      attempt,
       get signal() {
         return lease.signal;
       },
@@ -329,6 +331,12 @@ export class Processor {
         return (logger ??= parent.child({ task: taskFields(row) }));
       },
       writeResult: (data) => this.#writeResult(lease, data),
+      progress: (value) => this.#progress(lease, value),
+      log: (message) => {
+        const line = logLine(message);
+        if (lease.lost) throw new LeaseExpiredError();
+        lease.log(attempt, line);
+      },
       dependencyResults: () => dependencyResults(this.#db, row.seq),
       transaction: (fn) => this.#transaction(row, lease, fn),
     };
@@ -336,9 +344,27 @@ export class Processor {
 
   async #writeResult(lease: Lease, data: unknown): Promise<void> {
     const encoded = encodePayload(data, 'result');
+    await this.#fencedWrite(lease, 'result', (l) => writeResult(this.#db, l, encoded.json, encoded.bytes));
+  }
+
+  async #progress(lease: Lease, value: unknown): Promise<void> {
+    const json = progressJson(value);
+    await this.#fencedWrite(lease, 'progress', (l) => writeProgress(this.#db, l, json));
+  }
+
+  /** A write of the handler's while it runs, with the lease's log lines: refused once the handler was aborted, and fenced. */
+  async #fencedWrite(lease: Lease, what: string, write: (l: LeaseKey & WithLines) => Promise<boolean>): Promise<void> {
     if (lease.abortReason) throw lease.abortReason;
-    if (!(await writeResult(this.#db, lease, encoded.json, encoded.bytes))) {
-      this.#outcomes.fenced(lease, 'result');
+    const lines = lease.takeLogs();
+    let held: boolean;
+    try {
+      held = await write({ ...leaseKey(lease), lines });
+    } catch (err) {
+      lease.putBackLogs(lines);
+      throw err;
+    }
+    if (!held) {
+      this.#outcomes.fenced(lease, what);
       throw new LeaseExpiredError();
     }
   }
@@ -351,7 +377,7 @@ export class Processor {
         this.#db,
         async (trx) => {
           const value = await fn(trx);
-          if (!(await completeHeld(this.#db, trx, { ...leaseKey(lease), keep: row.retention_ms > 0 }))) throw new LeaseExpiredError();
+          if (!(await completeHeld(this.#db, trx, { ...leaseKey(lease), lines: lease.takeLogs(), keep: row.retention_ms > 0 }))) throw new LeaseExpiredError();
           return value;
         },
         this.#cfg.leaseDuration,
