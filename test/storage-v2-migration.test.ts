@@ -1,53 +1,23 @@
 /**
  * Storage v2 (migration 0004): v1's tasks table split into task_inputs and
  * task_states behind a `tasks` view. Every task survives 0003 → 0004 → 0003 →
- * 0004 field for field and in its pending order; servers and clients work on
- * the migrated rows; writes through the view reach both tables.
+ * 0004 field for field and in its pending order, whether v1 or the public API
+ * wrote it; servers work on the migrated rows.
  */
 import assert from 'node:assert/strict';
-import { after, afterEach, before, describe } from 'node:test';
-import pg from 'pg';
-import { Client, Server, SkipRetry, Task, migrate, migrateDown, type ServerConfig, type TaskContext } from '../src/index.js';
+import { describe } from 'node:test';
+import { SkipRetry, Task, migrate, migrateDown } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { requeue } from '../src/broker/leases.js';
 import { claim } from './broker-helpers.js';
-import { DATABASE_URL, deferred, test, waitFor } from './helpers.js';
+import { DATABASE_URL, MIGRATIONS, test, waitFor } from './helpers.js';
+import { client, closers, freshSchema, q, server, setupStorageV2, stats, v2Tables } from './storage-v2-kit.js';
 
-const BASE = `t_storage_v2${process.env.TEST_SCHEMA_SUFFIX ?? ''}`;
+const BASE = setupStorageV2('t_storage_v2_migration', ['_v1', '_api']);
 const V1 = '0003_active_index';
 const V2 = '0004_storage_v2';
-/** Workflows (0005), replace (0006), flow control (0007), SQL enqueue (0008), the trust boundary (0009) and the worker's writes (0010) come after v2: up and down go through them too. */
-const V3 = '0005_workflows';
-const V4 = '0006_replace';
-const V5 = '0007_flow_control';
-const V6 = '0008_sql_enqueue';
-const V7 = '0009_trust_boundary';
-const V8 = '0010_worker_writes';
-const V9 = '0011_clock_seam';
-const V10 = '0012_transitions';
-
-let admin: pg.Pool;
-before(() => {
-  admin = new pg.Pool({ connectionString: DATABASE_URL, max: 4 });
-});
-after(async () => {
-  for (const s of ['_v1', '_api', '_view']) await admin.query(`DROP SCHEMA IF EXISTS "${BASE}${s}" CASCADE`).catch(() => {});
-  await admin.end();
-});
-
-/** Servers and clients a test started: closed after each test, even one that failed half-way. */
-const closers: (() => Promise<unknown>)[] = [];
-afterEach(async () => {
-  await Promise.all(closers.splice(0).map((c) => c().catch(() => {})));
-});
-
-const q = async <R extends pg.QueryResultRow = any>(schema: string, text: string, values?: unknown[]): Promise<R[]> =>
-  (await admin.query<R>(text.replaceAll('{{schema}}', `"${schema}"`), values)).rows;
-
-async function freshSchema(schema: string, to?: string): Promise<void> {
-  await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-  await migrate({ connectionString: DATABASE_URL, schema, logger: false, ...(to ? { to } : {}) });
-}
+/** Every migration after v2 (workflows, replace, flow control, …): up and down go through them too. */
+const AFTER_V1 = MIGRATIONS.slice(MIGRATIONS.indexOf(V2));
 
 /**
  * Migrates `schema` down one step at a time to v1, each step naming the
@@ -55,7 +25,7 @@ async function freshSchema(schema: string, to?: string): Promise<void> {
  * `before` with the same seqs and pending order, and unique seqs.
  */
 async function downToV1Keeps(schema: string, before: Record<string, any>[], order: string[]): Promise<void> {
-  for (const v of [V10, V9, V8, V7, V6, V5, V4, V3, V2]) assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), v);
+  for (const v of [...AFTER_V1].reverse()) assert.equal(await migrateDown({ connectionString: DATABASE_URL, schema, logger: false }), v);
   const down = await v1Rows(schema);
   assert.deepEqual(withoutSeq(down), withoutSeq(before));
   assert.deepEqual(seqsOfNonPending(down), seqsOfNonPending(before));
@@ -87,62 +57,6 @@ async function pendingOrder(schema: string): Promise<string[]> {
     `SELECT queue || '/' || id AS k FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY queue, ${v2 ? 'pending_seq' : 'run_at, seq'}`,
   );
   return rows.map((r) => r.k);
-}
-
-/** Rows of each table of v2, and whether every task has both. */
-async function v2Tables(schema: string): Promise<{ inputs: number; states: number; view: number; orphans: number }> {
-  const [r] = await q(
-    schema,
-    `SELECT (SELECT count(*)::int FROM {{schema}}.task_inputs) AS inputs, (SELECT count(*)::int FROM {{schema}}.task_states) AS states,
-            (SELECT count(*)::int FROM {{schema}}.tasks) AS view,
-            (SELECT count(*)::int FROM {{schema}}.task_inputs i FULL JOIN {{schema}}.task_states s USING (seq)
-              WHERE i.seq IS NULL OR s.seq IS NULL OR i.queue <> s.queue) AS orphans`,
-  );
-  return r;
-}
-
-async function stats(schema: string): Promise<Record<string, Record<string, number>>> {
-  const rows = await q(
-    schema,
-    `SELECT queue, pending::int, active::int, scheduled::int, retry::int, archived::int, completed::int, aggregating::int, size::int
-     FROM {{schema}}.queue_stats ORDER BY queue`,
-  );
-  return Object.fromEntries(rows.map(({ queue, ...counts }) => [queue, counts]));
-}
-
-async function server(schema: string, handler: (t: Task, c: TaskContext) => unknown, config: ServerConfig = {}): Promise<Server> {
-  const s = new Server({
-    connectionString: DATABASE_URL,
-    schema,
-    logger: false,
-    concurrency: 1,
-    taskCheckInterval: 50,
-    delayedTaskCheckInterval: 50,
-    shutdownTimeout: 500,
-    ...config,
-  });
-  closers.push(() => s.shutdown());
-  await s.start(handler as never);
-  return s;
-}
-
-function client(schema: string): Client {
-  const c = new Client({ connectionString: DATABASE_URL, schema, logger: false });
-  closers.push(() => c.close());
-  return c;
-}
-
-/** Notifications on a channel, from a LISTEN held until the test ends. */
-async function listen(channel: string): Promise<string[]> {
-  const c = new pg.Client({ connectionString: DATABASE_URL });
-  await c.connect();
-  const seen: string[] = [];
-  c.on('notification', (n) => {
-    if (n.channel === channel) seen.push(n.payload ?? '');
-  });
-  await c.query(`LISTEN "${channel}"`);
-  closers.push(() => c.end());
-  return seen;
 }
 
 describe('v1 tasks in every state through 0004 and back', () => {
@@ -229,7 +143,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
   });
 
   test('0004 keeps every task, field for field, and the pending order', async () => {
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9, V10] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: AFTER_V1 });
     const rows = await q(schema, 'SELECT * FROM {{schema}}.tasks ORDER BY queue, id');
     assert.deepEqual(await v1Rows(schema), before);
     assert.deepEqual(await pendingOrder(schema), order);
@@ -276,7 +190,7 @@ describe('v1 tasks in every state through 0004 and back', () => {
     assert.equal((await q(schema, 'SELECT * FROM {{schema}}.active_tasks')).length, 1);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9, V10] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: AFTER_V1 });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: 15, states: 15, view: 15, orphans: 0 });
@@ -389,7 +303,7 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     await downToV1Keeps(schema, before, order);
     assert.deepEqual(await q(schema, 'SELECT * FROM {{schema}}.unique_locks ORDER BY queue, key'), locks);
 
-    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: [V2, V3, V4, V5, V6, V7, V8, V9, V10] });
+    assert.deepEqual(await migrate({ connectionString: DATABASE_URL, schema, logger: false }), { applied: AFTER_V1 });
     assert.deepEqual(withoutSeq(await v1Rows(schema)), withoutSeq(before));
     assert.deepEqual(await pendingOrder(schema), order);
     assert.deepEqual(await v2Tables(schema), { inputs: before.length, states: before.length, view: before.length, orphans: 0 });
@@ -399,116 +313,5 @@ describe('tasks written by the public API on v2, down to v1 and up again', () =>
     await server(schema, (_t, ctx) => void ran.push(ctx.taskId));
     await waitFor(() => ran.length >= 4, 20_000, 'the pending tasks');
     assert.deepEqual(ran, ['q1', 'q3', 'q4', 'q5']);
-  });
-});
-
-describe('writes through the tasks view', () => {
-  const schema = `${BASE}_view`;
-
-  test('INSERT of a pending task: both rows, at the back, claimed by a server', async () => {
-    await freshSchema(schema);
-    const c = client(schema);
-    await c.enqueueMany([new Task('t', { i: 1 }, { taskId: 'e1' }), new Task('t', { i: 2 }, { taskId: 'e2' })]);
-    const notes = await listen(`${schema}_tasks`);
-    const [row] = await q(
-      schema,
-      `INSERT INTO {{schema}}.tasks (queue, id, type, payload, state, run_at) VALUES ('default', 'sql-1', 't', '{"i": 3}', 'pending', now())
-       RETURNING *`,
-    );
-    // RETURNING shows what was stored, defaults and keys included.
-    assert.ok(row.seq !== null);
-    assert.equal(row.pending_seq, row.seq, 'a new pending row is placed by its own seq, as an enqueue is');
-    assert.deepEqual(row.headers, {});
-    assert.equal(row.max_retry, 25);
-    assert.equal(row.retried, 0);
-    assert.ok(row.enqueued_at instanceof Date);
-    const [inputs] = await q(schema, `SELECT count(*)::int AS n FROM {{schema}}.task_inputs WHERE seq = $1`, [row.seq]);
-    const [states] = await q(schema, `SELECT state, pending_seq FROM {{schema}}.task_states WHERE seq = $1`, [row.seq]);
-    assert.equal(inputs.n, 1);
-    assert.equal(states.state, 'pending');
-    const [{ max }] = await q(schema, `SELECT max(pending_seq) AS max FROM {{schema}}.tasks WHERE id IN ('e1', 'e2')`);
-    assert.ok(BigInt(row.pending_seq) > BigInt(max), 'after the pending tasks already there');
-    await waitFor(() => notes.includes('default'), 5000, 'a notification on the tasks channel');
-    const [viewRow] = await q(schema, `SELECT * FROM {{schema}}.tasks WHERE id = 'sql-1'`);
-    assert.deepEqual(viewRow, row);
-
-    const ran: string[] = [];
-    await server(schema, (_t, ctx) => void ran.push(ctx.taskId));
-    await waitFor(() => ran.length >= 3, 20_000, 'three tasks');
-    assert.deepEqual(ran, ['e1', 'e2', 'sql-1']);
-    await waitFor(async () => (await v2Tables(schema)).states === 0, 5000, 'completed tasks deleted');
-    assert.deepEqual(await v2Tables(schema), { inputs: 0, states: 0, view: 0, orphans: 0 });
-  });
-
-  test('UPDATE of a scheduled task to pending: a position at the back, and the queue woken', async () => {
-    await freshSchema(schema);
-    const c = client(schema);
-    await c.enqueue(new Task('t', { i: 0 }), { taskId: 'later', processIn: 3_600_000 });
-    // A server that would poll only once a minute: only a wake-up makes it claim soon.
-    const ran: string[] = [];
-    const gate = deferred();
-    await server(
-      schema,
-      async (_t, ctx) => {
-        ran.push(ctx.taskId);
-        if (ctx.taskId === 'busy') await gate.promise;
-      },
-      { taskCheckInterval: 60_000, delayedTaskCheckInterval: 60_000, concurrency: 1, prefetch: 0 },
-    );
-    // Its one slot busy, two tasks behind it: the later one must come after them.
-    await c.enqueue(new Task('t', {}), { taskId: 'busy' });
-    await waitFor(() => ran.includes('busy'), 10_000, 'busy started');
-    await c.enqueueMany([new Task('t', { i: 1 }, { taskId: 'w1' }), new Task('t', { i: 2 }, { taskId: 'w2' })]);
-    const notes = await listen(`${schema}_tasks`);
-    const [updated] = await q(schema, `UPDATE {{schema}}.tasks SET state = 'pending' WHERE id = 'later' RETURNING *`);
-    assert.equal(updated.state, 'pending');
-    const rows = await q(schema, `SELECT id, pending_seq, run_at, (run_at <= now()) AS due FROM {{schema}}.tasks WHERE state = 'pending' ORDER BY pending_seq`);
-    assert.deepEqual(
-      rows.map((r) => r.id),
-      ['w1', 'w2', 'later'],
-    );
-    assert.equal(String(updated.pending_seq), String(rows[2].pending_seq));
-    // It became pending now: v1's meaning of a pending run_at (the queue's latency counts from it).
-    assert.equal(rows[2].due, true, 'run_at is when it became pending, not its old due time');
-    await waitFor(() => notes.includes('default'), 5000, 'a notification on the tasks channel');
-    gate.resolve();
-    await waitFor(() => ran.length >= 4, 10_000, 'the woken server ran them (it polls once a minute)');
-    assert.deepEqual(ran, ['busy', 'w1', 'w2', 'later']);
-    // Idle now, polling once a minute: the UPDATE alone must make it claim.
-    await c.enqueue(new Task('t', { i: 3 }), { taskId: 'later2', processIn: 3_600_000 });
-    await new Promise((r) => setTimeout(r, 300));
-    await q(schema, `UPDATE {{schema}}.tasks SET state = 'pending' WHERE id = 'later2'`);
-    await waitFor(() => ran.includes('later2'), 5_000, 'the idle server woken by the UPDATE');
-  });
-
-  test('UPDATE of a pending task keeps its position; UPDATE away from pending drops it', async () => {
-    await freshSchema(schema);
-    const c = client(schema);
-    await c.enqueueMany([new Task('t', { i: 1 }, { taskId: 'k1' }), new Task('t', { i: 2 }, { taskId: 'k2' })]);
-    const [k1] = await q(schema, `SELECT pending_seq FROM {{schema}}.tasks WHERE id = 'k1'`);
-    await q(schema, `UPDATE {{schema}}.tasks SET payload = '{"i": 10}', headers = '{"a": "b"}', max_retry = 1 WHERE id = 'k1'`);
-    const [after] = await q(schema, `SELECT * FROM {{schema}}.tasks WHERE id = 'k1'`);
-    assert.equal(String(after.pending_seq), String(k1.pending_seq));
-    assert.deepEqual([after.payload, after.headers, after.max_retry], [{ i: 10 }, { a: 'b' }, 1]);
-    await q(schema, `UPDATE {{schema}}.tasks SET state = 'archived', run_at = now() WHERE id = 'k2'`);
-    const [k2] = await q(schema, `SELECT state, pending_seq FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i USING (seq) WHERE i.id = 'k2'`);
-    assert.deepEqual(k2, { state: 'archived', pending_seq: null });
-  });
-
-  test('DELETE removes both rows', async () => {
-    await freshSchema(schema);
-    const c = client(schema);
-    await c.enqueue(new Task('t', { i: 1 }), { taskId: 'd1' });
-    await c.enqueue(new Task('t', { i: 2 }), { taskId: 'd2', processIn: 3_600_000 });
-    const [{ seq }] = await q(schema, `SELECT seq FROM {{schema}}.tasks WHERE id = 'd1'`);
-    const deleted = await q(schema, `DELETE FROM {{schema}}.tasks WHERE id = 'd1' RETURNING id`);
-    assert.deepEqual(
-      deleted.map((r) => r.id),
-      ['d1'],
-    );
-    assert.equal((await q(schema, 'SELECT 1 FROM {{schema}}.task_inputs WHERE seq = $1', [seq])).length, 0);
-    assert.equal((await q(schema, 'SELECT 1 FROM {{schema}}.task_states WHERE seq = $1', [seq])).length, 0);
-    assert.deepEqual(await v2Tables(schema), { inputs: 1, states: 1, view: 1, orphans: 0 });
-    assert.deepEqual(await stats(schema), { default: { pending: 0, active: 0, scheduled: 1, retry: 0, archived: 0, completed: 0, aggregating: 0, size: 1 } });
   });
 });
