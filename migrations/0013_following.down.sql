@@ -1,9 +1,10 @@
+-- pgasynq: keeps every task (what goes is what tasks did: their attempts, log lines and progress, and the watchers)
 -- pgasynq 0013 down: 0012's functions and view again; the attempts, log lines, progress,
 -- waits and watchers go.
 
 DROP TRIGGER task_states_awaited ON {{schema}}.task_states;
 DROP FUNCTION {{schema}}.task_states_awaited();
-DROP FUNCTION {{schema}}.await_task(text, text);
+DROP FUNCTION {{schema}}.await_tasks(text[], text[]);
 DROP FUNCTION {{schema}}.watch_tasks(uuid, text, double precision);
 DROP FUNCTION {{schema}}.unwatch_tasks(uuid);
 DROP FUNCTION {{schema}}.write_progress(bigint, uuid, jsonb, jsonb, double precision);

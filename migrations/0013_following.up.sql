@@ -852,26 +852,36 @@ CREATE TRIGGER task_states_awaited AFTER UPDATE OF state ON {{schema}}.task_stat
 FOR EACH ROW WHEN (NEW.awaited AND NEW.state IN ('completed', 'archived') AND OLD.state IS DISTINCT FROM NEW.state)
 EXECUTE FUNCTION {{schema}}.task_states_awaited();
 
--- Client.waitFor(): marks the task (queue, id) awaited, unless it has finished
--- already, and returns its seq and state (no row: no such task). A completed
--- awaited task is kept at least 60 s, so its waiter can read the outcome.
-CREATE FUNCTION {{schema}}.await_task(task_queue text, task_id text) RETURNS TABLE (seq bigint, state text)
+-- Client.waitFor(): marks the tasks (queues[i], ids[i]) awaited, unless they
+-- have finished already, and says of each whether its queue exists, its
+-- state (null: no such task) and how its last recorded run ended. A
+-- completed awaited task is kept at least 60 s, so its waiter can read the
+-- outcome. The owner's: a producer calls it with no privilege on the tables.
+CREATE FUNCTION {{schema}}.await_tasks(queues text[], ids text[])
+RETURNS TABLE (queue text, id text, queue_found boolean, state text, last_outcome text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+  IF cardinality(queues) IS DISTINCT FROM cardinality(ids) OR cardinality(ids) > 10000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'ids', MESSAGE = 'pgasynq: invalid ids: one queue per id, at most 10000';
+  END IF;
   RETURN QUERY
-  WITH target AS (
-    SELECT i.seq FROM {{schema}}.task_inputs i WHERE i.queue = task_queue AND i.id = task_id
+  WITH asked AS (
+    SELECT a.queue, a.id, i.seq FROM ROWS FROM (unnest(queues), unnest(ids)) AS a(queue, id)
+    LEFT JOIN {{schema}}.task_inputs i ON i.queue = a.queue AND i.id = a.id
   ),
   marked AS (
     UPDATE {{schema}}.task_states s SET awaited = true
-    WHERE s.seq = (SELECT t.seq FROM target t) AND NOT s.awaited AND s.state NOT IN ('completed', 'archived')
+    WHERE s.seq = ANY (ARRAY(SELECT k.seq FROM asked k WHERE k.seq IS NOT NULL))
+      AND NOT s.awaited AND s.state NOT IN ('completed', 'archived')
     RETURNING s.seq
   )
-  SELECT s.seq, s.state FROM {{schema}}.task_states s
-  WHERE s.seq = (SELECT t.seq FROM target t) AND (SELECT count(*) FROM marked) >= 0;
+  SELECT k.queue, k.id, EXISTS (SELECT 1 FROM {{schema}}.queues q WHERE q.name = k.queue), s.state,
+         (SELECT t.outcome FROM {{schema}}.task_attempts t WHERE t.seq = s.seq ORDER BY t.run DESC LIMIT 1)
+  FROM asked k LEFT JOIN {{schema}}.task_states s ON s.seq = k.seq
+  WHERE (SELECT count(*) FROM marked) >= 0;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION {{schema}}.await_task(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.await_tasks(text[], text[]) FROM PUBLIC;
 
 -- Inspector.watch(): registers a watcher of `watch_queue` (null: every queue)
 -- for `ttl_ms`, or renews watcher `watcher` (a new id when null or expired
@@ -884,6 +894,9 @@ DECLARE
 BEGIN
   IF ttl_ms IS NULL OR NOT ttl_ms BETWEEN 1000 AND 3600000 THEN
     RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'ttl', MESSAGE = 'pgasynq: invalid ttl: must be between 1000 and 3600000 ms';
+  END IF;
+  IF length(watch_queue) > 100 THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'queue', MESSAGE = 'pgasynq: invalid queue: at most 100 characters';
   END IF;
   DELETE FROM {{schema}}.watchers w WHERE w.expires_at < now_at;
   INSERT INTO {{schema}}.watchers (id, queue, expires_at)

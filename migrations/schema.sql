@@ -388,27 +388,34 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.archive_tasks(seqs bigint[], from_states text[]) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION {{schema}}.await_task(task_queue text, task_id text)
- RETURNS TABLE(seq bigint, state text)
+CREATE OR REPLACE FUNCTION {{schema}}.await_tasks(queues text[], ids text[])
+ RETURNS TABLE(queue text, id text, queue_found boolean, state text, last_outcome text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
+  IF cardinality(queues) IS DISTINCT FROM cardinality(ids) OR cardinality(ids) > 10000 THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'ids', MESSAGE = 'pgasynq: invalid ids: one queue per id, at most 10000';
+  END IF;
   RETURN QUERY
-  WITH target AS (
-    SELECT i.seq FROM {{schema}}.task_inputs i WHERE i.queue = task_queue AND i.id = task_id
+  WITH asked AS (
+    SELECT a.queue, a.id, i.seq FROM ROWS FROM (unnest(queues), unnest(ids)) AS a(queue, id)
+    LEFT JOIN {{schema}}.task_inputs i ON i.queue = a.queue AND i.id = a.id
   ),
   marked AS (
     UPDATE {{schema}}.task_states s SET awaited = true
-    WHERE s.seq = (SELECT t.seq FROM target t) AND NOT s.awaited AND s.state NOT IN ('completed', 'archived')
+    WHERE s.seq = ANY (ARRAY(SELECT k.seq FROM asked k WHERE k.seq IS NOT NULL))
+      AND NOT s.awaited AND s.state NOT IN ('completed', 'archived')
     RETURNING s.seq
   )
-  SELECT s.seq, s.state FROM {{schema}}.task_states s
-  WHERE s.seq = (SELECT t.seq FROM target t) AND (SELECT count(*) FROM marked) >= 0;
+  SELECT k.queue, k.id, EXISTS (SELECT 1 FROM {{schema}}.queues q WHERE q.name = k.queue), s.state,
+         (SELECT t.outcome FROM {{schema}}.task_attempts t WHERE t.seq = s.seq ORDER BY t.run DESC LIMIT 1)
+  FROM asked k LEFT JOIN {{schema}}.task_states s ON s.seq = k.seq
+  WHERE (SELECT count(*) FROM marked) >= 0;
 END
 $function$;
-REVOKE EXECUTE ON FUNCTION {{schema}}.await_task(task_queue text, task_id text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION {{schema}}.await_tasks(queues text[], ids text[]) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.check_claim_bounds(claim_limit integer, lease_ms double precision)
  RETURNS void
@@ -2332,6 +2339,9 @@ DECLARE
 BEGIN
   IF ttl_ms IS NULL OR NOT ttl_ms BETWEEN 1000 AND 3600000 THEN
     RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'ttl', MESSAGE = 'pgasynq: invalid ttl: must be between 1000 and 3600000 ms';
+  END IF;
+  IF length(watch_queue) > 100 THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'queue', MESSAGE = 'pgasynq: invalid queue: at most 100 characters';
   END IF;
   DELETE FROM {{schema}}.watchers w WHERE w.expires_at < now_at;
   INSERT INTO {{schema}}.watchers (id, queue, expires_at)

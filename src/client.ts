@@ -1,11 +1,15 @@
 /**
- * Client: puts tasks in queues. No background work; one statement per call
- * (a call with dependencies or replacements: a transaction of a few).
+ * Client: puts tasks in queues, and waits for them. No background work but
+ * while a wait runs; one statement per enqueue (a call with dependencies or
+ * replacements: a transaction of a few).
  */
 import { Db, type Transactional } from './broker/db.js';
 import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
 import { insertWithDependencies } from './broker/dependencies.js';
+import { awaitTasks } from './broker/following.js';
 import { insertOrReplace } from './broker/replace.js';
+import { transaction } from './broker/transaction.js';
+import { TaskWaits } from './task-waits.js';
 import type { TaskRecord } from './model/task.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
 import { resolveLogger, type Logger } from './internal/logger.js';
@@ -53,6 +57,30 @@ export interface ClientOptions extends ConnectionOptions {
   maxPayloadBytes?: number;
 }
 
+/** How long waitFor() waits, and what can end the wait early. */
+export interface WaitOptions {
+  /** Give up after this many ms with WaitTimeoutError. @defaultValue no limit */
+  timeout?: number;
+  /** Aborting it rejects the wait with the signal's reason (the task goes on). */
+  signal?: AbortSignal;
+}
+
+/** enqueueAndWait()'s options: the enqueue's (not `tx`: the task runs only after your commit) and the wait's. */
+export type EnqueueAndWaitOptions = EnqueueOptions & {
+  tx?: never;
+  /** waitFor()'s `timeout`. @defaultValue no limit */
+  waitTimeout?: number;
+  signal?: AbortSignal;
+};
+
+/** The wait's part of waitFor()'s and enqueueAndWait()'s options, checked. */
+function waitOptions(timeout: unknown, signal: unknown, field: string): [number | undefined, AbortSignal | undefined] {
+  const ms = timeout === undefined ? undefined : v.duration(timeout, field, 0, v.MAX_TIMER_MS);
+  if (signal !== undefined && !(signal instanceof AbortSignal))
+    throw new InvalidOptionError('signal', `must be an AbortSignal (got ${v.describeValue(signal)})`);
+  return [ms, signal];
+}
+
 const CLIENT_OPTION_KEYS = [...CONNECTION_OPTION_KEYS, 'maxPayloadBytes'] as const satisfies readonly (keyof ClientOptions)[];
 
 /**
@@ -64,6 +92,7 @@ export class Client {
   readonly #db: Db;
   readonly #log: Logger;
   readonly #maxPayloadBytes: number;
+  readonly #waits: TaskWaits;
 
   constructor(opts: ClientOptions = {}) {
     // As the Server and the Scheduler: a misspelt option is an error, never ignored.
@@ -74,6 +103,7 @@ export class Client {
     // Enqueues are acknowledged on COMMIT: on a pool of its own, the Client's sessions commit
     // durably whatever the database's synchronous_commit default (see Db's durableCommit).
     this.#db = new Db(opts, 'pgasynq:client', { durableCommit: true, logger });
+    this.#waits = new TaskWaits(this.#db, this.#log);
   }
 
   /** Enqueues one task. Options given here override those of the Task. */
@@ -103,6 +133,50 @@ export class Client {
     return infos;
   }
 
+  /**
+   * Waits for a task to finish, from any process: resolves with its TaskInfo
+   * once it completed (`state` 'completed'; `result` what the handler wrote).
+   * Rejects with TaskFailedError when it is archived (`task.lastError` says
+   * why), TaskCanceledError when it was cancelled and archived,
+   * TaskNotFoundError when there is no such task (never was, or deleted: a
+   * task completed without retention before anyone waited for it is gone),
+   * QueueNotFoundError for an unknown queue, WaitTimeoutError after
+   * `timeout`, and the signal's reason when aborted. From the first call the
+   * task is marked awaited: it is then kept at least 60 s once completed (its
+   * retention if longer), so the outcome can be read. Wakes at the task's
+   * notification, and reads the task's state every 2 s behind it.
+   */
+  async waitFor(queue: string, id: string, opts: WaitOptions = {}): Promise<TaskInfo> {
+    const o = v.plainObject(opts, 'options');
+    v.knownKeys(o, ['timeout', 'signal'], 'options');
+    const [timeoutMs, signal] = waitOptions(o.timeout, o.signal, 'timeout');
+    const [q, taskId] = [v.queueName(queue), v.taskId(id)];
+    this.#checkOpen();
+    return this.#waits.wait(q, taskId, timeoutMs, signal);
+  }
+
+  /**
+   * Enqueues a task and waits for it (waitFor()): one call for a request
+   * that needs the result. The task is marked awaited in the enqueue's own
+   * transaction, so even a task completed at once is kept (at least 60 s, its
+   * retention if longer) for the wait to read. Takes no `tx`: a task in your
+   * open transaction could not run before you commit.
+   */
+  async enqueueAndWait(task: Task, opts: EnqueueAndWaitOptions = {}): Promise<TaskInfo> {
+    const { waitTimeout, signal, ...rest } = v.plainObject(opts, 'options') as EnqueueAndWaitOptions;
+    if ('tx' in rest) throw new InvalidOptionError('tx', 'cannot be used with enqueueAndWait: the task could not run before your transaction commits');
+    const [timeoutMs, s] = waitOptions(waitTimeout, signal, 'waitTimeout');
+    const record = toRecord(task, validateOptions(rest), undefined, this.#maxPayloadBytes);
+    checkCallSize([record], 'task');
+    this.#checkOpen();
+    const info = await transaction(this.#db, async (trx) => {
+      const [inserted] = (await this.#insert([record], trx)) as [TaskInfo];
+      await awaitTasks(this.#db, [inserted], trx);
+      return inserted;
+    });
+    return this.#waits.wait(info.queue, info.id, timeoutMs, s);
+  }
+
   /** Tasks with dependencies or to replace take a transaction of their own (or the caller's); the others one statement. */
   #insert(records: TaskRecord[], tx: Transactional | undefined): Promise<TaskInfo[]> {
     return records.some((r) => r.replace) ? insertOrReplace(this.#db, records, tx) : insertWithDependencies(this.#db, records, tx);
@@ -112,9 +186,10 @@ export class Client {
     if (this.#db.closed) throw new ClientClosedError();
   }
 
-  /** Ends the pool if the client created it. */
-  close(): Promise<void> {
-    return this.#db.close();
+  /** Ends the waits (ClientClosedError) and the pool if the client created it. */
+  async close(): Promise<void> {
+    await this.#waits.close();
+    await this.#db.close();
   }
 
   [Symbol.asyncDispose](): Promise<void> {

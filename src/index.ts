@@ -1,7 +1,7 @@
 /**
  * pgasynq's public surface. Nothing else is part of the API.
  */
-export { Client, type ClientOptions, type EnqueueCallOptions } from './client.js';
+export { Client, type ClientOptions, type EnqueueCallOptions, type EnqueueAndWaitOptions, type WaitOptions } from './client.js';
 export { Server, type ServerConfig, type ServerStatus } from './server.js';
 export { Scheduler, InvalidCronSpecError, type SchedulerOptions, type SchedulerStatus } from './scheduler.js';
 export { PeriodicTaskManager, type PeriodicTaskConfig, type PeriodicTaskManagerOptions } from './periodic-task-manager.js';

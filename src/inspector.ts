@@ -1,13 +1,11 @@
-/**
- * Inspector: the admin API (asynq's Inspector), which the CLI and the
- * dashboard are thin shells over. Its statements live in
- * src/broker/inspector-read.ts and inspector-write.ts.
- */
+/** Inspector: the admin API (asynq's Inspector), which the CLI and the dashboard are thin shells over. */
 import { Db } from './broker/db.js';
 import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
 import * as read from './broker/inspector-read.js';
 import * as write from './broker/inspector-write.js';
+import * as following from './inspector-following.js';
 import { deleteAllInState, listInState, moveAllInState } from './inspector-states.js';
+import type { AttemptInfo, TaskEvent, TaskLogLine } from './model/following.js';
 import { ClientClosedError, ConfigError, FailedPreconditionError, QueueNotEmptyError, QueueNotFoundError, TaskNotFoundError } from './model/errors.js';
 import { resolveLogger } from './internal/logger.js';
 import { encodePayload, maxPayloadBytesOption } from './model/payload.js';
@@ -104,41 +102,57 @@ export class Inspector {
     return info;
   }
 
+  /**
+   * Every run of a task, oldest first: the ended ones (the last 100) with how
+   * each ended and its error, then the one running now (`running`).
+   */
+  listAttempts(queue: string, id: string): Promise<AttemptInfo[]> {
+    return following.listAttempts(this.#open(), queue, id);
+  }
+
+  /** The lines the task's handler kept with ctx.log(), oldest first (the newest `tail` with one; at most 1,000 are kept). */
+  getTaskLogs(queue: string, id: string, opts?: { tail?: number }): Promise<TaskLogLine[]> {
+    return following.getTaskLogs(this.#open(), queue, id, opts);
+  }
+
+  /**
+   * Events of every server (a task started, completed, failed, archived, or
+   * reported progress) on `queue` or all queues, from now until `signal` aborts;
+   * in commit order per task. An event is a notification: to decide, read the task.
+   * @example for await (const e of inspector.watch({ queue: 'critical' })) console.log(e.kind, e.id);
+   */
+  watch(opts?: { queue?: string; signal?: AbortSignal }): AsyncIterable<TaskEvent> {
+    return following.watch(this.#open(), opts);
+  }
+
   /** Pending tasks in the order they will run. */
   listPendingTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'pending', opts);
   }
-
   /** Active tasks by start time; `isOrphaned` marks those whose lease expired. */
   listActiveTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'active', opts);
   }
-
   /** Scheduled tasks, soonest due first. */
   listScheduledTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'scheduled', opts);
   }
-
   /** Tasks waiting to be retried, soonest due first. */
   listRetryTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'retry', opts);
   }
-
   /** Archived tasks, oldest archived first. */
   listArchivedTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'archived', opts);
   }
-
   /** Completed tasks kept for their retention, the first to expire first (asynq's order). */
   listCompletedTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'completed', opts);
   }
-
   /** Aggregating tasks of one group, in enqueue order. */
   listAggregatingTasks(queue: string, group: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'aggregating', opts, group);
   }
-
   /** Tasks waiting for their dependencies, in enqueue order; `waitingFor` says for how many. */
   listWaitingTasks(queue: string, opts?: ListOptions): Promise<TaskInfo[]> {
     return listInState(this.#open(), queue, 'waiting', opts);
@@ -219,82 +233,66 @@ export class Inspector {
   deleteAllPendingTasks(queue: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'pending');
   }
-
   /** Deletes every scheduled task of the queue; resolves to how many. Unique locks they hold are released. */
   deleteAllScheduledTasks(queue: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'scheduled');
   }
-
   /** Deletes every task of the queue waiting for a retry; resolves to how many. */
   deleteAllRetryTasks(queue: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'retry');
   }
-
   /** Deletes every archived task of the queue; resolves to how many. */
   deleteAllArchivedTasks(queue: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'archived');
   }
-
   /** Deletes every completed task of the queue before its retention ends; resolves to how many. */
   deleteAllCompletedTasks(queue: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'completed');
   }
-
   /** Deletes every aggregating task of one group of the queue; resolves to how many. */
   deleteAllAggregatingTasks(queue: string, group: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'aggregating', group);
   }
-
   /** Deletes every waiting task of the queue; resolves to how many. Tasks that depend on them count them as failed. */
   deleteAllWaitingTasks(queue: string): Promise<number> {
     return deleteAllInState(this.#open(), queue, 'waiting');
   }
-
   /** Makes every scheduled task of the queue pending now; resolves to how many. */
   runAllScheduledTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'scheduled', 'pending');
   }
-
   /** Makes every retry task of the queue pending now, without waiting for its delay; resolves to how many. */
   runAllRetryTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'retry', 'pending');
   }
-
   /** Makes every archived task of the queue pending again, retry count unchanged; resolves to how many. */
   runAllArchivedTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'archived', 'pending');
   }
-
   /** Makes every task of the group pending, one by one, without aggregating them. */
   runAllAggregatingTasks(queue: string, group: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'aggregating', 'pending', group);
   }
-
   /** Makes every waiting task of the queue pending now, without waiting for its dependencies; resolves to how many. */
   runAllWaitingTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'waiting', 'pending');
   }
-
   /** Archives every pending task of the queue; resolves to how many. */
   archiveAllPendingTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'pending', 'archived');
   }
-
   /** Archives every scheduled task of the queue; resolves to how many. */
   archiveAllScheduledTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'scheduled', 'archived');
   }
-
   /** Archives every retry task of the queue; resolves to how many. */
   archiveAllRetryTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'retry', 'archived');
   }
-
   /** Archives every waiting task of the queue; resolves to how many. Tasks that depend on them count them as failed. */
   archiveAllWaitingTasks(queue: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'waiting', 'archived');
   }
-
   /** Archives every aggregating task of one group of the queue; resolves to how many. */
   archiveAllAggregatingTasks(queue: string, group: string): Promise<number> {
     return moveAllInState(this.#open(), queue, 'aggregating', 'archived', group);

@@ -88,28 +88,17 @@ export const MIGRATIONS = [
 ];
 
 /**
- * The library's tables that hold data (every one but migrations), emptied by
- * {@link resetTables}.
- */
-export const DATA_TABLES = [
-  'task_states',
-  'task_inputs',
-  'task_dependencies',
-  'unique_locks',
-  'daily_stats',
-  'queues',
-  'queue_starts',
-  'servers',
-  'scheduler_entries',
-  'scheduler_events',
-] as const;
-
-/**
- * Empties db's schema between tests: every table of {@link DATA_TABLES} but
- * those in `keep`, and the test's own tables in `also`, in one TRUNCATE.
+ * Empties db's schema between tests: every table of the library's but the
+ * migrations' (read from the catalog, so a table a migration adds is emptied
+ * too) and those in `keep`, and the test's own tables in `also`, in one
+ * TRUNCATE. The file's own tables live in the schema as well: name them in
+ * `keep` to keep them.
  */
 export async function resetTables(db: TestDb, { also = [], keep = [] }: { also?: string[]; keep?: string[] } = {}): Promise<void> {
-  const tables = [...DATA_TABLES.filter((t) => !keep.includes(t)), ...also];
+  const rows = await db.query<{ name: string }>(
+    `SELECT c.relname AS name FROM pg_class c WHERE c.relnamespace = '{{schema}}'::regnamespace AND c.relkind IN ('r', 'p') AND c.relname <> 'migrations'`,
+  );
+  const tables = [...new Set([...rows.map((r) => r.name).filter((t) => !keep.includes(t)), ...also])];
   await db.query(`TRUNCATE ${tables.map((t) => `{{schema}}.${t}`).join(', ')}`);
 }
 

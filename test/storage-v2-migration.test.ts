@@ -39,10 +39,42 @@ async function applied(schema: string): Promise<string> {
   return row.name;
 }
 
-/** Every task with v1's columns (pending_seq, v2's only column, left out), by (queue, id). */
+/** The columns of v1's tasks table (0003), which v2's view keeps: every later one is left out of the comparison. */
+const V1_COLUMNS = [
+  'queue',
+  'id',
+  'type',
+  'payload',
+  'payload_bytes',
+  'headers',
+  'state',
+  'max_retry',
+  'retried',
+  'timeout',
+  'deadline',
+  'unique_key',
+  'group_key',
+  'retention',
+  'run_at',
+  'lease_owner',
+  'lease_expires_at',
+  'lease_token',
+  'started_at',
+  'cancel_requested',
+  'error_msg',
+  'last_failed_at',
+  'completed_at',
+  'result',
+  'result_bytes',
+  'enqueued_at',
+  'updated_at',
+  'seq',
+];
+
+/** Every task with v1's columns, by (queue, id). */
 async function v1Rows(schema: string): Promise<Record<string, any>[]> {
   const rows = await q(schema, 'SELECT * FROM {{schema}}.tasks ORDER BY queue, id');
-  return rows.map(({ pending_seq: _, waiting_for: __, priority: ___, concurrency_key: ____, ...rest }) => rest);
+  return rows.map((row) => Object.fromEntries(V1_COLUMNS.map((c) => [c, row[c]])));
 }
 
 /** The rows without seq (a pending task's seq is its position in v1, renumbered on the way down). */

@@ -99,7 +99,7 @@ export class Db {
   /** Set when the database is the in-process one. */
   readonly embedded: EmbeddedDatabase | undefined;
   /** Channels: new pending tasks, new scheduled ones, cancellations, and tasks put below the claim cursors' floors. */
-  readonly channels: { readonly tasks: string; readonly delayed: string; readonly cancel: string; readonly sweep: string };
+  readonly channels: { readonly [K in keyof typeof CHANNEL_SUFFIXES]: string };
   /** The server, for messages: "host:port/database" (never a user or password), or "embedded". */
   readonly target: string;
   /** The logger of whoever owns this Db. */
@@ -177,12 +177,7 @@ export class Db {
     this.clock = opts.clock ?? new DatabaseClock();
     if (opts.clock !== undefined) followClock(this.pool, this.clock);
     // schemaName() keeps the schema short enough for every one of these to be an identifier.
-    this.channels = {
-      tasks: this.schema + CHANNEL_SUFFIXES.tasks,
-      delayed: this.schema + CHANNEL_SUFFIXES.delayed,
-      cancel: this.schema + CHANNEL_SUFFIXES.cancel,
-      sweep: this.schema + CHANNEL_SUFFIXES.sweep,
-    };
+    this.channels = Object.fromEntries(Object.entries(CHANNEL_SUFFIXES).map(([k, suffix]) => [k, this.schema + suffix])) as Db['channels'];
     this.#statementPrefix = statementPrefix(this.schema);
   }
 

@@ -74,6 +74,7 @@
 import { ROLE_KINDS, type RoleKind } from '../model/roles.js';
 import { AGGREGATION_FUNCTIONS } from './aggregation.js';
 import { CLAIM_FUNCTIONS } from './claim.js';
+import { FOLLOWING_FUNCTIONS } from './following.js';
 import { LEASE_FUNCTIONS } from './leases.js';
 import { MAINTENANCE_FUNCTIONS } from './maintenance.js';
 
@@ -96,6 +97,8 @@ const CONTENT_COLUMNS: readonly (readonly [table: string, column: string])[] = [
   ['scheduler_entries', 'payload_bytes'],
   // A cron entry's enqueue options: its task's headers among them.
   ['scheduler_entries', 'options'],
+  // What a handler logged (ctx.log, 0013): it may quote what the task carries.
+  ['task_logs', 'message'],
 ];
 
 /**
@@ -257,7 +260,7 @@ DECLARE
 BEGIN
   IF ${REQUIRED.map((n) => `to_regclass(${lit(`${S}.${n}`)}) IS NULL`).join(' OR ')}
      OR to_regprocedure(${lit(`${S}.queue_counts(text)`)}) IS NULL
-     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, TASK_NOW, ...WORKER_FUNCTIONS, ...ADMIN_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
+     OR ${[REPLACE_TASKS, SQL_ENQUEUE, ENQUEUE_TASKS, ENSURE_QUEUES, TASK_NOW, ...WORKER_FUNCTIONS, ...ADMIN_FUNCTIONS, ...FOLLOWING_FUNCTIONS].map((f) => `to_regprocedure(${lit(`${S}.${f}`)}) IS NULL`).join(' OR ')} THEN
     RAISE NOTICE 'pgasynq: schema ${schema} is not migrated: roles created, table grants skipped. Run pgasynq migrate as ${r.owner}, then run this script again.';
     RETURN;
   END IF;
@@ -282,6 +285,10 @@ BEGIN
   GRANT EXECUTE ON FUNCTION ${t(ENQUEUE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(REPLACE_TASKS)} TO ${id(r.producer)}, ${id(r.worker)};
   GRANT EXECUTE ON FUNCTION ${t(SQL_ENQUEUE)} TO ${id(r.producer)};
+  -- Waiting for a task (Client.waitFor, enqueueAndWait) and watching the servers'
+  -- events (Inspector.watch, 0013): through the owner's functions, which mark a task
+  -- awaited or register a watcher and nothing else. Every role that reads tasks may.
+${FOLLOWING_FUNCTIONS.map((f) => `  GRANT EXECUTE ON FUNCTION ${t(f)} TO ${id(r.producer)}, ${id(r.worker)}, ${id(r.monitor)}, ${id(r.inspector)};\n`).join('')}
   -- worker: every write a Server makes to a task (the claim, claim_limited() for
   -- queues with limits, the fenced writes of a lease, the forwarder, the recoverer,
   -- the janitor, the aggregator's commit) is a call of one of the owner's functions

@@ -97,7 +97,7 @@ export function loneSurrogateIndex(value: string): number {
  * names them from here). A channel is an identifier, so the schema's name
  * leaves room for the longest suffix.
  */
-export const CHANNEL_SUFFIXES = { tasks: '_tasks', delayed: '_delayed', cancel: '_cancel', sweep: '_sweep' } as const;
+export const CHANNEL_SUFFIXES = { tasks: '_tasks', delayed: '_delayed', cancel: '_cancel', sweep: '_sweep', done: '_done', events: '_events' } as const;
 
 /** PostgreSQL's longest identifier, in bytes (NAMEDATALEN − 1); longer ones are cut, and pg_notify() refuses them. */
 export const MAX_IDENTIFIER_BYTES = 63;

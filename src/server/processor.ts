@@ -1,8 +1,7 @@
 /**
  * The processor: claims pending tasks (claimer.ts) into free worker slots, runs their
- * handlers with their context (signal, logger, writeResult, transaction),
- * and hands each outcome to outcomes.ts, which records it with one fenced
- * write.
+ * handlers with their context (task-context.ts), and hands each outcome to
+ * outcomes.ts, which records it with one fenced write.
  *
  * Modes: idle → claiming (start) → draining (stopClaiming) → idle. Only the
  * claim loop adds to the server's lease table (lease-table.ts); only a
@@ -16,23 +15,20 @@
  * round trip.
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import type { AnyTransaction, Db } from '../broker/db.js';
-import { durableTransaction } from '../broker/transaction.js';
+import type { Db } from '../broker/db.js';
 import type { ClaimedRow } from '../broker/claim.js';
-import { dependencyResults } from '../broker/dependencies.js';
-import { completeHeld, lockLease, requeue, writeProgress, writeResult, type LeaseKey, type WithLines } from '../broker/leases.js';
-import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
+import { requeue } from '../broker/leases.js';
+import { ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import type { ClockTimer } from '../internal/clock.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
 import type { Handler, TaskContext } from './handler.js';
-import { attemptOf } from '../model/attempt.js';
-import { logLine, progressJson } from '../model/following.js';
-import { decodePayload, encodePayload } from '../model/payload.js';
+import { decodePayload } from '../model/payload.js';
 import { Task } from '../model/task.js';
 import { MAX_TIMER_MS } from '../model/validate.js';
-import { Lease, leaseKey } from './lease.js';
-import { Outcomes, taskFields, type Outcome, type OutcomePolicies } from './outcomes.js';
+import { Lease } from './lease.js';
+import { Outcomes, type Outcome, type OutcomePolicies } from './outcomes.js';
+import { TaskContexts } from './task-context.js';
 import { backoffMs } from '../internal/backoff.js';
 import { Sleeper } from '../internal/sleeper.js';
 import { Prefetch } from './prefetch.js';
@@ -68,6 +64,8 @@ export class Processor {
   readonly #handler: Handler;
   /** Writes what became of each attempt. */
   readonly #outcomes: Outcomes;
+  /** Makes each run's TaskContext. */
+  readonly #contexts: TaskContexts;
   readonly #prefetch: Prefetch;
   readonly #claimer: Claimer;
   /** Handlers running now; a slot frees when its handler settles, before its outcome is written. */
@@ -93,6 +91,7 @@ export class Processor {
     // Adaptive prefetch holds at most what 50 rounds of every slot start, and never more than 1,000.
     this.#prefetch = new Prefetch(cfg.prefetch, cfg.concurrency, Math.min(1000, 50 * cfg.concurrency));
     this.#outcomes = new Outcomes(db, logger, cfg, stats, leases.counters);
+    this.#contexts = new TaskContexts(db, logger, this.#outcomes, cfg.leaseDuration);
     this.#claimer = new Claimer(db, cfg);
   }
 
@@ -262,7 +261,7 @@ export class Processor {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
     const startedAt = this.#db.clock.now();
-    const outcome = await this.#invoke(task, this.#context(row, lease), lease);
+    const outcome = await this.#invoke(task, this.#contexts.make(row, lease), lease);
     this.#prefetch.ran(this.#db.clock.now() - startedAt);
     for (const t of timers) t.cancel();
     // The slot is free once the handler settled: a held task starts in it now, and the
@@ -311,95 +310,6 @@ export class Processor {
         )
         .finally(() => lease.onAbort(undefined));
     });
-  }
-
-  /** The handler's context. Its signal and logger are made when first read: most handlers use neither. */
-  #context(row: ClaimedRow, lease: Lease): TaskContext {
-    let logger: Logger | undefined;
-    const parent = this.#logger;
-    const attempt = attemptOf(row.retried);
-    return {
-      taskId: row.id,
-      queue: row.queue,
-      retryCount: row.retried,
-      maxRetry: row.max_retry,
-      attempt,
-      get signal() {
-        return lease.signal;
-      },
-      get logger() {
-        return (logger ??= parent.child({ task: taskFields(row) }));
-      },
-      writeResult: (data) => this.#writeResult(lease, data),
-      progress: (value) => this.#progress(lease, value),
-      log: (message) => {
-        const line = logLine(message);
-        if (lease.lost) throw new LeaseExpiredError();
-        lease.log(attempt, line);
-      },
-      dependencyResults: () => dependencyResults(this.#db, row.seq),
-      transaction: (fn) => this.#transaction(row, lease, fn),
-    };
-  }
-
-  async #writeResult(lease: Lease, data: unknown): Promise<void> {
-    const encoded = encodePayload(data, 'result');
-    await this.#fencedWrite(lease, 'result', (l) => writeResult(this.#db, l, encoded.json, encoded.bytes));
-  }
-
-  async #progress(lease: Lease, value: unknown): Promise<void> {
-    const json = progressJson(value);
-    await this.#fencedWrite(lease, 'progress', (l) => writeProgress(this.#db, l, json));
-  }
-
-  /** A write of the handler's while it runs, with the lease's log lines: refused once the handler was aborted, and fenced. */
-  async #fencedWrite(lease: Lease, what: string, write: (l: LeaseKey & WithLines) => Promise<boolean>): Promise<void> {
-    if (lease.abortReason) throw lease.abortReason;
-    const lines = lease.takeLogs();
-    let held: boolean;
-    try {
-      held = await write({ ...leaseKey(lease), lines });
-    } catch (err) {
-      lease.putBackLogs(lines);
-      throw err;
-    }
-    if (!held) {
-      this.#outcomes.fenced(lease, what);
-      throw new LeaseExpiredError();
-    }
-  }
-
-  async #transaction<T>(row: ClaimedRow, lease: Lease, fn: (trx: AnyTransaction) => Promise<T>): Promise<T> {
-    lease.beginTransaction();
-    let committed = false;
-    try {
-      const result = await durableTransaction(
-        this.#db,
-        async (trx) => {
-          const value = await fn(trx);
-          if (!(await completeHeld(this.#db, trx, { ...leaseKey(lease), lines: lease.takeLogs(), keep: row.retention_ms > 0 }))) throw new LeaseExpiredError();
-          return value;
-        },
-        this.#cfg.leaseDuration,
-        async (trx) => {
-          if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
-        },
-      );
-      committed = true;
-      return result;
-    } catch (err) {
-      // Once the lease is lost, a failed transaction failed for that, whatever ended it
-      // (PostgreSQL ends a session idle in a transaction for a lease's length): say so.
-      const lost = err instanceof LeaseExpiredError ? err : lease.abortReason instanceof LeaseExpiredError ? new LeaseExpiredError({ cause: err }) : undefined;
-      if (lost) {
-        this.#outcomes.fenced(lease, 'transaction');
-        lease.lose();
-        throw lost;
-      }
-      throw err;
-    } finally {
-      lease.endTransaction(committed);
-    }
   }
 
   /** Resolves once every batched write has been flushed. */

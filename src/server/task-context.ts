@@ -1,0 +1,128 @@
+/**
+ * The TaskContext a handler runs with: what it knows of its task, and what it
+ * may do about it while its lease holds. Every write it makes carries the
+ * lease's token, and with it the lines ctx.log() kept since the last write:
+ * writeResult and progress (one statement each), the transaction that
+ * completes the task with the handler's own writes, the dependencies'
+ * results. A write the database fences off loses the lease: the handler is
+ * aborted, and nothing more is written.
+ */
+import type { AnyTransaction, Db } from '../broker/db.js';
+import { dependencyResults } from '../broker/dependencies.js';
+import { completeHeld, lockLease, writeProgress, writeResult, type LeaseKey, type WithLines } from '../broker/leases.js';
+import type { ClaimedRow } from '../broker/claim.js';
+import { durableTransaction } from '../broker/transaction.js';
+import type { Logger } from '../internal/logger.js';
+import { attemptOf } from '../model/attempt.js';
+import { LeaseExpiredError } from '../model/errors.js';
+import { logLine, progressJson } from '../model/following.js';
+import { encodePayload } from '../model/payload.js';
+import type { TaskContext } from './handler.js';
+import { leaseKey, type Lease } from './lease.js';
+import { taskFields, type Outcomes } from './outcomes.js';
+
+export class TaskContexts {
+  readonly #db: Db;
+  readonly #logger: Logger;
+  /** Counts and logs the writes fenced off. */
+  readonly #outcomes: Outcomes;
+  readonly #leaseDuration: number;
+
+  constructor(db: Db, logger: Logger, outcomes: Outcomes, leaseDuration: number) {
+    this.#db = db;
+    this.#logger = logger;
+    this.#outcomes = outcomes;
+    this.#leaseDuration = leaseDuration;
+  }
+
+  /** The handler's context for one run. Its signal and logger are made when first read: most handlers use neither. */
+  make(row: ClaimedRow, lease: Lease): TaskContext {
+    let logger: Logger | undefined;
+    const parent = this.#logger;
+    const attempt = attemptOf(row.retried);
+    return {
+      taskId: row.id,
+      queue: row.queue,
+      retryCount: row.retried,
+      maxRetry: row.max_retry,
+      attempt,
+      get signal() {
+        return lease.signal;
+      },
+      get logger() {
+        return (logger ??= parent.child({ task: taskFields(row) }));
+      },
+      writeResult: (data) => this.#writeResult(lease, data),
+      progress: (value) => this.#progress(lease, value),
+      log: (message) => {
+        const line = logLine(message);
+        if (lease.abortReason instanceof LeaseExpiredError) throw lease.abortReason;
+        lease.log(attempt, line);
+      },
+      dependencyResults: () => dependencyResults(this.#db, row.seq),
+      transaction: (fn) => this.#transaction(row, lease, fn),
+    };
+  }
+
+  async #writeResult(lease: Lease, data: unknown): Promise<void> {
+    const encoded = encodePayload(data, 'result');
+    await this.#fencedWrite(lease, 'result', (l) => writeResult(this.#db, l, encoded.json, encoded.bytes));
+  }
+
+  async #progress(lease: Lease, value: unknown): Promise<void> {
+    const json = progressJson(value);
+    await this.#fencedWrite(lease, 'progress', (l) => writeProgress(this.#db, l, json));
+  }
+
+  /** A write of the handler's while it runs, with the lease's log lines: refused once the handler was aborted, and fenced. */
+  async #fencedWrite(lease: Lease, what: string, write: (l: LeaseKey & WithLines) => Promise<boolean>): Promise<void> {
+    if (lease.abortReason) throw lease.abortReason;
+    const lines = lease.takeLogs();
+    let held: boolean;
+    try {
+      held = await write({ ...leaseKey(lease), lines });
+    } catch (err) {
+      lease.putBackLogs(lines);
+      throw err;
+    }
+    if (!held) {
+      // The database says another holds the task, or no one: the handler is aborted, and nothing more is written.
+      this.#outcomes.fenced(lease, what);
+      lease.lose();
+      throw new LeaseExpiredError();
+    }
+  }
+
+  async #transaction<T>(row: ClaimedRow, lease: Lease, fn: (trx: AnyTransaction) => Promise<T>): Promise<T> {
+    lease.beginTransaction();
+    let committed = false;
+    try {
+      const result = await durableTransaction(
+        this.#db,
+        async (trx) => {
+          const value = await fn(trx);
+          if (!(await completeHeld(this.#db, trx, { ...leaseKey(lease), lines: lease.takeLogs(), keep: row.retention_ms > 0 }))) throw new LeaseExpiredError();
+          return value;
+        },
+        this.#leaseDuration,
+        async (trx) => {
+          if (!(await lockLease(this.#db, trx, lease))) throw new LeaseExpiredError();
+        },
+      );
+      committed = true;
+      return result;
+    } catch (err) {
+      // Once the lease is lost, a failed transaction failed for that, whatever ended it
+      // (PostgreSQL ends a session idle in a transaction for a lease's length): say so.
+      const lost = err instanceof LeaseExpiredError ? err : lease.abortReason instanceof LeaseExpiredError ? new LeaseExpiredError({ cause: err }) : undefined;
+      if (lost) {
+        this.#outcomes.fenced(lease, 'transaction');
+        lease.lose();
+        throw lost;
+      }
+      throw err;
+    } finally {
+      lease.endTransaction(committed);
+    }
+  }
+}

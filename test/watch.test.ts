@@ -1,0 +1,122 @@
+/**
+ * Inspector.watch() (migration 0013): the servers' events for a queue, in
+ * order per task, sent only while a watcher is registered; the registration
+ * ends with the watch; a notification that is not an event is ignored.
+ */
+import assert from 'node:assert/strict';
+import { describe } from 'node:test';
+import pg from 'pg';
+import { SkipRetry, Task, ValidationError, type TaskEvent } from '../src/index.js';
+import { parseEvent } from '../src/inspector-following.js';
+import { deferred, setupDb, test, waitFor } from './helpers.js';
+
+const { db, client, inspector, startServer } = setupDb('t_watch', {
+  resetEach: true,
+  server: { concurrency: 2, queues: { watched: 1, other: 1 }, taskCheckInterval: 50, retryDelay: () => 0 },
+});
+
+/** Collects the events of one watch until `until` says stop; resolves with them. */
+async function collect(opts: { queue?: string }, until: (events: TaskEvent[]) => boolean, started: () => void): Promise<TaskEvent[]> {
+  const abort = new AbortController();
+  const events: TaskEvent[] = [];
+  const registered = waitFor(async () => (await db.query('SELECT count(*)::int AS n FROM {{schema}}.watchers'))[0].n > 0).then(started);
+  for await (const e of inspector.watch({ ...opts, signal: abort.signal })) {
+    events.push(e);
+    if (until(events)) abort.abort();
+  }
+  await registered;
+  return events;
+}
+
+describe('watch', () => {
+  test('started, progress and completed of one task; failed then archived of another; only the watched queue', async () => {
+    await startServer(async (task, ctx) => {
+      if (task.type === 'fails') throw ctx.attempt === 1 ? new Error('first') : new SkipRetry('second');
+      await ctx.progress(50);
+    });
+    const events = await collect(
+      { queue: 'watched' },
+      (es) => es.filter((e) => e.kind === 'completed' || e.kind === 'archived').length === 2,
+      () => {
+        void client.enqueue(new Task('other', null), { queue: 'other', taskId: 'o1' });
+        void client.enqueue(new Task('ok', null), { queue: 'watched', taskId: 'w1' });
+        void client.enqueue(new Task('fails', null), { queue: 'watched', taskId: 'w2', maxRetry: 3 });
+      },
+    );
+    assert.ok(
+      events.every((e) => e.queue === 'watched'),
+      'nothing of the other queue',
+    );
+    const of = (id: string) => events.filter((e) => e.id === id).map((e) => [e.kind, e.attempt, e.error ?? e.progress ?? null]);
+    assert.deepEqual(of('w1'), [
+      ['started', 1, null],
+      ['progress', 1, 50],
+      ['completed', 1, null],
+    ]);
+    assert.deepEqual(of('w2'), [
+      ['started', 1, null],
+      ['failed', 1, 'first'],
+      ['started', 2, null],
+      ['archived', 2, 'second'],
+    ]);
+    assert.ok(events.every((e) => e.type !== undefined && e.at instanceof Date));
+    await waitFor(async () => (await db.query('SELECT count(*)::int AS n FROM {{schema}}.watchers'))[0].n === 0, 20_000, 'the watch unregistered');
+  });
+
+  test('with no watcher the servers send no event', async () => {
+    const listener = new pg.Client({ connectionString: db.connectionString });
+    await listener.connect();
+    const heard: string[] = [];
+    listener.on('notification', (n) => heard.push(n.payload ?? ''));
+    await listener.query(`LISTEN "${db.schema}_events"`);
+    try {
+      const done = deferred();
+      await startServer(async () => done.resolve());
+      await client.enqueue(new Task('t', null), { queue: 'watched' });
+      await done.promise;
+      await waitFor(async () => (await db.query('SELECT count(*)::int AS n FROM {{schema}}.tasks'))[0].n === 0);
+      // A round trip on the listening connection delivers whatever was sent before it.
+      await listener.query('SELECT 1');
+      assert.deepEqual(heard, []);
+    } finally {
+      await listener.end();
+    }
+  });
+
+  test('a notification that is not an event is not one', async () => {
+    for (const bad of [
+      '',
+      'x',
+      '[]',
+      'null',
+      '{"kind":"started"}',
+      '{"kind":"nope","queue":"q","id":"i","type":"t","attempt":1,"at":"2026-01-01T00:00:00Z"}',
+    ]) {
+      assert.equal(parseEvent(bad), undefined, bad);
+    }
+    assert.deepEqual(parseEvent('{"kind":"failed","queue":"q","id":"i","type":"t","attempt":2,"at":"2026-01-01T00:00:00Z","error":"e"}'), {
+      kind: 'failed',
+      queue: 'q',
+      id: 'i',
+      type: 't',
+      attempt: 2,
+      at: new Date('2026-01-01T00:00:00Z'),
+      error: 'e',
+    });
+  });
+
+  test('bad options: a ValidationError naming the option', async () => {
+    for (const [opts, field] of [
+      [{ queue: '' }, 'queue'],
+      [{ signal: 1 }, 'signal'],
+      [{ other: 1 }, 'options.other'],
+    ] as const) {
+      const err = await inspector
+        .watch(opts as never)
+        [Symbol.asyncIterator]()
+        .next()
+        .catch((e: unknown) => e);
+      assert.ok(err instanceof ValidationError && err.field === field, `${JSON.stringify(opts)}: ${String(err)}`);
+    }
+  });
+});
