@@ -13,6 +13,7 @@ import { TaskWaits } from './task-waits.js';
 import type { TaskRecord } from './model/task.js';
 import { ClientClosedError, ConfigError, InvalidOptionError } from './model/errors.js';
 import { resolveLogger, type Logger } from './internal/logger.js';
+import { traceSend } from './internal/otel.js';
 import { maxPayloadBytesOption } from './model/payload.js';
 import * as v from './model/validate.js';
 import { checkCallSize, toRecord, validateOptions, type EnqueueOptions, type Task, type TaskInfo } from './model/task.js';
@@ -112,7 +113,7 @@ export class Client {
     const record = toRecord(task, overrides, undefined, this.#maxPayloadBytes);
     checkCallSize([record], 'task');
     this.#checkOpen();
-    const [info] = (await this.#insert([record], tx)) as [TaskInfo];
+    const [info] = (await traceSend([record], () => this.#insert([record], tx))) as [TaskInfo];
     this.#log.debug({ task: { id: info.id, type: info.type, queue: info.queue }, state: info.state }, 'task enqueued');
     return info;
   }
@@ -128,7 +129,7 @@ export class Client {
     checkCallSize(records, 'tasks');
     this.#checkOpen();
     if (records.length === 0) return [];
-    const infos = await this.#insert(records, tx);
+    const infos = await traceSend(records, () => this.#insert(records, tx), true);
     this.#log.debug({ tasks: infos.length }, 'tasks enqueued');
     return infos;
   }

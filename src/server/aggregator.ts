@@ -19,6 +19,7 @@ import { FailureRun, type Logger } from '../internal/logger.js';
 import { decodePayload } from '../model/payload.js';
 import { Task, toRecord } from '../model/task.js';
 import { Ticker } from '../internal/ticker.js';
+import { linkMembers } from './tracing.js';
 
 export interface AggregatorOptions {
   queues: string[];
@@ -100,6 +101,7 @@ export class Aggregator {
     // asynq: the aggregate's own options, with the group's queue forced.
     const record = toRecord(result, { queue });
     if (record.dependsOn.length > 0) throw new InvalidOptionError('dependsOn', 'cannot be set on the task a groupAggregator returns');
+    await linkMembers(record, members);
     const committed = await commitGroup(this.#db, queue, group, members, record);
     return committed ? members.length : 0;
   }

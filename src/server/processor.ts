@@ -35,6 +35,7 @@ import { Prefetch } from './prefetch.js';
 import { Claimer } from './claimer.js';
 import type { StatsCollector } from './stats.js';
 import type { LeaseTable } from './lease-table.js';
+import { traceProcess } from './tracing.js';
 
 export interface ProcessorConfig extends OutcomePolicies {
   serverId: string;
@@ -261,7 +262,7 @@ export class Processor {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
     const startedAt = this.#db.clock.now();
-    const outcome = await this.#invoke(task, this.#contexts.make(row, lease), lease);
+    const outcome = await traceProcess(row, () => this.#invoke(task, this.#contexts.make(row, lease), lease));
     this.#prefetch.ran(this.#db.clock.now() - startedAt);
     for (const t of timers) t.cancel();
     // The slot is free once the handler settled: a held task starts in it now, and the
