@@ -18,6 +18,7 @@ const modules: Record<string, () => Promise<{ measure: (a: never, p: never) => P
   W7: () => import('./workloads/w7-bloat.js'),
   W8: () => import('./workloads/w8-snapshot.js'),
   WAL: () => import('./workloads/wal.js'),
+  RT: () => import('./workloads/rt-wait.js'),
 };
 const mod = modules[spec.workload];
 if (!mod) throw new Error(`unknown workload ${spec.workload}`);

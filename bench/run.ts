@@ -28,7 +28,7 @@ import { REDIS_URL, median, now, parseArgs } from './lib/common.js';
 
 const BENCH = dirname(fileURLToPath(import.meta.url));
 const ROOT = dirname(BENCH);
-const WORKLOADS = ['W1', 'W2', 'W3', 'W4', 'W5', 'W6', 'W7', 'W8', 'WAL'] as const;
+const WORKLOADS = ['W1', 'W2', 'W3', 'W4', 'W5', 'W6', 'W7', 'W8', 'WAL', 'RT'] as const;
 type Workload = (typeof WORKLOADS)[number];
 
 const USAGE = `usage: npm run bench -- [--workloads W1,W2,…] [--systems ${SYSTEMS.join(',')}] [--reps N] [--quick] [--no-install]
@@ -212,6 +212,8 @@ const SUPPORT: Record<Workload, { defaults: SystemName[]; supports: SystemName[]
   W7: { defaults: ['pgasynq', 'floor'], supports: PG_SYSTEMS },
   W8: { defaults: ['pgasynq', 'floor', 'graphile', 'graphile-default'], supports: PG_SYSTEMS },
   WAL: { defaults: ['pgasynq', 'floor'], supports: PG_SYSTEMS },
+  // Enqueue and wait for the result: only pgasynq has the call (graphile-worker and pg-boss leave it to the user).
+  RT: { defaults: ['pgasynq'], supports: ['pgasynq'] },
 };
 
 function systemsFor(w: Workload): SystemName[] {
@@ -260,6 +262,13 @@ function buildPlan(): Case[] {
       payload ? ['bullmq', 'bullmq-pg', 'graphile-default'] : [],
     );
   }
+  const rtn = q(500);
+  add('RT', {
+    key: 'RT',
+    params: { n: rtn, rate: 50, warmup: quick ? 5 : 10, concurrency: 10 },
+    timeoutMs: 180_000,
+    rows: (['p50', 'p95', 'p99'] as const).map((m) => ({ label: `RT enqueueAndWait round trip at 50/s (${rtn} tasks), ${m} ms`, metric: m, better: 'lower', unit: 'ms' })),
+  });
   const w3n = q(500);
   add('W3', {
     key: 'W3',

@@ -1,9 +1,9 @@
 /** The systems under test, by the names --systems takes. Loaded lazily: each pulls in its own library. */
 import type { Adapter } from './types.js';
 
-export const SYSTEMS = ['pgasynq', 'pgasynq-tuned', 'floor', 'graphile', 'graphile-default', 'pgboss', 'bullmq', 'bullmq-pg', 'floor-prefetch'] as const;
-/** Run only when named in --systems: a diagnostic, not one of BENCH.md's systems. */
-export const EXTRA: readonly SystemName[] = ['floor-prefetch'];
+export const SYSTEMS = ['pgasynq', 'pgasynq-tuned', 'pgasynq-watched', 'floor', 'graphile', 'graphile-default', 'pgboss', 'bullmq', 'bullmq-pg', 'floor-prefetch'] as const;
+/** Run only when named in --systems: diagnostics (what one watcher costs, what prefetch buys the floor), not BENCH.md's systems. */
+export const EXTRA: readonly SystemName[] = ['floor-prefetch', 'pgasynq-watched'];
 export type SystemName = (typeof SYSTEMS)[number];
 
 /** Other spellings --systems accepts. */
@@ -29,6 +29,8 @@ export async function load(name: SystemName): Promise<Adapter> {
       const m = await import('./pgasynq.js');
       return await m.create(m.TUNED_PREFETCH);
     }
+    case 'pgasynq-watched':
+      return await (await import('./pgasynq.js')).create(undefined, true);
     case 'floor':
       return (await import('./floor.js')).create();
     case 'floor-prefetch':

@@ -41,10 +41,14 @@ function timedPool(onClaim: ClaimObserver): pg.Pool {
 
 type Pgasynq = typeof import('../../src/index.js');
 
-/** `prefetch` undefined: the server's own default (whatever the library chooses). */
-export async function create(prefetch?: number): Promise<Adapter> {
+/**
+ * `prefetch` undefined: the server's own default (whatever the library chooses).
+ * `watched`: an Inspector watches the schema's events while workers run (pgasynq-watched), what one
+ * dashboard or `inspector.watch()` costs the servers.
+ */
+export async function create(prefetch?: number, watched = false): Promise<Adapter> {
   const src = process.env.PGASYNQ_SRC;
-  const { Client, Server, Task, migrate }: Pgasynq = src ? await import(pathToFileURL(src).href) : await import('../../src/index.js');
+  const { Client, Inspector, Server, Task, migrate }: Pgasynq = src ? await import(pathToFileURL(src).href) : await import('../../src/index.js');
   // The admin pool lives from setup() to teardown(): a workload may set up again after a teardown.
   let pool: pg.Pool | undefined;
   const admin = (): pg.Pool => (pool ??= adminPool());
@@ -58,16 +62,40 @@ export async function create(prefetch?: number): Promise<Adapter> {
       ...(opts.pool ? { pool: opts.pool } : {}),
     });
     await server.start((task) => opts.handler(task.payload as Payload));
+    const watch = watched ? watchEvents() : undefined;
+    await watch?.registered;
     return {
       stop: async () => {
         await server.shutdown();
+        await watch?.stop();
         await opts.pool?.end();
       },
     };
   };
+  /** An Inspector reading every event until stopped; resolves `registered` once the servers send them. */
+  const watchEvents = () => {
+    const inspector = new Inspector({ connectionString: DATABASE_URL, schema: SCHEMA, logger: false });
+    const abort = new AbortController();
+    let events = 0;
+    const done = (async () => {
+      for await (const _ of inspector.watch({ signal: abort.signal })) events++;
+    })();
+    const registered = (async () => {
+      while ((await count(admin(), `SELECT count(*) AS n FROM "${SCHEMA}".watchers`)) === 0) await new Promise((r) => setTimeout(r, 20));
+    })();
+    return {
+      registered,
+      stop: async () => {
+        abort.abort();
+        await done;
+        await inspector.close();
+        if (events === 0) throw new Error('the watcher heard no event');
+      },
+    };
+  };
   return {
-    name: prefetch !== undefined ? 'pgasynq-tuned' : 'pgasynq',
-    label: `pgasynq (${src ? 'src/ as copied at the start of the run' : 'working tree src/'}, via tsx; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'})`,
+    name: prefetch !== undefined ? 'pgasynq-tuned' : watched ? 'pgasynq-watched' : 'pgasynq',
+    label: `pgasynq (${src ? 'src/ as copied at the start of the run' : 'working tree src/'}, via tsx; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'}${watched ? ', one Inspector.watch() running' : ''})`,
     schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) {
@@ -81,6 +109,9 @@ export async function create(prefetch?: number): Promise<Adapter> {
     },
     async enqueueMany(payloads) {
       await client!.enqueueMany(payloads.map((p) => new Task('noop', p)));
+    },
+    async enqueueAndWait(payload) {
+      await client!.enqueueAndWait(new Task('noop', payload));
     },
     async enqueueAt(payload, at) {
       await client!.enqueue(new Task('noop', payload), { processAt: at });

@@ -37,6 +37,8 @@ export interface Adapter {
   enqueueOne(payload: Payload): Promise<void>;
   /** One call of the system's bulk API for all of `payloads`. */
   enqueueMany(payloads: Payload[]): Promise<void>;
+  /** RT: enqueues one task and resolves once a worker has completed it; absent when the system has no such call. */
+  enqueueAndWait?(payload: Payload): Promise<void>;
   /** A delayed task due at `at` (W4); absent when the system has no delayed tasks. */
   enqueueAt?(payload: Payload, at: Date): Promise<void>;
   /** Starts a worker pool in this process running `handler` for every task. */

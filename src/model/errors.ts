@@ -4,7 +4,7 @@
  * use the `is…` helpers at the bottom instead.
  */
 
-import type { TaskInfo } from './task.js';
+import type { TaskInfo } from './task-info.js';
 
 export abstract class PgasynqError extends Error {
   abstract readonly code: string;

@@ -7,7 +7,10 @@
  */
 import { InvalidOptionError } from './errors.js';
 import { encodePayload } from './payload.js';
+import type { TaskProgress } from './task-info.js';
 import { describeValue } from './validate.js';
+
+export type { TaskProgress } from './task-info.js';
 
 /** How an attempt ended; `running` while it runs. */
 export type AttemptOutcome = 'running' | 'completed' | 'failed' | 'snoozed' | 'canceled' | 'timeout' | 'lost' | 'shutdown';
@@ -36,9 +39,6 @@ export interface TaskLogLine {
   at: Date;
   message: string;
 }
-
-/** What ctx.progress() takes: a percentage, or a JSON object (counts, a stage). */
-export type TaskProgress = number | Record<string, unknown>;
 
 /** An event of Inspector.watch(). */
 export interface TaskEvent {

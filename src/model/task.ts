@@ -6,18 +6,11 @@ import { createHash } from 'node:crypto';
 import { InvalidOptionError, InvalidTaskTypeError, PayloadTooLargeError } from './errors.js';
 import { MAX_HEADERS_BYTES, checkHeadersSize, validateHeaders } from './headers.js';
 import { MAX_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES_LIMIT, checkPayloadSize, encodePayload, encodedSize, type EncodedPayload } from './payload.js';
-import type { TaskProgress } from './following.js';
 import { timeOrderedUuid } from './task-id.js';
+import type { TaskRef } from './task-info.js';
+
+export { TASK_STATES, type TaskInfo, type TaskRef, type TaskState } from './task-info.js';
 import * as v from './validate.js';
-
-export type TaskState = 'pending' | 'active' | 'scheduled' | 'retry' | 'archived' | 'completed' | 'aggregating' | 'waiting';
-export const TASK_STATES: readonly TaskState[] = ['pending', 'active', 'scheduled', 'retry', 'archived', 'completed', 'aggregating', 'waiting'];
-
-/** A task named by its queue and id. */
-export interface TaskRef {
-  queue: string;
-  id: string;
-}
 
 /** What to do with a task when one of its dependencies fails (is archived or deleted). */
 export type DependencyFailurePolicy = 'archive' | 'run';
@@ -94,55 +87,6 @@ export const DEFAULT_TIMEOUT_MS = 30 * 60_000;
 const MAX_RETRY_LIMIT = 1000;
 export const MIN_PRIORITY = -100;
 export const MAX_PRIORITY = 100;
-
-/** Everything a reader of the task sees (Inspector, enqueue results). */
-export interface TaskInfo {
-  id: string;
-  queue: string;
-  type: string;
-  payload: unknown;
-  state: TaskState;
-  maxRetry: number;
-  /**
-   * Retries used so far (asynq's Retried): the failures that counted, not the
-   * one that archived the task. Attempt retried + 1 (1-based, at most
-   * maxRetry + 1) is the one an active task runs, the next one of a task still
-   * to run, and the last one of a completed or archived task.
-   */
-  retried: number;
-  lastError: string | null;
-  lastFailedAt: Date | null;
-  /** ms; 0 when only a deadline limits the task. */
-  timeout: number;
-  deadline: Date | null;
-  group: string | null;
-  /** scheduled and retry: when due; pending: now; otherwise null. */
-  nextProcessAt: Date | null;
-  /** An active task whose lease has expired and which no recoverer has taken yet. */
-  isOrphaned: boolean;
-  /** ms */
-  retention: number;
-  completedAt: Date | null;
-  result: unknown;
-  headers: Record<string, string>;
-  /** When the task was enqueued. */
-  enqueuedAt: Date;
-  /** When its latest attempt started; null before the first. */
-  startedAt: Date | null;
-  /** An active task's lease: the server holding it and until when (database clock). */
-  leaseOwner: string | null;
-  leaseExpiresAt: Date | null;
-  /** The tasks it depends on (empty for most tasks). */
-  dependsOn: TaskRef[];
-  /** How many of them have not finished yet; a `waiting` task runs once this is 0. */
-  waitingFor: number;
-  /** Higher runs first within the queue. */
-  priority: number;
-  /** What the queue's keyConcurrency limit counts it by; null without one. */
-  concurrencyKey: string | null;
-  /** The last value its handler reported with ctx.progress(); null before any. */
-  progress: TaskProgress | null;
-}
 
 /**
  * Each option's rule, the one place it is checked: the value as given in, the
