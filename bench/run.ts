@@ -267,7 +267,12 @@ function buildPlan(): Case[] {
     key: 'RT',
     params: { n: rtn, rate: 50, warmup: quick ? 5 : 10, concurrency: 10 },
     timeoutMs: 180_000,
-    rows: (['p50', 'p95', 'p99'] as const).map((m) => ({ label: `RT enqueueAndWait round trip at 50/s (${rtn} tasks), ${m} ms`, metric: m, better: 'lower', unit: 'ms' })),
+    rows: (['p50', 'p95', 'p99'] as const).map((m) => ({
+      label: `RT enqueueAndWait round trip at 50/s (${rtn} tasks), ${m} ms`,
+      metric: m,
+      better: 'lower',
+      unit: 'ms',
+    })),
   });
   const w3n = q(500);
   add('W3', {

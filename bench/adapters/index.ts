@@ -1,7 +1,18 @@
 /** The systems under test, by the names --systems takes. Loaded lazily: each pulls in its own library. */
 import type { Adapter } from './types.js';
 
-export const SYSTEMS = ['pgasynq', 'pgasynq-tuned', 'pgasynq-watched', 'floor', 'graphile', 'graphile-default', 'pgboss', 'bullmq', 'bullmq-pg', 'floor-prefetch'] as const;
+export const SYSTEMS = [
+  'pgasynq',
+  'pgasynq-tuned',
+  'pgasynq-watched',
+  'floor',
+  'graphile',
+  'graphile-default',
+  'pgboss',
+  'bullmq',
+  'bullmq-pg',
+  'floor-prefetch',
+] as const;
 /** Run only when named in --systems: diagnostics (what one watcher costs, what prefetch buys the floor), not BENCH.md's systems. */
 export const EXTRA: readonly SystemName[] = ['floor-prefetch', 'pgasynq-watched'];
 export type SystemName = (typeof SYSTEMS)[number];
