@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { LeaseExpiredError, Snooze, SkipRetry, Task, ValidationError, type TaskContext } from '../src/index.js';
 import { MAX_ATTEMPTS_KEPT, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_PROGRESS_BYTES, logLine, progressJson } from '../src/model/following.js';
-import { caught, deferred, setupDb, test, waitFor } from './helpers.js';
+import { caught, deferred, exited, setupDb, spawnFixture, test, waitFor } from './helpers.js';
 
 const { db, client, inspector, startServer } = setupDb('t_following', {
   resetEach: true,
@@ -104,6 +104,34 @@ describe('attempts', () => {
       (await inspector.listAttempts('default', 'c1')).map((a) => a.outcome),
       ['canceled'],
     );
+  });
+
+  test('a worker killed with -9 mid-task: its run is recorded as lost, with its server, once another server recovers the task', async () => {
+    const worker = spawnFixture('test/fixtures/worker.ts', {
+      DATABASE_URL: db.connectionString,
+      SCHEMA: db.schema,
+      MODE: 'hang',
+      LEASE: '600',
+      HEARTBEAT: '100',
+    });
+    await worker.next('ready');
+    await client.enqueue(new Task('t', null), { taskId: 'k9', maxRetry: 3, retention: 60_000 });
+    await worker.next('started');
+    const [{ owner }] = await db.query("SELECT lease_owner AS owner FROM {{schema}}.tasks WHERE id = 'k9'");
+    worker.child.kill('SIGKILL');
+    await exited(worker.child);
+    await startServer(() => {}, { recoverInterval: 50, recoverCutoff: 0, leaseDuration: 600, heartbeatInterval: 100 });
+    await until('default', 'k9', 'completed');
+    const attempts = await inspector.listAttempts('default', 'k9');
+    assert.deepEqual(
+      attempts.map((a) => [a.attempt, a.outcome, a.error]),
+      [
+        [1, 'lost', 'task lease expired'],
+        [2, 'completed', null],
+      ],
+    );
+    assert.equal(attempts[0]!.serverId, owner, 'the killed server ran it');
+    assert.notEqual(attempts[1]!.serverId, owner);
   });
 
   test('a task keeps its last 100 runs', async () => {
