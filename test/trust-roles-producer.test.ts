@@ -7,8 +7,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
-import { Client, Task } from '../src/index.js';
-import { test } from './helpers.js';
+import { Client, Inspector, Server, Task } from '../src/index.js';
+import { test, waitFor } from './helpers.js';
 import { as, db, refused, setupTrustRoles, url } from './trust-roles-kit.js';
 
 setupTrustRoles('trust_roles_producer', 't26p');
@@ -128,6 +128,38 @@ describe('a producer writes tasks only through the library', () => {
       await Promise.all(clients.map((c) => c.close()));
     }
     assert.equal((await db.query("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE queue = 'replace'"))[0]!.n, 1);
+  });
+
+  test('a producer waits for its tasks and watches their events; the monitor reads no log line', async () => {
+    const producer = new Client({ connectionString: url('producer'), schema: db.schema, logger: false });
+    const watcher = new Inspector({ connectionString: url('producer'), schema: db.schema, logger: false });
+    const server = new Server({ connectionString: db.connectionString, schema: db.schema, logger: false, queues: { follow: 1 }, taskCheckInterval: 50 });
+    const abort = new AbortController();
+    const kinds: string[] = [];
+    const watching = (async () => {
+      for await (const e of watcher.watch({ queue: 'follow', signal: abort.signal })) {
+        kinds.push(e.kind);
+        if (e.kind === 'completed') abort.abort();
+      }
+    })();
+    try {
+      await waitFor(async () => (await db.query('SELECT count(*)::int AS n FROM {{schema}}.watchers'))[0].n === 1);
+      await server.start(async (_task, ctx) => {
+        ctx.log('secret');
+        await ctx.writeResult('done');
+      });
+      const done = await producer.enqueueAndWait(new Task('f', null, { queue: 'follow', taskId: 'followed' }));
+      assert.equal(done.result, 'done');
+      await watching;
+      assert.deepEqual(kinds, ['started', 'completed']);
+    } finally {
+      abort.abort();
+      await server.shutdown();
+      await Promise.all([producer.close(), watcher.close()]);
+    }
+    await refused(as('monitor', 'SELECT message FROM {{S}}.task_logs'), 'monitor: log lines');
+    assert.equal((await as('inspector', 'SELECT message FROM {{S}}.task_logs')).rows[0]?.message, 'secret');
+    await refused(as('producer', "SELECT {{S}}.record_attempts('[]', now())"), 'producer: record attempts');
   });
 
   test('the monitor cannot read a cron entry’s options (its headers)', async () => {

@@ -108,6 +108,8 @@ describe("a worker writes tasks only through the owner's functions", () => {
           await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve));
           throw ctx.signal.reason;
         }
+        ctx.log(`run ${n}`);
+        await ctx.progress(100);
         await ctx.writeResult({ ok: ctx.taskId });
       });
       await producer.enqueueMany(['kept', 'fails', 'snoozes', 'tx', 'hold'].map((id) => new Task('w', null, { queue: 'work', taskId: id, retention: 60_000 })));
@@ -130,6 +132,22 @@ describe("a worker writes tasks only through the owner's functions", () => {
       { id: 'tx', state: 'completed', retried: 0, result: null },
     ]);
     assert.deepEqual(Object.fromEntries(runs), { kept: 1, fails: 2, snoozes: 2, tx: 1, hold: 1 });
+    // What the worker recorded through the owner's functions: every run that ended, progress and log lines.
+    const attempts = await db.query<{ id: string; outcomes: string[] }>(
+      `SELECT i.id, array_agg(a.outcome ORDER BY a.run) AS outcomes FROM {{schema}}.task_attempts a JOIN {{schema}}.task_inputs i USING (seq)
+       GROUP BY i.id ORDER BY i.id`,
+    );
+    assert.deepEqual(attempts, [
+      { id: 'fails', outcomes: ['failed', 'completed'] },
+      { id: 'hold', outcomes: ['shutdown'] },
+      { id: 'kept', outcomes: ['completed'] },
+      { id: 'snoozes', outcomes: ['snoozed', 'completed'] },
+      { id: 'tx', outcomes: ['completed'] },
+    ]);
+    const kept = await db.query(
+      "SELECT t.progress, (SELECT array_agg(l.message ORDER BY l.line) FROM {{schema}}.task_logs l WHERE l.seq = t.seq) AS lines FROM {{schema}}.tasks t WHERE t.id = 'kept'",
+    );
+    assert.deepEqual(kept, [{ progress: 100, lines: ['run 1'] }]);
   });
 
   test('with the grants the script gives, the forwarder, recoverer, janitor and aggregator still do their work', async () => {
