@@ -9,9 +9,11 @@
  * the two, and the compiler holds FIELDS to TaskInfo: a field of TaskInfo
  * without its entry here does not build.
  *
- * Adding a field of a task takes its type (model/task.ts, with its option and
- * validation when an enqueue sets it), its entries here, its migration and its
- * documentation.
+ * Adding a field of a task takes its type (model/task-info.ts; an enqueue
+ * option's in model/task.ts, with its rule), its validation where a writer sets
+ * it, its entries here, its migration and its documentation: progress (0013)
+ * took model/task-info.ts, model/following.ts, this file, the migration and
+ * the README.
  */
 import { sql, type RawBuilder } from 'kysely';
 import { decodePayload } from '../model/payload.js';
