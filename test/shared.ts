@@ -4,7 +4,7 @@
  * test check behaviour that depends on time without judging by the wall clock:
  *
  *   - a DatabaseClock moved forward instead of sleeping through a lease, a
- *     timeout, a deadline, a retention or a cutoff (LONG_LEASE, toNextHour);
+ *     timeout, a deadline, a retention or a cutoff (LONG_LEASE, moveClock);
  *   - connections counted through a proxy instead of "it was fast"
  *     (refusedAtOnce);
  *   - a session that may not wait for a lock instead of "it did not wait
@@ -14,7 +14,7 @@
  */
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { DatabaseUnavailableError, type ServerConfig } from '../src/index.js';
+import { DatabaseUnavailableError, Task, type ServerConfig, type TaskContext } from '../src/index.js';
 import type { DatabaseClock } from '../src/internal/clock.js';
 import { TcpProxy } from './faults/proxy.js';
 import type { LogLine } from './logs.js';
@@ -31,15 +31,11 @@ export const HOUR = 60 * MINUTE;
  */
 export const LONG_LEASE = { leaseDuration: 4 * HOUR } as const satisfies ServerConfig;
 
-/**
- * Moves `clock` to ten minutes past the next whole hour of the database's time
- * on it. A scheduler's pass after the move finds exactly that hour's tick due,
- * whatever real time the step took (unless it took 50 minutes).
- */
-export async function toNextHour(db: TestDb, clock: DatabaseClock): Promise<void> {
+/** Moves `clock` forward to the time `to` gives for the database's time on it now (both in ms since the epoch). */
+export async function moveClock(db: TestDb, clock: DatabaseClock, to: (now: number) => number): Promise<void> {
   const [row] = await db.query<{ now: Date }>('SELECT now() AS now');
-  const shifted = row!.now.getTime() + clock.offsetMs;
-  clock.advance((Math.floor(shifted / HOUR) + 1) * HOUR + 10 * MINUTE - shifted);
+  const now = row!.now.getTime() + clock.offsetMs;
+  clock.advance(to(now) - now);
 }
 
 /**
@@ -107,4 +103,51 @@ export function securityFile(name: string) {
     teardown: () => pool.end(),
   });
   return { ...file, pool };
+}
+
+// ---- leases-*.test.ts -------------------------------------------------------------------------
+
+/** Leases of a second that run out, and a recoverer that takes them back, within about 1.5 s. */
+export const FAST_LEASES: ServerConfig = {
+  concurrency: 4,
+  taskCheckInterval: 50,
+  delayedTaskCheckInterval: 50,
+  leaseDuration: 1000,
+  heartbeatInterval: 150,
+  recoverInterval: 200,
+  recoverCutoff: 300,
+  retryDelay: () => 0,
+  shutdownTimeout: 200,
+};
+
+/** A leases-* file's schema, with a side_effects table that handlers' transactions write to, and helpers on it. */
+export function leasesFile(name: string) {
+  const file = setupDb(name, {
+    setup: (db) => db.query('CREATE TABLE {{schema}}.side_effects (task_id text NOT NULL, worker text NOT NULL)'),
+    tables: { also: ['side_effects'] },
+    server: FAST_LEASES,
+  });
+  const { db, client } = file;
+  return {
+    ...file,
+    /** A handler whose transaction records that `worker` ran the task, then does `after` (still inside the transaction). */
+    recordsEffect:
+      (worker: string, after: () => void = () => {}) =>
+      async (_t: Task, ctx: TaskContext) => {
+        await ctx.transaction(async (trx) => {
+          await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker }).execute();
+          after();
+        });
+      },
+    /** Puts a new task straight into the active state, leased by a server that is gone, its lease running out at `leaseExpiresSql`. */
+    activeTask: async (retried: number, maxRetry: number, leaseExpiresSql: string): Promise<string> => {
+      const info = await client.enqueue(new Task('orphan'), { maxRetry, processIn: 3_600_000 });
+      await db.query(
+        `UPDATE {{schema}}.tasks SET state = 'active', retried = $2, run_at = NULL, lease_owner = 'gone',
+           lease_token = gen_random_uuid(), lease_expires_at = ${leaseExpiresSql} WHERE id = $1`,
+        [info.id, retried],
+      );
+      return info.id;
+    },
+  };
 }
