@@ -14,7 +14,7 @@
  */
 import assert from 'node:assert/strict';
 import pg from 'pg';
-import { DatabaseUnavailableError, Task, type ServerConfig, type TaskContext } from '../src/index.js';
+import { DatabaseUnavailableError, Scheduler, Task, type ServerConfig, type SchedulerOptions, type TaskContext } from '../src/index.js';
 import type { DatabaseClock } from '../src/internal/clock.js';
 import { TcpProxy } from './faults/proxy.js';
 import type { LogLine } from './logs.js';
@@ -37,6 +37,13 @@ export async function moveClock(db: TestDb, clock: DatabaseClock, to: (now: numb
   const now = row!.now.getTime() + clock.offsetMs;
   clock.advance(to(now) - now);
 }
+
+/**
+ * Ten minutes past the next whole hour after `now`: a scheduler's pass once
+ * the clock moved there finds exactly that hour's tick due, whatever real
+ * time the step took (unless it took 50 minutes).
+ */
+export const nextHour = (now: number) => (Math.floor(now / HOUR) + 1) * HOUR + 10 * MINUTE;
 
 /**
  * Runs `start` with `dsn` pointed at a TCP proxy of its own in front of the
@@ -148,6 +155,48 @@ export function leasesFile(name: string) {
         [info.id, retried],
       );
       return info.id;
+    },
+  };
+}
+
+// ---- scheduler-*.test.ts ----------------------------------------------------------------------
+
+export interface EventRow {
+  tick_at: Date;
+  task_id: string;
+  enqueued_at: Date;
+}
+
+/** The ms between consecutive events. */
+export const gapsMs = (ev: EventRow[]) => ev.slice(1).map((e, i) => e.tick_at.getTime() - ev[i]!.tick_at.getTime());
+
+/** A scheduler-* file's schema; its schedulers and managers, pushed to `running`, are shut down after each test. */
+export function schedulerFile(name: string) {
+  const file = setupDb(name);
+  const { db, running } = file;
+  const events = (entryId: string) =>
+    db.query<EventRow>('SELECT tick_at, task_id, enqueued_at FROM {{schema}}.scheduler_events WHERE entry_id = $1 ORDER BY tick_at', [entryId]);
+  return {
+    ...file,
+    events,
+    /** A Scheduler on the file's schema, logging off, refreshing its entries every 200 ms. */
+    scheduler: (opts: SchedulerOptions = {}): Scheduler => {
+      const s = new Scheduler({ connectionString: db.connectionString, schema: db.schema, logger: false, heartbeatInterval: 200, ...opts });
+      running.push(s);
+      return s;
+    },
+    /**
+     * Every event names a task that exists, no two events share a tick or a
+     * task, and there are as many tasks of `type` as events: one task per tick.
+     */
+    assertOneTaskPerTick: async (entryId: string, type: string): Promise<EventRow[]> => {
+      const ev = await events(entryId);
+      const tasks = await db.query<{ id: string }>('SELECT id FROM {{schema}}.tasks WHERE type = $1', [type]);
+      assert.equal(tasks.length, ev.length, `tasks (${tasks.length}) = events (${ev.length})`);
+      assert.equal(new Set(ev.map((e) => e.tick_at.getTime())).size, ev.length, 'one event per tick');
+      assert.deepEqual(new Set(ev.map((e) => e.task_id)), new Set(tasks.map((t) => t.id)), 'each event names its own task');
+      for (const e of ev) assert.equal(e.tick_at.getTime() % 1000, 0, 'ticks on whole seconds');
+      return ev;
     },
   };
 }
