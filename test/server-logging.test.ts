@@ -167,22 +167,18 @@ describe('failure runs', () => {
   });
 
   test('backoff: exponential with jitter in [½, 1] of its ceiling, capped', () => {
-    assert.equal(
-      backoffMs(0, 100, 5000, () => 0),
-      50,
-    );
-    assert.equal(
-      backoffMs(0, 100, 5000, () => 1),
-      100,
-    );
-    assert.equal(
-      backoffMs(3, 100, 5000, () => 1),
-      800,
-    );
-    assert.equal(
-      backoffMs(30, 100, 5000, () => 0),
-      2500,
-    );
+    for (const [attempt, draw, ms] of [
+      [0, 0, 50],
+      [0, 1, 100],
+      [3, 1, 800],
+      [30, 0, 2500],
+    ] as const) {
+      assert.equal(
+        backoffMs(attempt, 100, 5000, () => draw),
+        ms,
+        `attempt ${attempt}, draw ${draw}`,
+      );
+    }
     const draws = new Set(Array.from({ length: 50 }, () => backoffMs(2, 100, 5000)));
     assert.ok(draws.size > 40, 'processes that fail together retry apart');
     for (const d of draws) assert.ok(d >= 200 && d <= 400);

@@ -5,11 +5,40 @@
  */
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
-import { HandlerNotFoundError, RevokeTask, ServeMux, SkipRetry, Task, defaultRetryDelay } from '../src/index.js';
+import {
+  HandlerNotFoundError,
+  RevokeTask,
+  ServeMux,
+  SkipRetry,
+  Task,
+  defaultRetryDelay,
+  type EnqueueOptions,
+  type ServerConfig,
+  type TaskContext,
+} from '../src/index.js';
 import { deferred, test, waitFor } from './helpers.js';
 import { serverFile } from './shared.js';
 
 const { db, client, startServer, reset, taskRow, taskIn } = serverFile('t_server_outcomes');
+
+/** A handler that records each attempt's retry count in `attempts`, then throws `error(retryCount)`. */
+const failing = (attempts: number[], error: (retryCount: number) => Error) => (_t: Task, ctx: TaskContext) => {
+  attempts.push(ctx.retryCount);
+  throw error(ctx.retryCount);
+};
+
+/** Enqueues a task of `type` (with `opts`), starts a server with `handler` and `config`, and returns the task's row once it waits for a retry. */
+async function retried(
+  type: string,
+  handler: Parameters<typeof startServer>[0],
+  config: ServerConfig = { retryDelay: () => 3_600_000 },
+  opts: EnqueueOptions = {},
+) {
+  await reset();
+  const info = await client.enqueue(new Task(type), opts);
+  await startServer(handler, config);
+  return taskIn(info.id, 'retry');
+}
 
 describe('outcomes', () => {
   test('success deletes the row and releases the unique lock', { timeout: 30_000 }, async () => {
@@ -37,24 +66,19 @@ describe('outcomes', () => {
   });
 
   test('failure retries with retried + 1, the error and the retry delay', { timeout: 30_000 }, async () => {
-    await reset();
-    const info = await client.enqueue(new Task('boom'), { maxRetry: 3 });
     const seen: number[] = [];
-    const server = await startServer(
-      (_t, ctx) => {
-        seen.push(ctx.retryCount);
-        throw new Error('kaput');
-      },
+    const row = await retried(
+      'boom',
+      failing(seen, () => new Error('kaput')),
       { retryDelay: (n) => (n === 0 ? 3_600_000 : 0) },
+      { maxRetry: 3 },
     );
-    const row = await taskIn(info.id, 'retry');
     assert.equal(row.retried, 1);
     assert.equal(row.error_msg, 'kaput');
     assert.ok(row.last_failed_at instanceof Date);
-    const [{ mins }] = await db.query('SELECT round(extract(epoch FROM run_at - now()) / 60)::int AS mins FROM {{schema}}.tasks WHERE id = $1', [info.id]);
+    const [{ mins }] = await db.query('SELECT round(extract(epoch FROM run_at - now()) / 60)::int AS mins FROM {{schema}}.tasks WHERE id = $1', [row.id]);
     assert.equal(mins, 60);
     assert.deepEqual(seen, [0]);
-    await server.shutdown();
   });
 
   test('retries run again once due, and the task is archived when retried reaches maxRetry', { timeout: 30_000 }, async () => {
@@ -62,10 +86,7 @@ describe('outcomes', () => {
     const info = await client.enqueue(new Task('always-fails'), { maxRetry: 2 });
     const attempts: number[] = [];
     const server = await startServer(
-      (_t, ctx) => {
-        attempts.push(ctx.retryCount);
-        throw new Error(`attempt ${ctx.retryCount}`);
-      },
+      failing(attempts, (n) => new Error(`attempt ${n}`)),
       { retryDelay: () => 0 },
     );
     const row = await taskIn(info.id, 'archived');
@@ -147,45 +168,31 @@ describe('outcomes', () => {
   });
 
   test('a task with no handler fails like asynq NotFound and is retried', { timeout: 30_000 }, async () => {
-    await reset();
-    const info = await client.enqueue(new Task('nobody:handles'));
-    const server = await startServer(
+    const row = await retried(
+      'nobody:handles',
       new ServeMux().handle('email:', () => {}),
-      { retryDelay: () => 3_600_000 },
     );
-    const row = await taskIn(info.id, 'retry');
     assert.equal(row.error_msg, new HandlerNotFoundError('nobody:handles').message);
     assert.equal(row.error_msg, 'handler not found for task "nobody:handles"');
-    await server.shutdown();
   });
 
   test('a non-Error thrown is retried with its text', { timeout: 30_000 }, async () => {
-    await reset();
-    const info = await client.enqueue(new Task('throws-string'));
-    const server = await startServer(
-      () => {
-        throw 'boom';
-      },
-      { retryDelay: () => 3_600_000 },
-    );
-    const row = await taskIn(info.id, 'retry');
+    const row = await retried('throws-string', () => {
+      throw 'boom';
+    });
     assert.equal(row.error_msg, 'non-Error thrown: "boom"');
-    await server.shutdown();
   });
 
   test('a retryDelay returning NaN falls back to the default delay', { timeout: 30_000 }, async () => {
-    await reset();
-    const info = await client.enqueue(new Task('nan-delay'));
-    const server = await startServer(
+    const row = await retried(
+      'nan-delay',
       () => {
         throw new Error('x');
       },
       { retryDelay: () => Number.NaN },
     );
-    const row = await taskIn(info.id, 'retry');
     const [{ secs }] = await db.query('SELECT extract(epoch FROM run_at - last_failed_at)::float8 AS secs FROM {{schema}}.tasks WHERE id = $1', [row.id]);
     assert.ok(secs >= 15 && secs < 45, `default delay for n = 0 is 15–44 s, got ${secs}`);
-    await server.shutdown();
   });
 });
 
