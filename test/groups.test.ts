@@ -73,10 +73,11 @@ describe('closing a group', () => {
 
   test('by max delay: the oldest member waited groupMaxDelay, however recent the newest', { timeout: 30_000 }, async () => {
     await reset();
-    // A grace period far longer than the test: only the max delay can close the group.
-    const { ran } = await startServer({ groupGracePeriod: 600_000, groupMaxDelay: 500 });
     await client.enqueue(new Task('item', 1), { group: 'slow' });
     await client.enqueue(new Task('item', 2), { group: 'slow' });
+    // A grace period far longer than the test: only the max delay can close the group. Both members
+    // are in before the server starts: a pause between the enqueues cannot close the group on one.
+    const { ran } = await startServer({ groupGracePeriod: 600_000, groupMaxDelay: 500 });
     await waitFor(() => ran.length === 1, 20_000, 'the batch ran');
     assert.deepEqual(ran[0]?.payload, { group: 'slow', items: [1, 2] });
     assert.equal(await aggregating('slow'), 0);
