@@ -104,7 +104,8 @@ describe('logging', () => {
  */
 function onMovedTime(fn: (at: { ms: number }) => void): void {
   const real = performance.now.bind(performance);
-  const at = { ms: real() };
+  // Whole milliseconds: moves of 20 ms add up exactly (fractions would drift, 50 × 20 falling short of 1000).
+  const at = { ms: Math.ceil(real()) };
   performance.now = () => at.ms;
   try {
     fn(at);
