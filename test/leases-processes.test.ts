@@ -6,11 +6,20 @@
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { Task } from '../src/index.js';
-import { DatabaseClock } from '../src/internal/clock.js';
+import { DatabaseClock, type ClockTimer } from '../src/internal/clock.js';
 import { deferred, exited, spawnFixture, test, waitFor, type Fixture } from './helpers.js';
 import { HOUR, LONG_LEASE, MINUTE, leasesFile, moveClock } from './shared.js';
 
 const { db, client, startServer, reset, taskRow, taskIn, recordsEffect, activeTask } = leasesFile('t_leases_processes');
+
+/** A DatabaseClock that keeps the delay of every timer set on it: a test sees when the server waits on one. */
+class WatchedClock extends DatabaseClock {
+  readonly armed: number[] = [];
+  override setTimeout(fn: () => void, ms: number, unref?: boolean): ClockTimer {
+    this.armed.push(ms);
+    return super.setTimeout(fn, ms, unref);
+  }
+}
 
 describe('graceful shutdown', () => {
   test(
@@ -20,9 +29,9 @@ describe('graceful shutdown', () => {
       await reset();
       const info = await client.enqueue(new Task('stuck'), { maxRetry: 5 });
       await db.query('UPDATE {{schema}}.tasks SET retried = 2 WHERE id = $1', [info.id]);
-      // The shutdown timeout (and the grace after it) runs on the server's clock, which the test moves on
-      // a timeout at a time until the shutdown returns: real time alone (seconds) never reaches it.
-      const clock = new DatabaseClock();
+      // The shutdown timeout runs on the server's clock: the test moves it once the shutdown waits on it,
+      // and real time alone (seconds) never reaches it.
+      const clock = new WatchedClock();
       const SHUTDOWN_MS = 10 * MINUTE;
       let reason: unknown;
       let abortedAt: number | undefined;
@@ -35,12 +44,14 @@ describe('graceful shutdown', () => {
       );
       await waitFor(async () => (await taskRow(info.id))?.state === 'active');
       const other = await client.enqueue(new Task('later'));
-      let finished = false;
-      const shutdown = server.shutdown().finally(() => (finished = true));
-      await waitFor(() => finished || void clock.advance(SHUTDOWN_MS), 20_000, 'the shutdown, although the handler never returns');
+      const shutdown = server.shutdown();
+      await waitFor(() => clock.armed.includes(SHUTDOWN_MS), 20_000, 'the shutdown waiting for the handler');
+      assert.equal(abortedAt, undefined, 'not aborted before the timeout');
+      clock.advance(SHUTDOWN_MS);
+      // It returns although the handler never does.
       await shutdown;
       assert.equal((reason as Error).name, 'ServerClosedError');
-      assert.ok(abortedAt! >= SHUTDOWN_MS, `aborted ${abortedAt} ms into the moves of the clock, before the shutdown timeout`);
+      assert.equal(abortedAt, SHUTDOWN_MS, 'aborted once the clock passed the timeout');
       const row = await taskRow(info.id);
       assert.equal(row.state, 'pending');
       assert.equal(row.retried, 2);
