@@ -8,6 +8,7 @@ import { ConfigError, Server, Task } from '../src/index.js';
 import { DatabaseClock } from '../src/internal/clock.js';
 import { Prefetch } from '../src/server/prefetch.js';
 import { countByState, deferred, setupDb, test, waitFor } from './helpers.js';
+import { HOUR, LONG_LEASE, MINUTE } from './shared.js';
 
 /** The database's time as this test's servers see it: moved forward instead of slept through (a new one per test). */
 let clock = new DatabaseClock();
@@ -40,26 +41,6 @@ const enqueueN = (n: number, opts = {}) =>
     opts,
   );
 
-/**
- * Samples, from SQL, the tasks that are active (claimed) but whose handler has
- * not started: held for a slot. Returns the most seen at once, and the longest
- * any one was seen held.
- */
-async function sampleHeld(started: Set<string>, until: () => boolean): Promise<{ most: number; longestMs: number }> {
-  const firstSeen = new Map<string, number>();
-  let most = 0;
-  let longestMs = 0;
-  while (!until()) {
-    const rows = await db.query("SELECT id FROM {{schema}}.tasks WHERE state = 'active'");
-    const now = performance.now();
-    const held = rows.map((r) => r.id as string).filter((id) => !started.has(id));
-    most = Math.max(most, held.length);
-    for (const id of held) longestMs = Math.max(longestMs, now - (firstSeen.get(id) ?? firstSeen.set(id, now).get(id)!));
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  return { most, longestMs };
-}
-
 describe('adaptive prefetch (the default)', () => {
   test('short tasks: claims come to bring more tasks than there are slots', { timeout: 60_000 }, async () => {
     // Kept after completion, so each task's started_at (its claim's transaction time) stays readable.
@@ -74,21 +55,30 @@ describe('adaptive prefetch (the default)', () => {
 
   test('tasks slower than a claim round trip: none waits held for a slot', { timeout: 60_000 }, async () => {
     await enqueueN(6);
-    const started = new Set<string>();
-    let done = 0;
+    const started: string[] = [];
+    // Each handler takes ten minutes on the server's clock (moved, not slept through; within the
+    // default timeout of 30): the time prefetch measures for it dwarfs any claim's round trip, so
+    // none is held, however slow the machine.
     await startServer(
       async (_task, ctx) => {
-        started.add(ctx.taskId);
-        await new Promise((r) => setTimeout(r, 2000));
-        done++;
+        started.push(ctx.taskId);
+        // (Unref'd: a real timer of ten minutes must not hold the process if the test fails first.)
+        await new Promise<void>((resolve) => clock.setTimeout(resolve, 10 * MINUTE, true));
       },
-      { concurrency: 2 },
+      { concurrency: 2, ...LONG_LEASE },
     );
-    const { longestMs } = await sampleHeld(started, () => done >= 6);
-    // A task held for a slot waits for a handler to finish: up to 2 s here. The bound leaves a
-    // busy machine its claim-to-start latency; only a claim round trip over 500 ms (two round
-    // trips as long as a task) would make the design hold one.
-    assert.ok(longestMs < 1000, `a task was held ${Math.round(longestMs)} ms`);
+    for (const n of [2, 4, 6]) {
+      // The n-th task started and the ones before it finished: only the two running are active,
+      // the rest pending, claimable by any server. A held task would stay active, not pending.
+      const expected = { active: 2, ...(n < 6 ? { pending: 6 - n } : {}) };
+      await waitFor(
+        async () => started.length === n && JSON.stringify(await countByState(db)) === JSON.stringify(expected),
+        10_000,
+        `tasks ${n - 1} and ${n} running, none held`,
+      );
+      clock.advance(10 * MINUTE);
+    }
+    await waitFor(async () => Object.keys(await countByState(db)).length === 0, 10_000, 'all done');
   });
 
   test('the count held: two round trips of starts, none when a task outlasts them', () => {
@@ -169,27 +159,33 @@ describe('prefetch', () => {
   });
 
   test('the time a task was held counts against its deadline, not its timeout', { timeout: 30_000 }, async () => {
-    await client.enqueueMany([new Task('block')]);
-    const [late] = await client.enqueueMany([new Task('late')], { deadline: new Date(Date.now() + 1500) });
-    await client.enqueueMany([new Task('timed')], { timeout: 1000 });
+    await client.enqueueMany([new Task('block')], { timeout: 2 * HOUR });
+    const [late] = await client.enqueueMany([new Task('late')], { deadline: new Date(Date.now() + HOUR) });
+    await client.enqueueMany([new Task('timed')], { timeout: HOUR / 2 });
     const ran = new Map<string, string>();
     const gate = deferred();
+    const timedStarted = deferred();
+    const timedMayEnd = deferred();
     await startServer(
       async (task, ctx) => {
         if (task.type === 'block') return gate.promise;
+        timedStarted.resolve();
         const aborted = new Promise<string>((resolve) => ctx.signal.addEventListener('abort', () => resolve((ctx.signal.reason as Error).name)));
-        const done = new Promise<string>((resolve) => setTimeout(() => resolve('ran 300 ms'), 300));
-        ran.set(task.type, await Promise.race([aborted, done]));
+        ran.set(task.type, await Promise.race([aborted, timedMayEnd.promise.then(() => 'ran in full')]));
       },
-      { concurrency: 1, prefetch: 2, retryDelay: () => 60_000 },
+      { concurrency: 1, prefetch: 2, retryDelay: () => HOUR, ...LONG_LEASE },
     );
-    // Both wait behind the blocker for 1.8 s: past the deadline, longer than the timeout.
     await waitFor(async () => (await countByState(db)).active === 3, 10_000, 'all three claimed');
-    await new Promise((r) => setTimeout(r, 1800));
+    // Both wait behind the blocker for an hour and a minute of the server's clock: past the
+    // deadline, and twice the timeout.
+    clock.advance(HOUR + MINUTE);
     gate.resolve();
-    // The timeout runs from the handler's start: the held task runs in full.
+    // The timeout runs from the handler's start: the held task runs for most of it, and to its end.
+    await timedStarted.promise;
+    clock.advance(HOUR / 2 - MINUTE);
+    timedMayEnd.resolve();
     await waitFor(() => ran.get('timed'), 10_000, 'timed ran');
-    assert.equal(ran.get('timed'), 'ran 300 ms');
+    assert.equal(ran.get('timed'), 'ran in full');
     // The deadline passed while the task was held: it fails without its handler running.
     const row = await waitFor(
       async () => (await db.query('SELECT error_msg FROM {{schema}}.tasks WHERE id = $1 AND state = $2', [late!.id, 'retry']))[0],
