@@ -60,7 +60,7 @@ export const OPERATIONS_ROWS: Row[] = [
     error: 'InvalidCronSpecError',
     message: /^cronspec must be at most 256 characters \(got 10000\)$/,
     attempt: register(`${'1,'.repeat(4999)}10`),
-    note: 'timed in security.test.ts (SEC7)',
+    note: 'timed in security-limits.test.ts (SEC7)',
   },
   {
     n: 32,

@@ -12,7 +12,7 @@ import { setupDb } from './helpers.js';
 export function setupInspector(name: string) {
   const file = setupDb(name, {
     resetEach: true,
-    // Fast durations, as in server.test.ts.
+    // Fast durations, as in the server-*.test.ts files.
     server: { concurrency: 4, taskCheckInterval: 50, delayedTaskCheckInterval: 50, leaseDuration: 2000, heartbeatInterval: 200 },
   });
   const { db, client } = file;
