@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { describe } from 'node:test';
 import { Task, type TaskContext, type TaskInfo } from '../src/index.js';
+import { newLines } from '../src/cli/task-follow.js';
 import { fails, ok, plain, test, type Run } from './cli-admin-kit.js';
 import { DATABASE_URL, REPO, builtCli, deferred, runCli, setupDb, waitFor } from './helpers.js';
 
@@ -190,6 +191,19 @@ describe('task logs', () => {
       ],
     );
     assert.ok(objects.every((o) => !Number.isNaN(Date.parse(o.at))));
+  });
+
+  test('--follow tells the new lines from a fresh read: those after the longest end of the last read the log starts with', () => {
+    const at = new Date('2026-05-01T10:00:00Z');
+    const line = (message: string, attempt = 1) => ({ attempt, at, message });
+    const [a, b, c, d] = ['a', 'b', 'c', 'd'].map((m) => line(m));
+    assert.deepEqual(newLines([], [a!, b!]), [a, b]);
+    assert.deepEqual(newLines([a!, b!], [a!, b!]), []);
+    assert.deepEqual(newLines([a!, b!], [a!, b!, c!]), [c], 'appended');
+    assert.deepEqual(newLines([a!, b!, c!], [b!, c!, d!]), [d], 'the oldest dropped, one appended');
+    assert.deepEqual(newLines([a!, a!], [a!, a!, a!]), [a], 'repeated lines: the longest overlap');
+    assert.deepEqual(newLines([a!], [line('a', 2)]), [line('a', 2)], 'another attempt is another line');
+    assert.deepEqual(newLines([a!, b!], [c!, d!]), [c, d], 'more came than a log keeps: all of them');
   });
 
   test('--follow of a finished task prints and exits 0; Ctrl-C ends a follow with 0; an unknown task: exit 1', async () => {
