@@ -1,13 +1,17 @@
 /**
  * What the Inspector-backed commands (stats, queue, task, group, server,
- * cron) share: one Inspector per run, closed afterwards; the task states;
- * number parsers for options; colours on a TTY only.
+ * cron) share: one Inspector per run, closed afterwards (a Client likewise,
+ * for `task wait`); the task states; number and duration parsers for
+ * options; colours on a TTY only.
  *
- * The Inspector is imported lazily, inside actions, so `--help` loads nothing
- * that talks to a database.
+ * The Inspector and the Client are imported lazily, inside actions, so
+ * `--help` loads nothing that talks to a database.
  */
 import { InvalidArgumentError } from '@commander-js/extra-typings';
+import type { Client } from '../client.js';
 import type { Inspector } from '../inspector.js';
+import { parseDuration } from '../model/cron.js';
+import { MAX_TIMER_MS } from '../model/validate.js';
 import type { TaskState } from '../model/task.js';
 import { UsageError, type CliContext } from './context.js';
 import { style, type Style } from './format.js';
@@ -28,6 +32,30 @@ export async function withInspector<T>(ctx: CliContext, fn: (inspector: Inspecto
   } finally {
     await inspector.close().catch(() => {});
   }
+}
+
+/** Runs `fn` with a Client on the configured database and schema (as withInspector), and closes it. */
+export async function withClient<T>(ctx: CliContext, fn: (client: Client) => Promise<T>): Promise<T> {
+  const conn = ctx.connection();
+  const { Client } = await import('../client.js');
+  const client = new Client(conn);
+  try {
+    return await fn(client);
+  } finally {
+    await client.close().catch(() => {});
+  }
+}
+
+/**
+ * An option parser for a duration as `queue limit --rate` and cron's `@every`
+ * take one (units h, m, s, ms, combined: 30s, 500ms, 2m, 1m30s), from 1 ms to
+ * MAX_TIMER_MS (about 24.8 days); in ms. Anything else is bad usage (exit 2).
+ */
+export function durationArg(value: string): number {
+  const ms = parseDuration(value.trim());
+  if (ms === null) throw new InvalidArgumentError('must be a duration with its unit (h, m, s, ms), e.g. 30s, 500ms, 2m or 1m30s.');
+  if (ms < 1 || ms > MAX_TIMER_MS) throw new InvalidArgumentError(`must be from 1ms to ${MAX_TIMER_MS}ms (about 24.8 days).`);
+  return ms;
 }
 
 /** An option parser for an integer in [min, max]; anything else is bad usage (exit 2). */

@@ -7,6 +7,7 @@
  *   1  runtime failure ("error: <message>"; the stack only with --debug)
  *   2  bad usage: unknown command or option, bad argument, no database URL,
  *      or a ValidationError from the library (a bad --schema)
+ *   3  a wait timed out (`task wait --timeout`: WaitTimeoutError)
  *
  * To add a command: write src/cli/<name>.ts exporting a `register…(program, ctx)`
  * that calls only the library, and list it in COMMANDS below.
@@ -15,7 +16,7 @@ import { readFileSync } from 'node:fs';
 import { CommanderError } from '@commander-js/extra-typings';
 import { escapeInvisible } from '../internal/printable.js';
 import { redactConnectionString } from '../internal/redact.js';
-import { FailedPreconditionError, isValidationError } from '../model/errors.js';
+import { FailedPreconditionError, isValidationError, WaitTimeoutError } from '../model/errors.js';
 import { CliContext, UsageError, type CliIO } from './context.js';
 import { sanitize } from './sanitize.js';
 import { rootCommand, type CliProgram, type RegisterCommand } from './root.js';
@@ -34,6 +35,7 @@ import { registerTask } from './task.js';
 export const EXIT_OK = 0;
 export const EXIT_FAILURE = 1;
 export const EXIT_USAGE = 2;
+export const EXIT_TIMEOUT = 3;
 
 /** Every command, in the order `--help` lists them. */
 const COMMANDS: RegisterCommand[] = [
@@ -146,5 +148,5 @@ function report(err: unknown, ctx: CliContext): number {
   ctx.io.err.write(`error: ${escapeInvisible(oneLine(sanitize(message, url, ctx.io.env)))}\n`);
   if (err instanceof UsageError) ctx.io.err.write('(run pgasynq --help for usage)\n');
   if (debug && err instanceof Error && err.stack) ctx.io.err.write(`${escapeInvisible(sanitize(err.stack, url, ctx.io.env), { keepLineBreaks: true })}\n`);
-  return usage ? EXIT_USAGE : EXIT_FAILURE;
+  return usage ? EXIT_USAGE : err instanceof WaitTimeoutError ? EXIT_TIMEOUT : EXIT_FAILURE;
 }

@@ -1,5 +1,6 @@
 /**
- * `pgasynq task ls | inspect | cancel | delete | archive | run | deleteall | archiveall | runall`:
+ * `pgasynq task ls | inspect | cancel | delete | archive | run | deleteall | archiveall | runall`
+ * (and `task logs | wait`, in task-follow.ts):
  * each a single Inspector call, but for two that take less than the call
  * needs: `task ls` without --state (a page of every state, with the queue's
  * counts) and `task inspect ID` without a queue (first the queues holding
@@ -18,13 +19,14 @@
 import { Option } from '@commander-js/extra-typings';
 import type { Inspector } from '../inspector.js';
 import { actOnAll, listTasks, listTasksByState, queuesWithTask } from '../inspector-internal.js';
-import { attemptText, lastFailedText } from '../model/attempt.js';
 import { BULK_STATES, type TaskAction } from '../model/task-actions.js';
 import type { TaskInfo, TaskState } from '../model/task.js';
 import { colours, intInRange, jsonNote, OK, parseState, STATES, withInspector } from './common.js';
 import { UsageError, type CliContext } from './context.js';
-import { duration, fields, jsonText, relative, table, truncate, when } from './format.js';
+import { jsonText, relative, table, truncate } from './format.js';
 import type { CliProgram } from './root.js';
+import { registerTaskFollow } from './task-follow.js';
+import { inspectJson, refs, taskView } from './task-view.js';
 
 type Bulk = 'deleteall' | 'archiveall' | 'runall';
 
@@ -94,44 +96,6 @@ function taskTable(state: TaskState, tasks: TaskInfo[], now: number): string[] {
         tasks.map((t) => [...base(t), `${t.waitingFor} of ${t.dependsOn.length}`, truncate(refs(t), 50)]),
       );
   }
-}
-
-/** When the task last failed, and which attempt that was when it can be told. */
-function lastFailed(t: TaskInfo, now: number): string {
-  const attempt = lastFailedText(t);
-  return attempt === null ? when(t.lastFailedAt, now) : `${when(t.lastFailedAt, now)}, ${attempt}`;
-}
-
-/** A task's dependencies as `queue/id, …`. */
-const refs = (t: TaskInfo) => t.dependsOn.map((d) => `${d.queue}/${d.id}`).join(', ');
-
-function taskFields(t: TaskInfo): string[] {
-  const now = Date.now();
-  return fields([
-    ['id', t.id],
-    ['queue', t.queue],
-    ['type', t.type],
-    ['state', t.state],
-    ['enqueued at', when(t.enqueuedAt, now)],
-    ['started at', when(t.startedAt, now)],
-    ['payload', jsonText(t.payload)],
-    ['headers', Object.keys(t.headers).length === 0 ? '-' : JSON.stringify(t.headers)],
-    ['retried', `${t.retried} of ${t.maxRetry}`],
-    ['attempt', attemptText(t)],
-    ['last error', t.lastError ?? '-'],
-    ['last failed at', lastFailed(t, now)],
-    ['next process at', when(t.nextProcessAt, now)],
-    ['timeout', t.timeout === 0 ? '-' : duration(t.timeout)],
-    ['deadline', when(t.deadline, now)],
-    ['group', t.group ?? '-'],
-    ['priority', String(t.priority)],
-    ['concurrency key', t.concurrencyKey ?? '-'],
-    ['retention', duration(t.retention)],
-    ['completed at', when(t.completedAt, now)],
-    ['result', jsonText(t.result)],
-    ...(t.dependsOn.length > 0 ? [['depends on', refs(t)] as const, ['waiting for', `${t.waitingFor} of ${t.dependsOn.length} dependencies`] as const] : []),
-    ...(t.state === 'active' ? [['orphaned', t.isOrphaned ? 'yes (lease expired, not yet recovered)' : 'no'] as const] : []),
-  ]);
 }
 
 /**
@@ -239,22 +203,33 @@ export function registerTask(program: CliProgram, ctx: CliContext): void {
     .addHelpText(
       'after',
       '\nTask ids are unique per queue: when several queues hold the id, name the queue (task inspect QUEUE ID).\n' +
-        jsonNote('Inspector.getTaskInfo(queue, id): a TaskInfo'),
+        '\nIts progress is the last value its handler gave ctx.progress(): a percentage (40%) or a JSON object.\n' +
+        'Then its attempts, one row per run, oldest first: the attempt number (a snoozed run and the run\n' +
+        'after it share one), the server that ran it, when it started and ended ("running" while it runs),\n' +
+        'how it ended (completed, failed, snoozed, canceled, timeout, lost, shutdown) and its error.\n' +
+        jsonNote('Inspector.getTaskInfo(queue, id), a TaskInfo, with one key more: "attempts", what Inspector.listAttempts(queue, id) returns'),
     )
     .action(async (first, second) => {
-      const info = await withInspector(ctx, async (i) => {
-        if (second !== undefined) return i.getTaskInfo(first, second);
-        const id = first;
-        const queues = await queuesWithTask(i, id);
-        const [queue, ...others] = queues;
-        if (queue === undefined) throw new Error(`cannot find task with id=${id} in any queue`);
-        if (others.length > 0) {
-          throw new Error(`${queues.length} queues hold a task with id=${id} (${queues.join(', ')}): say which, with: pgasynq task inspect QUEUE ${id}`);
+      const [info, attempts] = await withInspector(ctx, async (i) => {
+        let queue = first;
+        let id = second;
+        if (id === undefined) {
+          id = first;
+          const queues = await queuesWithTask(i, id);
+          const [only, ...others] = queues;
+          if (only === undefined) throw new Error(`cannot find task with id=${id} in any queue`);
+          if (others.length > 0) {
+            throw new Error(`${queues.length} queues hold a task with id=${id} (${queues.join(', ')}): say which, with: pgasynq task inspect QUEUE ${id}`);
+          }
+          queue = only;
         }
-        return i.getTaskInfo(queue, id);
+        // Two reads: a run that ends in between shows as running in the attempts.
+        return Promise.all([i.getTaskInfo(queue, id), i.listAttempts(queue, id)]);
       });
-      ctx.emit(info, () => taskFields(info));
+      ctx.emit(inspectJson(info, attempts), () => taskView(info, attempts, colours(ctx)));
     });
+
+  registerTaskFollow(task, ctx);
 
   task
     .command('cancel')

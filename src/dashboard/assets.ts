@@ -83,6 +83,10 @@ form.inline{display:inline}form .btn+.btn{margin-left:6px}td.actions .btn{margin
 pre.code{margin:0;padding:12px;background:var(--code);border-radius:8px;overflow:auto;max-height:480px;white-space:pre}
 pre.error-text{white-space:pre-wrap;color:var(--bad)}
 .timeline{list-style:none;margin:0;padding:0}.timeline li{padding:4px 0 4px 14px;border-left:2px solid var(--line);margin-left:4px}.timeline li.future{border-left-style:dashed;opacity:.8}
+.timeline pre.attempt-error{margin:6px 0 2px;padding:8px 10px;max-height:160px;font-size:12px}
+.progress-row{display:flex;align-items:center;gap:12px}.progress{flex:1;min-width:0}.progress-svg{width:100%;height:12px;display:block;border-radius:6px;overflow:hidden}.progress-value{font-weight:600;font-variant-numeric:tabular-nums;white-space:nowrap}
+pre.progress-json{margin-top:10px;max-height:240px}
+.log-wrap{max-height:480px;overflow:auto}table.logs td{padding:3px 8px;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}table.logs td.log-msg{width:100%;white-space:pre-wrap;word-break:break-word}
 table.kv th{width:1%;color:var(--muted);font-weight:500}table.kv td{white-space:pre-wrap;word-break:break-all}
 .chart-svg{width:100%;height:auto;display:block}
 .live-chart{min-height:120px}.live-chart svg{width:100%;height:auto;display:block}

@@ -1,7 +1,8 @@
 /**
- * The task page: one task's facts, timeline, lease, payload, result and
- * headers, and for a task of a workflow its dependencies and dependents,
- * each a link to its own page, so a chain can be walked both ways.
+ * The task page: one task's facts, progress, timeline (with every run it
+ * made), lease, log lines, payload, result and headers, and for a task of a
+ * workflow its dependencies and dependents, each a link to its own page, so
+ * a chain can be walked both ways.
  */
 import { PAGE_VALUE_CHARS, type DependencyPreview, type TaskPageInfo, type ValueExcerpt } from '../model/previews.js';
 import { listTaskDependencies, listTaskDependents, taskPageInfo } from '../inspector-internal.js';
@@ -11,6 +12,7 @@ import { datetime, duration, instant, num, pretty, relative } from './format.js'
 import { html, type Html } from './html.js';
 import { ALLOWED, OP_LABEL, type PageContext, type PageResult, actionForm, badge, confirmText, href, layout, opButton, queuePath, taskPath } from './pages.js';
 import { taskKey, workersByTask } from './queue-pages.js';
+import { attemptEntries, logsCard, progressCard } from './task-following.js';
 
 /** Dependencies, and dependents, a task page lists: a task may have up to MAX_DEPENDENCIES of the first, any number of the second. */
 const MAX_LISTED = 100;
@@ -90,9 +92,12 @@ ${moreNote(dependents.total, shown.length)}</section>`;
 export async function taskPage(ctx: PageContext, queue: string, id: string): Promise<PageResult> {
   const t = await taskPageInfo(ctx.inspector, queue, id, ctx.hidePayloads);
   const now = Date.now();
-  const [w, workflow] = await Promise.all([
+  const [w, workflow, attempts, logs] = await Promise.all([
     t.state === 'active' ? workersByTask(ctx.inspector).then((m) => m.get(taskKey(t.queue, t.id))) : undefined,
     workflowSections(ctx, t),
+    ctx.inspector.listAttempts(t.queue, t.id),
+    // At most MAX_LOG_LINES (64 KiB) kept: read whole, to say how many the page leaves out.
+    ctx.hidePayloads ? ('hidden' as const) : ctx.inspector.getTaskLogs(t.queue, t.id),
   ]);
   const ops = ctx.readOnly ? [] : ALLOWED[t.state];
   const actions =
@@ -120,21 +125,29 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
     ['Retention', t.retention === 0 ? 'none (deleted when done)' : duration(t.retention)],
   ]);
 
-  type Ev = { at: Date; label: string; detail?: string };
-  const evs: Ev[] = [];
-  evs.push({ at: t.enqueuedAt, label: 'enqueued' });
-  if (w) evs.push({ at: w.worker.startedAt, label: 'started', detail: `by ${w.server.host}:${w.server.pid}` });
-  else if (t.startedAt) evs.push({ at: t.startedAt, label: 'started', detail: t.leaseOwner ? `by server ${t.leaseOwner.slice(0, 8)}` : undefined });
-  if (t.lastFailedAt) evs.push({ at: t.lastFailedAt, label: 'failed', detail: lastFailedText(t) ?? undefined });
-  if (t.completedAt) evs.push({ at: t.completedAt, label: 'completed' });
-  if (t.nextProcessAt && t.state !== 'pending') evs.push({ at: t.nextProcessAt, label: t.state === 'retry' ? 'next retry' : 'due' });
-  if (t.completedAt && t.retention > 0) evs.push({ at: new Date(t.completedAt.getTime() + t.retention), label: 'deleted (end of retention)' });
-  if (t.deadline) evs.push({ at: t.deadline, label: 'deadline' });
+  // The task's events, and each run it made: with its runs recorded, they tell when it started and failed.
+  const evs: { at: Date; li: Html }[] = [];
+  const ev = (at: Date, label: string, detail?: string) =>
+    evs.push({
+      at,
+      li: html`<li class="${at.getTime() > now ? 'future' : ''}"><time datetime="${datetime(at)}">${instant(at)}</time> <strong>${label}</strong> <span class="muted">${relative(at, now)}${detail ? ` · ${detail}` : ''}</span></li>`,
+    });
+  ev(t.enqueuedAt, 'enqueued');
+  if (attempts.length > 0) evs.push(...attemptEntries(attempts, t, { hide: ctx.hidePayloads, now, live: w?.server }));
+  else {
+    if (w) ev(w.worker.startedAt, 'started', `by ${w.server.host}:${w.server.pid}`);
+    else if (t.startedAt) ev(t.startedAt, 'started', t.leaseOwner ? `by server ${t.leaseOwner.slice(0, 8)}` : undefined);
+    if (t.lastFailedAt) ev(t.lastFailedAt, 'failed', lastFailedText(t) ?? undefined);
+  }
+  if (t.completedAt) ev(t.completedAt, 'completed');
+  if (t.nextProcessAt && t.state !== 'pending') ev(t.nextProcessAt, t.state === 'retry' ? 'next retry' : 'due');
+  if (t.completedAt && t.retention > 0) ev(new Date(t.completedAt.getTime() + t.retention), 'deleted (end of retention)');
+  if (t.deadline) ev(t.deadline, 'deadline');
   evs.sort((a, b) => a.at.getTime() - b.at.getTime());
-  const timeline = html`<section class="card"><h2>Timeline</h2>${
+  const timeline = html`<section class="card"><h2>Timeline${attempts.length > 0 ? html` <span class="muted small">${num(attempts.length)} run${attempts.length === 1 ? '' : 's'}</span>` : ''}</h2>${
     evs.length === 0
       ? html`<p class="muted">${t.state === 'pending' ? 'Waiting to be picked up.' : 'Nothing recorded yet.'}</p>`
-      : html`<ol class="timeline">${evs.map((e) => html`<li class="${e.at.getTime() > now ? 'future' : ''}"><time datetime="${datetime(e.at)}">${instant(e.at)}</time> <strong>${e.label}</strong> <span class="muted">${relative(e.at, now)}${e.detail ? ` · ${e.detail}` : ''}</span></li>`)}</ol>`
+      : html`<ol class="timeline">${evs.map((e) => e.li)}</ol>`
   }</section>`;
 
   const lease =
@@ -171,11 +184,13 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
       'queues',
       html`<nav class="crumbs"><a href="${ctx.base}/">Queues</a> / <a href="${href(ctx, queuePath(queue), { state: t.state })}">${queue}</a> / <span>${t.id}</span></nav>
 <div class="page-head" data-region id="r-thead"><h1><code>${t.id}</code> ${badge(t.state, t.state)}</h1><div class="head-actions">${actions}</div></div>
+<div data-region id="r-progress">${progressCard(t.progress, ctx.hidePayloads)}</div>
 <div class="grid2">
 <section class="card" data-region id="r-facts"><h2>Task</h2>${facts}</section>
 <div data-region id="r-timeline">${timeline}${lease}</div>
 </div>
 ${errorBlock}
+<div data-region id="r-logs">${logsCard(logs)}</div>
 ${workflow}
 ${block('Payload', t.payload, 'payload')}
 ${t.state === 'completed' || t.result !== null ? block('Result', t.result, 'result') : ''}
