@@ -31,13 +31,14 @@ export interface FaultTestOptions {
   /** The test schema, and the name of its logs' folder under results/logs/. */
   schema: string;
   timeout: number;
-  cluster?: ClusterOptions;
+  /** The cluster's settings; a function when they depend on what the test sets up first (a network namespace's address). */
+  cluster?: ClusterOptions | (() => ClusterOptions);
 }
 
 /** A test on a harness of its own, torn down once the test is over (also when it failed or timed out). */
 export function faultTest(title: string, o: FaultTestOptions, body: (h: Harness) => Promise<void>): void {
   test(title, { timeout: o.timeout }, async (t) => {
-    const h = await createHarness(o.schema, o.cluster);
+    const h = await createHarness(o.schema, typeof o.cluster === 'function' ? o.cluster() : o.cluster);
     t.after(() => h.teardown());
     await body(h);
   });
