@@ -1,10 +1,12 @@
 /**
  * A process the harness spawned (a worker, a producer, a load child): its
  * stdout event lines as they come, its latest metrics line, the signals the
- * harness sent it and how it exited.
+ * harness sent it and how it exited; and the options a worker or a producer
+ * is spawned with.
  */
 import type { ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
+import type { Profile } from './profile.js';
 
 export interface WorkerMetrics {
   claimed: number;
@@ -21,6 +23,38 @@ export interface SpawnSpec {
   env: Record<string, string>;
   /** A command put in front of node (`ip netns exec <ns>`, which execs in place: the pid stays node's). */
   wrap?: string[];
+}
+
+/** What h.spawnWorker() makes of a worker (children/worker.ts's environment). */
+export interface WorkerOptions {
+  concurrency?: number;
+  profile?: Partial<Profile>;
+  sleepMin?: number;
+  sleepMax?: number;
+  ignoreAbort?: boolean;
+  /** Wait for the ready line (default true). */
+  waitReady?: boolean;
+  /** More environment for the process (a preloaded libfaketime, say). */
+  env?: Record<string, string>;
+  /** A command to run the worker under, one that execs it in place (netns.ts: `ip netns exec <ns>`). */
+  wrap?: string[];
+}
+
+/** What h.spawnProducer() makes of a producer (children/producer.ts's environment). */
+export interface ProducerOptions {
+  count: number;
+  /** Tasks per second; 0: as fast as `inflight` allows. */
+  rate: number;
+  inflight?: number;
+  type?: string;
+  maxRetry?: number;
+  /** Share of tasks (0–1) enqueued 0.5–2 s ahead, their due time recorded for I6. */
+  scheduled?: number;
+  /** Each task's handler sleeps a duration drawn from [msMin, msMax] ms. */
+  msMin?: number;
+  msMax?: number;
+  /** More environment for the process (CLIENT_POOL=user, say). */
+  env?: Record<string, string>;
 }
 
 /** A process the harness spawned. */

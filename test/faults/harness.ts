@@ -23,49 +23,19 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { Client, Inspector, migrate, Task, type EnqueueCallOptions, type TaskInfo } from '../../src/index.js';
 import { checkCron, checkUnique, figuresOf, ORACLE_SQL, runChecks, type CheckOptions, type Checks } from './checks.js';
-import { Child, type SpawnSpec, type WorkerMetrics } from './child.js';
+import { Child, type ProducerOptions, type SpawnSpec, type WorkerMetrics, type WorkerOptions } from './child.js';
 import { startCluster, type Cluster, type ClusterOptions } from './cluster.js';
 import { RESULTS_DIR, type Figures } from './figures.js';
-import { FAST, type Profile } from './profile.js';
+import { FAST } from './profile.js';
 import { startStuckSampler, type Sampler } from './samplers.js';
 
 export { assertInvariants, type Checks } from './checks.js';
-export { Child, type SpawnSpec, type WorkerMetrics } from './child.js';
+export { Child, type ProducerOptions, type SpawnSpec, type WorkerMetrics, type WorkerOptions } from './child.js';
 export { recordFigures, RESULTS_DIR, RESULTS_FILE, type Figures } from './figures.js';
 export { BOUND_S, FAST, ORACLE_BOUND_S, type Profile } from './profile.js';
 
 const HERE = fileURLToPath(new URL('.', import.meta.url));
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
-
-export interface WorkerOptions {
-  concurrency?: number;
-  profile?: Partial<Profile>;
-  sleepMin?: number;
-  sleepMax?: number;
-  ignoreAbort?: boolean;
-  /** Wait for the ready line (default true). */
-  waitReady?: boolean;
-  /** More environment for the process (a preloaded libfaketime, say). */
-  env?: Record<string, string>;
-  /** A command to run the worker under, one that execs it in place (netns.ts: `ip netns exec <ns>`). */
-  wrap?: string[];
-}
-
-export interface ProducerOptions {
-  count: number;
-  /** Tasks per second; 0: as fast as `inflight` allows. */
-  rate: number;
-  inflight?: number;
-  type?: string;
-  maxRetry?: number;
-  /** Share of tasks (0–1) enqueued 0.5–2 s ahead, their due time recorded for I6. */
-  scheduled?: number;
-  /** Each task's handler sleeps a duration drawn from [msMin, msMax] ms. */
-  msMin?: number;
-  msMax?: number;
-  /** More environment for the process (CLIENT_POOL=user, say). */
-  env?: Record<string, string>;
-}
 
 export interface Harness {
   name: string;
