@@ -1,37 +1,43 @@
 /**
- * The faults the workflow and limit tests (F32, F32b, F33, F33b) inflict
- * mid-run, and the oracle they share: a worker killed -9 and respawned, a
- * PostgreSQL crash (immediate stop, down a while, start), the same crash with
- * the WAL writer held so that what committed asynchronously is lost with it,
- * and the triggers that log every completion and release in the transaction
- * that makes it.
+ * The faults the tests inflict mid-run: a worker killed -9 and respawned
+ * (the victim picked among the live workers by what it holds), a PostgreSQL
+ * crash (immediate stop, down a while, start), the same crash with the WAL
+ * writer held so that what committed asynchronously is lost with it, and the
+ * two in turns (F32, F33) or one after another at handler starts (F32b, F33b).
  */
 import { sleep, waitFor, type Child, type Harness } from './harness.js';
 
 /**
- * wf_done: every completion; wf_rel: every way out of `waiting`. Each row is
- * written by the transaction that makes the change (its id in `xid`), so a
- * change lost with a crashed transaction is lost with its row, and one that
- * commits twice shows as two rows.
+ * A live worker holding at least `min` of what `held` counts (random among
+ * them), never the last live one: someone must be left to rescue its tasks.
+ * `held` reads the counts once per try; waits up to 30 s.
  */
-export const WORKFLOW_LOG_SQL = `
-CREATE TABLE {{schema}}.wf_done (seq bigint NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE TABLE {{schema}}.wf_rel (seq bigint NOT NULL, state text NOT NULL, xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-  at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE FUNCTION {{schema}}.wf_log() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF TG_ARGV[0] = 'done' THEN
-    INSERT INTO {{schema}}.wf_done (seq) VALUES (NEW.seq);
-  ELSE
-    INSERT INTO {{schema}}.wf_rel (seq, state) VALUES (NEW.seq, NEW.state);
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE TRIGGER wf_done AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (NEW.state = 'completed' AND OLD.state IS DISTINCT FROM 'completed') EXECUTE FUNCTION {{schema}}.wf_log('done');
-CREATE TRIGGER wf_rel AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (OLD.state = 'waiting' AND NEW.state IS DISTINCT FROM 'waiting') EXECUTE FUNCTION {{schema}}.wf_log('rel');`;
+export function pickVictim(
+  live: () => Iterable<Child>,
+  held: () => Promise<(w: Child) => number>,
+  o: { min: number; what: string; everyMs: number },
+): Promise<{ victim: Child; held: number }> {
+  return waitFor(
+    async () => {
+      const candidates = [...live()];
+      if (candidates.length < 2) return undefined;
+      const count = await held();
+      const busy = candidates.flatMap((w) => (count(w) >= o.min ? [{ victim: w, held: count(w) }] : []));
+      return busy[Math.floor(Math.random() * busy.length)];
+    },
+    30_000,
+    o.what,
+    o.everyMs,
+  );
+}
+
+/** `held` for pickVictim(): per worker, a count by lease_owner (`owner`, `held` columns) that `sql` returns; none while the database refuses. */
+export function heldByOwner(h: Harness, sql: string, values?: unknown[]): () => Promise<(w: Child) => number> {
+  return async () => {
+    const rows = await h.query<{ owner: string; held: number }>(sql, values).catch(() => []);
+    return (w) => rows.find((r) => r.owner === w.serverId)?.held ?? 0;
+  };
+}
 
 /**
  * Kills `victim` with SIGKILL and takes it out of `live`; resolves once a
@@ -90,4 +96,73 @@ export function nextHandlerStart(h: Harness, match: (taskId: string) => boolean,
   const armed = Date.now();
   const workers = h.children.filter((w) => w.role === 'worker' && w.alive);
   return Promise.any(workers.map((w) => w.waitEvent((e) => e.event === 'started' && e.at >= armed && match(String(e.taskId)), timeoutMs, 'a handler start')));
+}
+
+export interface TurnsOptions {
+  kills: number;
+  crashes: number;
+  /** Before each fault: a wait of gapMs[0] + a random share of gapMs[1]. */
+  gapMs: [number, number];
+  downMs: number;
+  /** Whom to kill: pickVictim()'s `held` and options. */
+  held: () => Promise<(w: Child) => number>;
+  victim: { min: number; what: string; everyMs: number };
+  /** What a crash is noted with, just before it (releases in flight, tasks active: it may wait for its moment). */
+  beforeCrash: () => Promise<number>;
+}
+
+export interface Turns {
+  /** What each victim held when killed. */
+  heldAtKill: number[];
+  /** What beforeCrash() said before each crash. */
+  atCrash: number[];
+  restartMs: number[];
+  /** performance.now() once the harness had reconnected after each crash. */
+  reconnectedAt: number[];
+  /** Resolves once every killed worker runs again. */
+  respawned: Promise<unknown>;
+}
+
+/**
+ * Kill -9 and crash in turns, a kill first (kill, crash, kill, … while both are left), the victims
+ * among `workers` (and their respawns), each respawned 2 s after its kill, each crash down `downMs`.
+ */
+export async function killsAndCrashes(h: Harness, workers: Child[], o: TurnsOptions): Promise<Turns> {
+  const live = new Map<string, Child>(workers.map((w) => [w.name, w]));
+  const t: Turns = { heldAtKill: [], atCrash: [], restartMs: [], reconnectedAt: [], respawned: Promise.resolve() };
+  const respawns: Promise<void>[] = [];
+  for (let i = 0; i < o.kills + o.crashes; i++) {
+    await sleep(o.gapMs[0] + Math.random() * o.gapMs[1]);
+    const kill = t.restartMs.length >= o.crashes || (t.heldAtKill.length < o.kills && t.heldAtKill.length <= t.restartMs.length);
+    if (kill) {
+      const { victim, held } = await pickVictim(() => live.values(), o.held, o.victim);
+      t.heldAtKill.push(held);
+      respawns.push(killAndRespawn(h, victim, live));
+    } else {
+      t.atCrash.push(await o.beforeCrash());
+      t.restartMs.push(await crashAndRestart(h, o.downMs));
+      t.reconnectedAt.push(performance.now());
+    }
+  }
+  t.respawned = Promise.all(respawns);
+  return t;
+}
+
+/**
+ * `crashes` crashes with the WAL writer held (crashWithWalHeld), each as soon as `trigger(i)`
+ * resolves (a handler's start), after a wait of gapMs[0] + a random share of gapMs[1].
+ */
+export async function walHeldCrashes(
+  h: Harness,
+  o: { crashes: number; downMs: number; gapMs: [number, number]; trigger: (i: number) => Promise<unknown> },
+): Promise<{ restartMs: number[]; crashedAt: number[]; untargeted: number }> {
+  const r = { restartMs: [] as number[], crashedAt: [] as number[], untargeted: 0 };
+  for (let i = 0; i < o.crashes; i++) {
+    await sleep(o.gapMs[0] + Math.random() * o.gapMs[1]);
+    const crash = await crashWithWalHeld(h, o.downMs, () => o.trigger(i));
+    r.crashedAt.push(crash.crashedAt);
+    r.restartMs.push(crash.restartMs);
+    if (!crash.targeted) r.untargeted++;
+  }
+  return r;
 }

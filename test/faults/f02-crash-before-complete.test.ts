@@ -21,23 +21,19 @@
  *   - each killed worker's task is rescued within B (+2 s on this machine).
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { assertInvariants, BOUND_S, createHarness, recordFigures, sleep, type Child, type Harness } from './harness.js';
+import { BOUND_S, sleep, type Child } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const TASKS = 400;
 const FLAGGED = TASKS / 20; // 5 %
 const RATE = 10;
 const WORKERS = ['w1', 'w2', 'w3', 'w4', 'w5', 'w6'];
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test(
+faultTest(
   `F02 crash-after-external-effect-before-complete: ${FLAGGED} of ${TASKS} tasks SIGKILL their worker before the commit; effect once, external effect twice`,
-  { timeout: 240_000 },
-  async () => {
-    h = await createHarness('f02');
-    const harness = h;
+  { schema: 'f02', timeout: 240_000 },
+  async (h) => {
     const workerOpts = { concurrency: 1, sleepMin: 50, sleepMax: 250 };
     const recoveries: Promise<number>[] = [];
     const respawns: Promise<unknown>[] = [];
@@ -51,12 +47,12 @@ test(
         if (signal !== 'SIGKILL' || !kill) return;
         w.signals.push('SIGKILL');
         selfKills.push({ worker: w.tag, taskId: kill.taskId });
-        recoveries.push(harness.trackRecovery(w.serverId!, 30_000));
+        recoveries.push(h.trackRecovery(w.serverId!, 30_000));
         if (stopRespawning) return;
-        respawns.push(harness.respawn(w).then(watch));
+        respawns.push(h.respawn(w).then(watch));
       });
     };
-    const workers = await Promise.all(WORKERS.map((n) => harness.spawnWorker(n, workerOpts)));
+    const workers = await h.spawnWorkers(WORKERS, workerOpts);
     workers.forEach(watch);
     h.startSampler();
     const t0 = performance.now();
@@ -84,7 +80,7 @@ test(
            coalesce(max(starts) FILTER (WHERE type = 'killtx'), 0)::int AS killtx_attempts_max
     FROM x`);
     const sorted = [...recovery].sort((a, b) => a - b);
-    const fig = h.figures('F02 crash-after-external-effect-before-complete', c, {
+    const fig = report(h, c, 'F02 crash-after-external-effect-before-complete', {
       recovery_s: sorted.length ? sorted[sorted.length - 1]! : null,
       recovery_p50_s: sorted.length ? sorted[Math.floor(sorted.length / 2)]! : null,
       flagged: f.flagged,
@@ -97,9 +93,7 @@ test(
         `${WORKERS.length} workers x 1 slot, ${TASKS} tasks at ${RATE}/s, ${FLAGGED} (5 %) of type killtx: SIGKILL of the own process after h_exec(end), before ctx.transaction; ` +
         `respawned on exit; dup_external = flagged tasks run again (at-least-once for external effects), dup_effects 0 (exactly once under ctx.transaction); recovery_s = max per kill (p50 in recovery_p50_s), B = ${BOUND_S} s`,
     });
-    recordFigures(fig);
     console.log(`figures ${JSON.stringify(fig)}`);
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
     assert.equal(c.acked, TASKS, 'every task was acknowledged');
     assert.equal(f.flagged, FLAGGED, `${FLAGGED} flagged tasks`);
     assert.equal(selfKills.length, FLAGGED, 'each flagged task killed its worker once');

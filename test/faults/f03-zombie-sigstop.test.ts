@@ -9,26 +9,22 @@
  * happens once, by w2, under w2's lease (I5).
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { FAST, sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const FREEZE_MS = 3 * FAST.leaseDuration;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test(
+faultTest(
   'F03 zombie-sigstop-past-lease: a frozen worker wakes after its tasks were rescued; its writes are refused, effects once',
-  { timeout: 150_000 },
-  async () => {
-    h = await createHarness('f03');
-    const harness = h;
+  { schema: 'f03', timeout: 150_000 },
+  async (h) => {
     const [w1, w2] = await Promise.all([h.spawnWorker('w1', { concurrency: 4, ignoreAbort: true }), h.spawnWorker('w2', { concurrency: 4 })]);
     h.startSampler();
     // w2 sleeps while w1 takes all four tasks, then w1 sleeps while w2 rescues them.
     h.signal(w2, 'SIGSTOP');
     const producer = await h.spawnProducer({ count: 4, rate: 0, msMin: 3000, maxRetry: MAX_RETRY });
-    await waitFor(async () => (await harness.openStarts())[w1.tag] === 4, 30_000, 'w1 to hold 4 running tasks', 50);
+    await waitFor(async () => (await h.openStarts())[w1.tag] === 4, 30_000, 'w1 to hold 4 running tasks', 50);
     const held = (await h.query<{ id: string }>("SELECT id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w1.serverId])).map((r) => r.id);
     const fencedBefore = w1.metrics?.fencedWrites ?? 0;
     h.signal(w1, 'SIGSTOP');
@@ -47,7 +43,7 @@ test(
     // Every zombie attempt ends: refused (fenced), aborted, or (it must not) with an effect.
     const zombieEnds = async () =>
       (
-        await harness.query<{ n: number }>(
+        await h.query<{ n: number }>(
           `SELECT count(DISTINCT s.attempt)::int AS n FROM {{schema}}.h_exec s
          WHERE s.worker = $1 AND s.phase = 'start' AND s.task_id = ANY($2)
            AND (EXISTS (SELECT 1 FROM {{schema}}.h_exec e WHERE e.attempt = s.attempt AND e.phase IN ('fenced', 'abort'))
@@ -60,9 +56,7 @@ test(
     await producer.exited;
     // w1 goes on working after it woke, without a restart.
     await h.spawnProducer({ count: 12, rate: 0, msMin: 200, maxRetry: MAX_RETRY }, 'producer2');
-    await h.waitDrained(60_000);
-    await sleep(700);
-    await h.stopSampler();
+    await h.settle(60_000);
 
     const zombie = (
       await h.query<{ local: number; db: number; effects: number; aborts: number }>(
@@ -76,20 +70,17 @@ test(
     )[0]!;
     const zombieHeartbeatsFenced = (w1.metrics?.fencedWrites ?? 0) - fencedBefore;
     const c = await h.check({ maxRetry: MAX_RETRY });
-    recordFigures(
-      h.figures('F03 zombie-sigstop-past-lease', c, {
-        recovery_s,
-        zombie_tx_refused_locally: zombie.local,
-        zombie_tx_refused_by_db: zombie.db,
-        zombie_effects: zombie.effects,
-        zombie_fenced_writes: zombieHeartbeatsFenced,
-        rescued_before_wake: rescuedBeforeWake,
-        notes:
-          `F03a (R5 on; no hook turns it off): w1 froze ${FREEZE_MS / 1000} s holding 4 tasks of 3 s, its handler ignores the abort and calls ctx.transaction on waking; ` +
-          `transactions refused locally ${zombie.local}, by the token ${zombie.db}; zombie_fenced_writes = w1's fenced writes after waking (heartbeats, transactions); zombie effects ${zombie.effects}`,
-      }),
-    );
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
+    report(h, c, 'F03 zombie-sigstop-past-lease', {
+      recovery_s,
+      zombie_tx_refused_locally: zombie.local,
+      zombie_tx_refused_by_db: zombie.db,
+      zombie_effects: zombie.effects,
+      zombie_fenced_writes: zombieHeartbeatsFenced,
+      rescued_before_wake: rescuedBeforeWake,
+      notes:
+        `F03a (R5 on; no hook turns it off): w1 froze ${FREEZE_MS / 1000} s holding 4 tasks of 3 s, its handler ignores the abort and calls ctx.transaction on waking; ` +
+        `transactions refused locally ${zombie.local}, by the token ${zombie.db}; zombie_fenced_writes = w1's fenced writes after waking (heartbeats, transactions); zombie effects ${zombie.effects}`,
+    });
     assert.equal(held.length, 4);
     assert.equal(rescuedBeforeWake, 4, 'w2 rescued all four while w1 was frozen');
     assert.equal(zombie.effects, 0, 'the zombie committed nothing');

@@ -23,23 +23,20 @@
  */
 import assert from 'node:assert/strict';
 import { appendFileSync, readFileSync } from 'node:fs';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, ORACLE_BOUND_S, recordFigures, sleep, type Harness } from './harness.js';
+import { FAST, ORACLE_BOUND_S, sleep } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const FREEZE_MS = 3 * FAST.leaseDuration;
 /** How long the handler stays in its transaction after the insert, unfrozen (below the L idle limit). */
 const HOLD_MS = 2000;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
 const secs = (ms: number): number => Math.round(ms / 100) / 10;
 
-test(
+faultTest(
   'F03c frozen inside ctx.transaction: PostgreSQL ends the frozen transaction, the task is rescued, the woken commit fails, effects once',
-  { timeout: 150_000 },
-  async () => {
-    h = await createHarness('f03c');
+  { schema: 'f03c', timeout: 150_000 },
+  async (h) => {
     const [w1, w2] = await Promise.all([
       h.spawnWorker('w1', { concurrency: 4, env: { REPORT_EXEC: '1' } }),
       h.spawnWorker('w2', { concurrency: 4, env: { REPORT_EXEC: '1' } }),
@@ -95,11 +92,8 @@ test(
     // The woken handler goes on to commit, on a session PostgreSQL has ended.
     const failed = await w1.waitEvent((e) => e.event === 'txFailed' && e.attempt === zombieAttempt, 20_000, "the woken worker's commit to fail");
     const recovery_s = await recovery;
-    const p2 = await h.spawnProducer({ count: 12, rate: 0, msMin: 200, maxRetry: MAX_RETRY }, 'producer2');
-    await p2.exited;
-    await h.waitDrained(60_000);
-    await sleep(700);
-    await h.stopSampler();
+    await h.spawnProducer({ count: 12, rate: 0, msMin: 200, maxRetry: MAX_RETRY }, 'producer2');
+    await h.settle(60_000);
 
     const task = await h.one<{ state: string; runs: number; effects: number; zombie_effects: number; effect_worker: string | null }>(
       `SELECT t.state,
@@ -118,26 +112,22 @@ test(
     const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['tx', 'txhold'] });
     const unlock_s = unlockMs === null ? null : secs(unlockMs);
     const recoverer_blocked_s = waitFirst === null || waitLast === null ? 0 : secs(waitLast - waitFirst + 100);
-    recordFigures(
-      h.figures('F03c frozen inside ctx.transaction', c, {
-        recovery_s,
-        unlock_s,
-        recoverer_blocked_s,
-        rescued_before_wake: rescuedBeforeWake,
-        zombie_commit_refused: task.zombie_effects === 0,
-        zombie_commit_error: `${String(failed.name)} ${String(failed.code)}: ${String(failed.message)}`,
-        zombie_effects: task.zombie_effects,
-        idle_in_transaction_kills: idleKills,
-        w1_effects_after_wake: w1After,
-        notes:
-          `w1 frozen ${FREEZE_MS / 1000} s inside ctx.transaction, its effect inserted and not committed (the handler meant to hold it ${HOLD_MS / 1000} s); ` +
-          `PostgreSQL ended the frozen session after ${unlock_s} s (idle_in_transaction_session_timeout = leaseDuration, set by ctx.transaction), ` +
-          `the task was rescued ${recovery_s} s after the freeze and run by ${task.effect_worker}; a recoverer waited ${recoverer_blocked_s} s on the locked row; ` +
-          `the woken commit failed with ${String(failed.name)} ${String(failed.code)} ("${String(failed.message)}")`,
-      }),
-    );
-
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
+    report(h, c, 'F03c frozen inside ctx.transaction', {
+      recovery_s,
+      unlock_s,
+      recoverer_blocked_s,
+      rescued_before_wake: rescuedBeforeWake,
+      zombie_commit_refused: task.zombie_effects === 0,
+      zombie_commit_error: `${String(failed.name)} ${String(failed.code)}: ${String(failed.message)}`,
+      zombie_effects: task.zombie_effects,
+      idle_in_transaction_kills: idleKills,
+      w1_effects_after_wake: w1After,
+      notes:
+        `w1 frozen ${FREEZE_MS / 1000} s inside ctx.transaction, its effect inserted and not committed (the handler meant to hold it ${HOLD_MS / 1000} s); ` +
+        `PostgreSQL ended the frozen session after ${unlock_s} s (idle_in_transaction_session_timeout = leaseDuration, set by ctx.transaction), ` +
+        `the task was rescued ${recovery_s} s after the freeze and run by ${task.effect_worker}; a recoverer waited ${recoverer_blocked_s} s on the locked row; ` +
+        `the woken commit failed with ${String(failed.name)} ${String(failed.code)} ("${String(failed.message)}")`,
+    });
     assert.notEqual(unlockMs, null, 'PostgreSQL ended the frozen transaction before the wake');
     assert.ok(unlock_s! <= FAST.leaseDuration / 1000 + 1.5, `the row unlocked ${unlock_s} s after the freeze (idle limit L = ${FAST.leaseDuration / 1000} s)`);
     assert.equal(idleKills, 1, "PostgreSQL's log names the idle-in-transaction timeout of w1's session");

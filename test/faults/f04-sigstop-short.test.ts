@@ -13,45 +13,40 @@
  * were never aborted or refused: the only kind the test forbids.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { FAST, sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const PAUSES = 8;
 const PAUSE_MS = 0.4 * FAST.leaseDuration;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test('F04 sigstop-shorter-than-lease: 8 pauses of 0.4·L; no task taken from a worker that still held it', { timeout: 150_000 }, async () => {
-  h = await createHarness('f04');
-  const harness = h;
-  const [w1] = await Promise.all([h.spawnWorker('w1', { concurrency: 4 }), h.spawnWorker('w2', { concurrency: 4 })]);
-  h.startSampler();
-  const producer = await h.spawnProducer({ count: 100, rate: 5, msMin: 500, msMax: 2000, maxRetry: MAX_RETRY });
-  await waitFor(async () => ((await harness.openStarts())[w1.tag] ?? 0) >= 2, 30_000, 'w1 to run tasks', 50);
-  let pausedWithTasks = 0;
-  for (let i = 0; i < PAUSES; i++) {
-    if (((await h.openStarts())[w1.tag] ?? 0) > 0) pausedWithTasks++;
-    h.signal(w1, 'SIGSTOP');
-    await sleep(PAUSE_MS);
-    h.signal(w1, 'SIGCONT');
-    await sleep(1000 + Math.random() * 600);
-  }
-  await producer.exited;
-  await h.waitDrained(90_000);
-  await sleep(700);
-  await h.stopSampler();
+faultTest(
+  'F04 sigstop-shorter-than-lease: 8 pauses of 0.4·L; no task taken from a worker that still held it',
+  { schema: 'f04', timeout: 150_000 },
+  async (h) => {
+    const [w1] = await Promise.all([h.spawnWorker('w1', { concurrency: 4 }), h.spawnWorker('w2', { concurrency: 4 })]);
+    h.startSampler();
+    await h.spawnProducer({ count: 100, rate: 5, msMin: 500, msMax: 2000, maxRetry: MAX_RETRY });
+    await waitFor(async () => ((await h.openStarts())[w1.tag] ?? 0) >= 2, 30_000, 'w1 to run tasks', 50);
+    let pausedWithTasks = 0;
+    for (let i = 0; i < PAUSES; i++) {
+      if (((await h.openStarts())[w1.tag] ?? 0) > 0) pausedWithTasks++;
+      h.signal(w1, 'SIGSTOP');
+      await sleep(PAUSE_MS);
+      h.signal(w1, 'SIGCONT');
+      await sleep(1000 + Math.random() * 600);
+    }
+    await h.settle(90_000);
 
-  const [r] = await h.query<{ rescued: number; false_rescues: number; aborted_lease: number }>(`
+    const [r] = await h.query<{ rescued: number; false_rescues: number; aborted_lease: number }>(`
     SELECT count(*) FILTER (WHERE t.retried > 0)::int AS rescued,
            count(*) FILTER (WHERE t.retried > 0 AND NOT EXISTS (
              SELECT 1 FROM {{schema}}.h_exec x WHERE x.task_id = t.id AND x.phase IN ('abort', 'fenced')))::int AS false_rescues,
            (SELECT count(*)::int FROM {{schema}}.h_exec WHERE phase = 'abort' AND detail = 'LeaseExpiredError') AS aborted_lease
     FROM {{schema}}.tasks t`);
-  const c = await h.check({ maxRetry: MAX_RETRY });
-  const leasesLost = h.metricSum('leasesLost');
-  recordFigures(
-    h.figures('F04 sigstop-shorter-than-lease', c, {
+    const c = await h.check({ maxRetry: MAX_RETRY });
+    const leasesLost = h.metricSum('leasesLost');
+    report(h, c, 'F04 sigstop-shorter-than-lease', {
       false_rescues: r!.false_rescues,
       rescued: r!.rescued,
       rescued_by_recoverer: h.metricSum('recovered'),
@@ -61,10 +56,9 @@ test('F04 sigstop-shorter-than-lease: 8 pauses of 0.4·L; no task taken from a w
       notes:
         `w1 paused ${PAUSES}x ${PAUSE_MS} ms (0.4 L); leases_lost = leases w1 gave up itself at its local deadline (L - margin = 2 s after the last extension sent; ` +
         `tolerated pause = L - margin - H = 1 s < 0.4 L), each then rescued: fail-safe, not false. false_rescues (rescued without the worker giving up) = ${r!.false_rescues}`,
-    }),
-  );
-  assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
-  assert.equal(r!.false_rescues, 0, 'no task was rescued from a worker that still held its lease');
-  assert.ok(r!.rescued <= leasesLost, `every rescue (${r!.rescued}) follows a lease the worker gave up (${leasesLost})`);
-  assert.ok(pausedWithTasks >= PAUSES / 2, 'most pauses caught w1 holding tasks');
-});
+    });
+    assert.equal(r!.false_rescues, 0, 'no task was rescued from a worker that still held its lease');
+    assert.ok(r!.rescued <= leasesLost, `every rescue (${r!.rescued}) follows a lease the worker gave up (${leasesLost})`);
+    assert.ok(pausedWithTasks >= PAUSES / 2, 'most pauses caught w1 holding tasks');
+  },
+);

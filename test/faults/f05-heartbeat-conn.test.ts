@@ -10,35 +10,30 @@
  * aborted.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { FAST, sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test('F05 heartbeat-connection-terminated: idle server sessions killed every 2 s; leases kept, nothing aborted', { timeout: 150_000 }, async () => {
-  h = await createHarness('f05');
-  const harness = h;
-  await Promise.all([h.spawnWorker('w1', { concurrency: 4 }), h.spawnWorker('w2', { concurrency: 4 })]);
-  h.startSampler();
-  const producer = await h.spawnProducer({ count: 16, rate: 0, msMin: 2 * FAST.leaseDuration, maxRetry: MAX_RETRY });
-  await waitFor(async () => Object.values(await harness.openStarts()).reduce((a, b) => a + b, 0) >= 8, 30_000, '8 running tasks', 50);
-  const killed: number[] = [];
-  for (let t = 0; t < 14_000; t += 2000) {
-    killed.push(await h.terminate('pgasynq:server:%', { idleOnly: true }));
-    await sleep(2000);
-  }
-  await producer.exited;
-  await h.waitDrained(60_000);
-  await sleep(700);
-  await h.stopSampler();
+faultTest(
+  'F05 heartbeat-connection-terminated: idle server sessions killed every 2 s; leases kept, nothing aborted',
+  { schema: 'f05', timeout: 150_000 },
+  async (h) => {
+    await Promise.all([h.spawnWorker('w1', { concurrency: 4 }), h.spawnWorker('w2', { concurrency: 4 })]);
+    h.startSampler();
+    await h.spawnProducer({ count: 16, rate: 0, msMin: 2 * FAST.leaseDuration, maxRetry: MAX_RETRY });
+    await waitFor(async () => Object.values(await h.openStarts()).reduce((a, b) => a + b, 0) >= 8, 30_000, '8 running tasks', 50);
+    const killed: number[] = [];
+    for (let t = 0; t < 14_000; t += 2000) {
+      killed.push(await h.terminate('pgasynq:server:%', { idleOnly: true }));
+      await sleep(2000);
+    }
+    await h.settle(60_000);
 
-  const { aborted } = await h.one<{ aborted: number }>("SELECT count(*)::int AS aborted FROM {{schema}}.h_exec WHERE phase IN ('abort', 'fenced')");
-  const c = await h.check({ maxRetry: MAX_RETRY });
-  const leasesLost = h.metricSum('leasesLost');
-  recordFigures(
-    h.figures('F05 heartbeat-connection-terminated', c, {
+    const { aborted } = await h.one<{ aborted: number }>("SELECT count(*)::int AS aborted FROM {{schema}}.h_exec WHERE phase IN ('abort', 'fenced')");
+    const c = await h.check({ maxRetry: MAX_RETRY });
+    const leasesLost = h.metricSum('leasesLost');
+    report(h, c, 'F05 heartbeat-connection-terminated', {
       backends_terminated: killed.reduce((a, b) => a + b, 0),
       terminations: killed.length,
       handlers_aborted: aborted,
@@ -46,14 +41,13 @@ test('F05 heartbeat-connection-terminated: idle server sessions killed every 2 s
       notes:
         `one pool per server (no separate heartbeat connection): every 2 s x ${killed.length}, terminated the idle pgasynq:server:% backends ` +
         `(${killed.join('+')} backends); tasks of 2 L = ${(2 * FAST.leaseDuration) / 1000} s`,
-    }),
-  );
-  assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
-  assert.ok(
-    killed.some((n) => n > 0),
-    'server backends were terminated',
-  );
-  assert.equal(leasesLost, 0, 'no lease lost');
-  assert.equal(aborted, 0, 'no handler aborted');
-  assert.equal(c.dupExternal, 0, 'each task ran once');
-});
+    });
+    assert.ok(
+      killed.some((n) => n > 0),
+      'server backends were terminated',
+    );
+    assert.equal(leasesLost, 0, 'no lease lost');
+    assert.equal(aborted, 0, 'no handler aborted');
+    assert.equal(c.dupExternal, 0, 'each task ran once');
+  },
+);

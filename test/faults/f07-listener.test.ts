@@ -10,79 +10,70 @@
  * that polling has to do the pickups.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
 import pg from 'pg';
-import { assertInvariants, createHarness, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
+import { pickupPhases } from './samplers.js';
 
 const MAX_RETRY = 3;
 const P_MS = 5000;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test('F07 listener-terminated: LISTEN sessions killed; polling covers the gap, then notify-level pickup again', { timeout: 150_000 }, async () => {
-  h = await createHarness('f07');
-  const harness = h;
-  const workers = await Promise.all(['w1', 'w2'].map((n) => harness.spawnWorker(n, { concurrency: 4, profile: { taskCheckInterval: P_MS } })));
-  const listeners = async () =>
-    (
-      await harness.query<{ n: number }>("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgasynq:listener' AND query LIKE 'LISTEN%'")
-    )[0]!.n;
-  await waitFor(async () => (await listeners()) === workers.length, 20_000, 'both LISTEN sessions');
-  h.startSampler();
-  const producer = await h.spawnProducer({ count: 150, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
-  await sleep(5000);
-  // 1. One termination: how long until the LISTEN sessions are back?
-  const tKill = await h.dbNow();
-  let t0 = performance.now();
-  const killed = await h.terminate('pgasynq:listener');
-  await waitFor(async () => (await listeners()) === workers.length, 30_000, 'the LISTEN sessions to come back', 50);
-  const listenerDownS = Math.round((performance.now() - t0) / 100) / 10;
-  const tBack = await h.dbNow();
-  await sleep(3000);
-  // 2. Held down for 6 s: no new session may connect to the database (the sessions already open,
-  //    the pools' included, go on), so the listeners cannot come back and pickup falls back to polling.
-  const allowConnections = async (allow: boolean) => {
-    // Not from a session of the database itself, which PostgreSQL refuses.
-    const admin = new pg.Client({ connectionString: harness.connectionString.replace(/\/postgres$/, '/template1'), application_name: 'harness' });
-    await admin.connect();
-    await admin.query(`ALTER DATABASE postgres WITH ALLOW_CONNECTIONS ${allow}`).finally(() => admin.end());
-  };
-  await allowConnections(false);
-  const tHold = await h.dbNow();
-  const holdKills = await h.terminate('pgasynq:listener');
-  await sleep(6000);
-  await allowConnections(true);
-  const tRelease = await h.dbNow();
-  t0 = performance.now();
-  await waitFor(async () => (await listeners()) === workers.length, 30_000, 'the LISTEN sessions to come back after the hold', 50);
-  const reconnectAfterHoldS = Math.round((performance.now() - t0) / 100) / 10;
-  const tBack2 = await h.dbNow();
-  await producer.exited;
-  await h.waitDrained(60_000);
-  await sleep(700);
-  await h.stopSampler();
+faultTest(
+  'F07 listener-terminated: LISTEN sessions killed; polling covers the gap, then notify-level pickup again',
+  { schema: 'f07', timeout: 150_000 },
+  async (h) => {
+    const workers = await Promise.all(['w1', 'w2'].map((n) => h.spawnWorker(n, { concurrency: 4, profile: { taskCheckInterval: P_MS } })));
+    const listeners = async () =>
+      (await h.query<{ n: number }>("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgasynq:listener' AND query LIKE 'LISTEN%'"))[0]!
+        .n;
+    await waitFor(async () => (await listeners()) === workers.length, 20_000, 'both LISTEN sessions');
+    h.startSampler();
+    await h.spawnProducer({ count: 150, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
+    await sleep(5000);
+    // 1. One termination: how long until the LISTEN sessions are back?
+    const tKill = await h.dbNow();
+    let t0 = performance.now();
+    const killed = await h.terminate('pgasynq:listener');
+    await waitFor(async () => (await listeners()) === workers.length, 30_000, 'the LISTEN sessions to come back', 50);
+    const listenerDownS = Math.round((performance.now() - t0) / 100) / 10;
+    const tBack = await h.dbNow();
+    await sleep(3000);
+    // 2. Held down for 6 s: no new session may connect to the database (the sessions already open,
+    //    the pools' included, go on), so the listeners cannot come back and pickup falls back to polling.
+    const allowConnections = async (allow: boolean) => {
+      // Not from a session of the database itself, which PostgreSQL refuses.
+      const admin = new pg.Client({ connectionString: h.connectionString.replace(/\/postgres$/, '/template1'), application_name: 'harness' });
+      await admin.connect();
+      await admin.query(`ALTER DATABASE postgres WITH ALLOW_CONNECTIONS ${allow}`).finally(() => admin.end());
+    };
+    await allowConnections(false);
+    const tHold = await h.dbNow();
+    const holdKills = await h.terminate('pgasynq:listener');
+    await sleep(6000);
+    await allowConnections(true);
+    const tRelease = await h.dbNow();
+    t0 = performance.now();
+    await waitFor(async () => (await listeners()) === workers.length, 30_000, 'the LISTEN sessions to come back after the hold', 50);
+    const reconnectAfterHoldS = Math.round((performance.now() - t0) / 100) / 10;
+    const tBack2 = await h.dbNow();
+    await h.settle(60_000);
 
-  // Pickup latency (first start − enqueue, DB clock) by when the task was enqueued.
-  const phases = await h.query<{ phase: string; n: number; p50: number; p99: number; max: number }>(
-    `SELECT phase, count(*)::int AS n,
-            round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::float8 AS p50,
-            round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::float8 AS p99, round(max(ms))::float8 AS max
-     FROM (SELECT CASE WHEN t.enqueued_at < $1 THEN 'before'
-                       WHEN t.enqueued_at < $2::timestamptz + interval '1 second' THEN 'blip'
-                       WHEN t.enqueued_at < $3 THEN 'between'
-                       WHEN t.enqueued_at < $4 THEN 'held'
-                       WHEN t.enqueued_at < $5::timestamptz + interval '1 second' THEN 'reconnect'
-                       ELSE 'after' END AS phase,
-                  extract(epoch FROM min(x.at) - t.enqueued_at) * 1000 AS ms
-           FROM {{schema}}.tasks t JOIN {{schema}}.h_exec x ON x.task_id = t.id AND x.phase = 'start'
-           GROUP BY t.id, t.enqueued_at) l
-     GROUP BY phase`,
-    [tKill, tBack, tHold, tRelease, tBack2],
-  );
-  const by = Object.fromEntries(phases.map((p) => [p.phase, p]));
-  const c = await h.check({ maxRetry: MAX_RETRY });
-  recordFigures(
-    h.figures('F07 listener-terminated', c, {
+    // Pickup latency (first start − enqueue, DB clock) by when the task was enqueued.
+    const second = (t: Date) => new Date(t.getTime() + 1000);
+    const by = await pickupPhases(
+      h,
+      [
+        ['before', tKill],
+        ['blip', second(tBack)],
+        ['between', tHold],
+        ['held', tRelease],
+        ['reconnect', second(tBack2)],
+      ],
+      'after',
+    );
+    const phases = Object.values(by);
+    const c = await h.check({ maxRetry: MAX_RETRY });
+    report(h, c, 'F07 listener-terminated', {
       recovery_s: listenerDownS,
       listener_down_s: listenerDownS,
       listeners_terminated: killed,
@@ -93,16 +84,15 @@ test('F07 listener-terminated: LISTEN sessions killed; polling covers the gap, t
         `P = ${P_MS / 1000} s, 1 task / 200 ms, 2 idle workers; terminated the ${killed} LISTEN sessions once (back in ${listenerDownS} s), ` +
         `then again and held down 6 s by ALLOW_CONNECTIONS false (back ${reconnectAfterHoldS} s after); pickup p50/p99/max ms: ` +
         phases.map((p) => `${p.phase} ${p.p50}/${p.p99}/${p.max} (n=${p.n})`).join(', '),
-    }),
-  );
-  assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
-  assert.equal(killed, workers.length, 'both LISTEN sessions were terminated');
-  assert.ok(listenerDownS <= 10, `the listeners came back (${listenerDownS} s)`);
-  assert.ok(reconnectAfterHoldS <= 15, `the listeners came back after the hold (${reconnectAfterHoldS} s)`);
-  assert.equal(holdKills, workers.length, 'both LISTEN sessions were terminated for the hold');
-  assert.ok(by.held && by.held.n >= 10, 'tasks enqueued while the listeners were held down');
-  assert.ok(by.after && by.after.n >= 10, 'tasks enqueued after the reconnect');
-  // Notify level: far below the polling latency (the claim loop polls every P/2 + rand·P).
-  assert.ok(by.after.p99 <= P_MS / 2, `pickup p99 after the reconnect ${by.after.p99} ms is notify-level (< P/2)`);
-  for (const p of phases) assert.ok(p.max <= 1.5 * P_MS + 2000, `${p.phase}: no task waited past the polling bound (${p.max} ms)`);
-});
+    });
+    assert.equal(killed, workers.length, 'both LISTEN sessions were terminated');
+    assert.ok(listenerDownS <= 10, `the listeners came back (${listenerDownS} s)`);
+    assert.ok(reconnectAfterHoldS <= 15, `the listeners came back after the hold (${reconnectAfterHoldS} s)`);
+    assert.equal(holdKills, workers.length, 'both LISTEN sessions were terminated for the hold');
+    assert.ok(by.held && by.held.n >= 10, 'tasks enqueued while the listeners were held down');
+    assert.ok(by.after && by.after.n >= 10, 'tasks enqueued after the reconnect');
+    // Notify level: far below the polling latency (the claim loop polls every P/2 + rand·P).
+    assert.ok(by.after.p99 <= P_MS / 2, `pickup p99 after the reconnect ${by.after.p99} ms is notify-level (< P/2)`);
+    for (const p of phases) assert.ok(p.max <= 1.5 * P_MS + 2000, `${p.phase}: no task waited past the polling bound (${p.max} ms)`);
+  },
+);

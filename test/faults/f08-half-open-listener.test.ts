@@ -24,9 +24,10 @@
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 import { blackhole, reset, TcpProxy } from './proxy.js';
+import { pickupPhases } from './samplers.js';
 
 const MAX_RETRY = 3;
 const P_MS = 2000;
@@ -35,30 +36,22 @@ const P_MS = 2000;
  * plus 1 s for the new session to connect and LISTEN, which is what the test sees.
  */
 const DETECT_BOUND_S = (11 * P_MS) / 1000 + 1;
-let h: Harness | undefined;
-let proxy: TcpProxy | undefined;
-after(async () => {
-  await h?.teardown();
-  await proxy?.close();
-});
-
-test(
+faultTest(
   'F08 half-open-listener: the LISTEN flow is blackholed; the health ping notices, the worker listens again, polling covers the gap',
-  { timeout: 180_000 },
-  async () => {
-    h = await createHarness('f08');
-    const harness = h;
-    proxy = await TcpProxy.start({ targetHost: '127.0.0.1', targetPort: h.cluster.port });
+  { schema: 'f08', timeout: 180_000 },
+  async (h) => {
+    const proxy = await TcpProxy.start({ targetHost: '127.0.0.1', targetPort: h.cluster.port });
+    h.defer(() => proxy.close());
     const w1 = await h.spawnWorker('w1', { concurrency: 4, profile: { taskCheckInterval: P_MS }, env: { LISTEN_URL: proxy.dsn(h.connectionString) } });
     const listeners = () =>
-      harness.query<{ pid: number; backend_start: Date }>(
+      h.query<{ pid: number; backend_start: Date }>(
         "SELECT pid, backend_start FROM pg_stat_activity WHERE application_name = 'pgasynq:listener' AND query LIKE 'LISTEN%' ORDER BY backend_start",
       );
     const [first] = await waitFor(async () => ((await listeners()).length === 1 ? listeners() : undefined), 20_000, 'the LISTEN session');
     // The startup probe's connection went through the proxy too, and has closed: one flow is left.
-    await waitFor(() => proxy!.open.length === 1, 10_000, 'one open flow through the proxy (the listener)');
+    await waitFor(() => proxy.open.length === 1, 10_000, 'one open flow through the proxy (the listener)');
     h.startSampler();
-    const producer = await h.spawnProducer({ count: 260, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
+    await h.spawnProducer({ count: 260, rate: 5, msMin: 50, maxRetry: MAX_RETRY });
     await sleep(8000);
 
     const tBlack = await h.dbNow();
@@ -77,28 +70,21 @@ test(
     const outageS = Math.round((performance.now() - t0) / 100) / 10;
     const tBack = await h.dbNow();
     const stale = (await listeners()).some((l) => l.pid === first!.pid);
-    await producer.exited;
-    await h.waitDrained(60_000);
-    await sleep(700);
-    await h.stopSampler();
+    await h.settle(60_000);
 
-    const phases = await h.query<{ phase: string; n: number; p50: number; p99: number; max: number }>(
-      `SELECT phase, count(*)::int AS n,
-            round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::float8 AS p50,
-            round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::float8 AS p99, round(max(ms))::float8 AS max
-     FROM (SELECT CASE WHEN t.enqueued_at < $1::timestamptz - interval '0.5 second' THEN 'before'
-                       -- enqueued just before the blackhole: their NOTIFY may have been in flight when it began
-                       WHEN t.enqueued_at < $1 THEN 'edge'
-                       WHEN t.enqueued_at < $2 THEN 'during'
-                       WHEN t.enqueued_at < $2::timestamptz + interval '1 second' THEN 'reconnect'
-                       ELSE 'after' END AS phase,
-                  extract(epoch FROM min(x.at) - t.enqueued_at) * 1000 AS ms
-           FROM {{schema}}.tasks t JOIN {{schema}}.h_exec x ON x.task_id = t.id AND x.phase = 'start'
-           GROUP BY t.id, t.enqueued_at) l
-     GROUP BY phase`,
-      [tBlack, tBack],
+    // Pickup latency (first start − enqueue, DB clock) by when the task was enqueued; 'edge': just before the
+    // blackhole, their NOTIFY may have been in flight when it began.
+    const by = await pickupPhases(
+      h,
+      [
+        ['before', new Date(tBlack.getTime() - 500)],
+        ['edge', tBlack],
+        ['during', tBack],
+        ['reconnect', new Date(tBack.getTime() + 1000)],
+      ],
+      'after',
     );
-    const by = Object.fromEntries(phases.map((p) => [p.phase, p]));
+    const phases = Object.values(by);
     // The slowest pickups, with when their task was enqueued (s from the blackhole).
     const slowest = await h.query<{ ms: number; at_s: number }>(
       `SELECT round(extract(epoch FROM min(x.at) - t.enqueued_at) * 1000)::float8 AS ms, round(extract(epoch FROM t.enqueued_at - $1::timestamptz)::numeric, 1)::float8 AS at_s
@@ -107,7 +93,7 @@ test(
     );
     const c = await h.check({ maxRetry: MAX_RETRY });
     const fmt = (p: string) => (by[p] ? `${by[p].p50}/${by[p].p99}/${by[p].max} ms (n=${by[p].n})` : '-');
-    const fig = h.figures('F08 half-open-listener', c, {
+    const fig = report(h, c, 'F08 half-open-listener', {
       recovery_s: detectionS,
       detection_s: detectionS,
       detection_bound_s: DETECT_BOUND_S,
@@ -124,9 +110,7 @@ test(
         `${by.during?.n ?? 0} tasks enqueued during the outage were picked up by polling; pickup p50/p99/max before ${fmt('before')}, edge ${fmt('edge')}, ` +
         `during ${fmt('during')}, reconnect ${fmt('reconnect')}, after ${fmt('after')}; the old listener backend ${stale ? 'is still there (the server never heard of its end)' : 'is gone'}`,
     });
-    recordFigures(fig);
     writeFileSync(join(h.logDir, 'figures.jsonl'), `${JSON.stringify(fig)}\n`);
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
     assert.equal(holed.length, 1, 'one flow (the listener) was blackholed');
     assert.ok(by.before && by.before.n >= 20 && by.before.p99 <= P_MS / 2, `notify-level pickup before the fault (${fmt('before')})`);
     assert.ok(by.during && by.during.n >= 5, `tasks enqueued during the outage (${fmt('during')})`);

@@ -7,60 +7,55 @@
  * rejection, and every process recovers on its own: no restart.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, ORACLE_BOUND_S, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { sleep, waitFor } from './harness.js';
+import { faultTest, outageBound, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const CRASHES = 3;
 const DOWN_MS = 5000;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test('F09 postgres-crash-immediate: 3 crashes under load; no acknowledged task lost, every process recovers', { timeout: 200_000 }, async () => {
-  h = await createHarness('f09');
-  const harness = h;
-  const workers = await Promise.all(['w1', 'w2'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 100, sleepMax: 500 })));
-  h.startSampler();
-  const producer = await h.spawnProducer({ count: 600, rate: 20, maxRetry: MAX_RETRY, scheduled: 0.2 });
-  await waitFor(async () => Object.keys(await harness.openStarts()).length === 2, 30_000, 'both workers running tasks', 50);
-  const restarts: Date[] = [];
-  const restartMs: number[] = [];
-  const firstClaimS: number[] = [];
-  for (let i = 0; i < CRASHES; i++) {
-    await sleep(i === 0 ? 2000 : 3500);
-    h.cluster.crash();
-    await sleep(DOWN_MS);
-    const t0 = performance.now();
-    h.cluster.start();
-    restartMs.push(Math.round(performance.now() - t0));
-    // The harness's own sessions died with the server: its pool reconnects on the next query.
-    const at = await waitFor(() => harness.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
-    restarts.push(at);
-    const t1 = performance.now();
-    await waitFor(
-      async () => (await harness.query("SELECT 1 FROM {{schema}}.h_exec WHERE phase = 'start' AND at > $1 LIMIT 1", [at]).catch(() => [])).length > 0,
-      30_000,
-      `a task started after restart ${i + 1}`,
-      50,
-    );
-    firstClaimS.push(Math.round((performance.now() - t1) / 100) / 10);
-  }
-  await producer.exited;
-  await h.waitDrained(120_000);
-  await sleep(700);
-  await h.stopSampler();
+faultTest(
+  'F09 postgres-crash-immediate: 3 crashes under load; no acknowledged task lost, every process recovers',
+  { schema: 'f09', timeout: 200_000 },
+  async (h) => {
+    const workers = await h.spawnWorkers(['w1', 'w2'], { concurrency: 4, sleepMin: 100, sleepMax: 500 });
+    h.startSampler();
+    const producer = await h.spawnProducer({ count: 600, rate: 20, maxRetry: MAX_RETRY, scheduled: 0.2 });
+    await waitFor(async () => Object.keys(await h.openStarts()).length === 2, 30_000, 'both workers running tasks', 50);
+    const restarts: Date[] = [];
+    const restartMs: number[] = [];
+    const firstClaimS: number[] = [];
+    for (let i = 0; i < CRASHES; i++) {
+      await sleep(i === 0 ? 2000 : 3500);
+      h.cluster.crash();
+      await sleep(DOWN_MS);
+      const t0 = performance.now();
+      h.cluster.start();
+      restartMs.push(Math.round(performance.now() - t0));
+      // The harness's own sessions died with the server: its pool reconnects on the next query.
+      const at = await waitFor(() => h.dbNow().catch(() => undefined), 20_000, 'the harness to reconnect');
+      restarts.push(at);
+      const t1 = performance.now();
+      await waitFor(
+        async () => (await h.query("SELECT 1 FROM {{schema}}.h_exec WHERE phase = 'start' AND at > $1 LIMIT 1", [at]).catch(() => [])).length > 0,
+        30_000,
+        `a task started after restart ${i + 1}`,
+        50,
+      );
+      firstClaimS.push(Math.round((performance.now() - t1) / 100) / 10);
+    }
+    await h.settle(120_000);
 
-  const lastRestart = restarts[restarts.length - 1]!;
-  const claimingAfter = await h.query<{ worker: string }>("SELECT DISTINCT worker FROM {{schema}}.h_exec WHERE phase = 'start' AND at > $1", [lastRestart]);
-  const errors = producer.events.filter((e) => e.event === 'error');
-  const { committed } = await h.one<{ committed: number }>('SELECT count(*)::int AS committed FROM {{schema}}.tasks WHERE id = ANY($1)', [
-    errors.map((e) => e.id),
-  ]);
-  const c = await h.check({ maxRetry: MAX_RETRY });
-  // A lease held at the crash cannot be rescued before the server is back: the bound counts the outage too.
-  const stuckBound = ORACLE_BOUND_S + DOWN_MS / 1000 + Math.max(...restartMs) / 1000 + 1;
-  recordFigures(
-    h.figures('F09 postgres-crash-immediate', c, {
+    const lastRestart = restarts[restarts.length - 1]!;
+    const claimingAfter = await h.query<{ worker: string }>("SELECT DISTINCT worker FROM {{schema}}.h_exec WHERE phase = 'start' AND at > $1", [lastRestart]);
+    const errors = producer.events.filter((e) => e.event === 'error');
+    const { committed } = await h.one<{ committed: number }>('SELECT count(*)::int AS committed FROM {{schema}}.tasks WHERE id = ANY($1)', [
+      errors.map((e) => e.id),
+    ]);
+    // A lease held at the crash cannot be rescued before the server is back: the bound counts the outage too.
+    const stuckBound = outageBound(DOWN_MS, restartMs);
+    const c = await h.check({ maxRetry: MAX_RETRY, stuckBoundS: stuckBound });
+    report(h, c, 'F09 postgres-crash-immediate', {
       recovery_s: firstClaimS,
       lost_acked: c.lost,
       crashes: CRASHES,
@@ -74,11 +69,10 @@ test('F09 postgres-crash-immediate: 3 crashes under load; no acknowledged task l
       notes:
         `${CRASHES} x pg_ctl -m immediate stop, ${DOWN_MS / 1000} s down, start (${restartMs.join('/')} ms); producer at 20/s with an fsynced ack log outside the DB; ` +
         `recovery_s = start to the first task started after it; stuck bound here = B + 1 + outage (leases expire while the DB is down)`,
-    }),
-  );
-  assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, stuckBoundS: stuckBound, unexpected: h.unexpectedExits() }), []);
-  assert.ok(errors.length > 0, 'the producer saw the outages');
-  for (const e of errors) assert.ok(typeof e.message === 'string' && e.message.length > 0, 'each producer error is an explicit rejection');
-  assert.equal(producer.events.find((e) => e.event === 'done')?.acked, c.acked, 'the producer acknowledged exactly what the log holds');
-  assert.equal(claimingAfter.length, workers.length, 'every worker claimed again after the last restart, without a restart of its own');
-});
+    });
+    assert.ok(errors.length > 0, 'the producer saw the outages');
+    for (const e of errors) assert.ok(typeof e.message === 'string' && e.message.length > 0, 'each producer error is an explicit rejection');
+    assert.equal(producer.events.find((e) => e.event === 'done')?.acked, c.acked, 'the producer acknowledged exactly what the log holds');
+    assert.equal(claimingAfter.length, workers.length, 'every worker claimed again after the last restart, without a restart of its own');
+  },
+);

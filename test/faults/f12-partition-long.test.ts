@@ -40,8 +40,9 @@
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, ORACLE_BOUND_S, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { after } from 'node:test';
+import { FAST, ORACLE_BOUND_S, sleep, waitFor, type Harness } from './harness.js';
+import { faultTest, report } from './kit.js';
 import { allowInCluster, createNetns, type Netns } from './netns.js';
 
 const MAX_RETRY = 3;
@@ -52,28 +53,28 @@ const TRUST_MS = L - 1000;
 const HOLD_MS = 500;
 const LONG_MS = 6000;
 
-const cleanups: (() => Promise<void> | void)[] = [];
-after(async () => {
-  for (const fn of cleanups.reverse()) await fn();
+const namespaces: Netns[] = [];
+after(() => {
+  for (const ns of namespaces.reverse()) ns.destroy();
 });
 
-async function run(withR17: boolean) {
-  const name = withR17 ? 'f12' : 'f12_no_r17';
-  const ns: Netns = createNetns();
-  const made: { h?: Harness } = {};
-  cleanups.push(async () => {
-    await made.h?.teardown();
-    ns.destroy();
-  });
-  const h = await createHarness(name, {
+/**
+ * A run's cluster: w1's namespace first (the cluster listens on its host side too); without R17, no
+ * idle-in-transaction limit and the system's keepalive default (2 h).
+ */
+const clusterFor = (withR17: boolean) => () => {
+  const ns = createNetns();
+  namespaces.push(ns);
+  return {
     settings: {
       listen_addresses: `'127.0.0.1,${ns.hostAddr}'`,
-      // Without R17: no idle-in-transaction limit and the system's keepalive default (2 h).
       ...(withR17 ? {} : { idle_in_transaction_session_timeout: 0, tcp_keepalives_idle: 0, tcp_keepalives_interval: 0, tcp_keepalives_count: 0 }),
     },
-  });
-  made.h = h;
-  const harness = h;
+  };
+};
+
+async function run(h: Harness, withR17: boolean) {
+  const ns = namespaces.at(-1)!;
   await allowInCluster(h, ns);
   const oracleUrl = `postgres://postgres@${encodeURIComponent(h.cluster.dir)}:${h.cluster.port}/postgres`;
   const [w1, w2, w3] = await Promise.all([
@@ -100,7 +101,7 @@ async function run(withR17: boolean) {
   const producer = await h.spawnProducer({ count: 3, rate: 0, msMin: LONG_MS, maxRetry: MAX_RETRY });
   await producer.exited;
   const holdId = await h.enqueue('txhold', { ms: 1200, holdMs: HOLD_MS }, { maxRetry: MAX_RETRY });
-  await waitFor(async () => (await harness.openStarts())[w1.tag] === 4, 30_000, 'w1 to hold 4 running tasks', 50);
+  await waitFor(async () => (await h.openStarts())[w1.tag] === 4, 30_000, 'w1 to hold 4 running tasks', 50);
   const held = (await h.query<{ id: string }>("SELECT id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w1.serverId])).map((r) => r.id);
   h.signal(w2, 'SIGCONT');
   h.signal(w3, 'SIGCONT');
@@ -150,9 +151,7 @@ async function run(withR17: boolean) {
     .waitEvent((e) => (e.event === 'txFailed' || e.event === 'finished') && e.attempt === inTx.attempt, 60_000, 'the late commit to end')
     .catch(() => undefined);
   const recovery_s = await recovery;
-  await h.waitDrained(60_000);
-  await sleep(700);
-  await h.stopSampler();
+  await h.settle(60_000);
   const lateCommitS = late ? Math.round(((late.at as number) - cutWall) / 100) / 10 : null;
 
   // The attempts w1 had running at the cut (not later ones: after the heal w1 may claim again).
@@ -176,14 +175,15 @@ async function run(withR17: boolean) {
     [holdId],
   );
   const zombieRejected = (w1.metrics?.fencedWrites ?? 0) - fencedBefore + (late?.event === 'txFailed' ? 1 : 0);
-  const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['tx', 'txhold'] });
+  // Without R17 the locked row outlives the bound by design: I4 is recorded, and asserted below the other way round.
+  const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['tx', 'txhold'], ...(withR17 ? {} : { stuckBoundS: Number.POSITIVE_INFINITY }) });
   const lateFate =
     late === undefined
       ? 'no end seen'
       : late.event === 'txFailed'
         ? `failed (${late.name ?? ''} ${late.code ?? ''} ${late.message ?? ''})`.trim()
         : 'committed';
-  const fig = h.figures(withR17 ? 'F12 partition-worker-long' : 'F12 partition-worker-long, without R17', c, {
+  const fig = report(h, c, withR17 ? 'F12 partition-worker-long' : 'F12 partition-worker-long, without R17', {
     recovery_s,
     cut_s: CUT_MS / 1000,
     heal_s: healS,
@@ -212,11 +212,7 @@ async function run(withR17: boolean) {
       `late commit ${lateFate} ${lateCommitS ?? '-'} s after the cut; held task's effect by ${holdTask.effects.join(',') || 'nobody'}; stuck_max_s ${c.stuckMaxS}; ` +
       `library sessions waiting on a row lock during the cut: up to ${lockWaitersMax} (${[...lockWaitQueries].join(' | ') || 'none'})`,
   });
-  recordFigures(fig);
   writeFileSync(join(h.logDir, 'figures.jsonl'), `${JSON.stringify(fig)}\n`);
-
-  const problems = assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits(), ...(withR17 ? {} : { stuckBoundS: Number.POSITIVE_INFINITY }) });
-  assert.deepEqual(problems, []);
   assert.equal(held.length, 4, 'w1 held 4 tasks at the cut');
   assert.ok(reactionMs < HOLD_MS, `the cut landed inside the hold (${reactionMs} ms after it began, hold ${HOLD_MS} ms)`);
   assert.equal(idleInTx.length, 1, "the server saw w1's transaction open (idle in transaction) at the cut");
@@ -257,14 +253,14 @@ async function run(withR17: boolean) {
   return fig;
 }
 
-test(
+faultTest(
   'F12 partition-worker-long: w1 cut off 3·L mid-transaction; local abort, rescue, the lock ends with the idle timeout, late commit fails',
-  { timeout: 150_000 },
-  async () => {
-    await run(true);
-  },
+  { schema: 'f12', timeout: 150_000, cluster: clusterFor(true) },
+  async (h) => void (await run(h, true)),
 );
 
-test('F12 without R17: no idle-in-transaction timeout, no keepalives: the row stays locked past the bound until the heal', { timeout: 150_000 }, async () => {
-  await run(false);
-});
+faultTest(
+  'F12 without R17: no idle-in-transaction timeout, no keepalives: the row stays locked past the bound until the heal',
+  { schema: 'f12_no_r17', timeout: 150_000, cluster: clusterFor(false) },
+  async (h) => void (await run(h, false)),
+);

@@ -31,9 +31,11 @@
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { after } from 'node:test';
+import { FAST, sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 import { allowInCluster, createNetns, type Netns } from './netns.js';
+import { poll } from './samplers.js';
 
 const MAX_RETRY = 3;
 const L = FAST.leaseDuration;
@@ -42,50 +44,44 @@ const CUTS = 6;
 const EVERY_MS = 6500;
 const TRUST_S = (L - 1000) / 1000;
 
-let h: Harness | undefined;
 let ns: Netns | undefined;
-after(async () => {
-  await h?.teardown();
-  ns?.destroy();
-});
+after(() => ns?.destroy());
 
-test(
+/** w1's namespace, made before the cluster, which listens on the namespace's host side too. */
+const clusterWithNetns = () => {
+  ns = createNetns();
+  return { settings: { listen_addresses: `'127.0.0.1,${ns.hostAddr}'` } };
+};
+
+faultTest(
   'F13 partition-short: w1 cut off 0.5·L six times; no rescue while its heartbeats keep within the trust window, never a duplicate',
-  { timeout: 180_000 },
-  async () => {
-    ns = createNetns();
-    h = await createHarness('f13', { settings: { listen_addresses: `'127.0.0.1,${ns.hostAddr}'` } });
-    const harness = h;
-    await allowInCluster(h, ns);
+  { schema: 'f13', timeout: 180_000, cluster: clusterWithNetns },
+  async (h) => {
+    const netns = ns!;
+    await allowInCluster(h, netns);
     const oracleUrl = `postgres://postgres@${encodeURIComponent(h.cluster.dir)}:${h.cluster.port}/postgres`;
     const [w1, w2] = await Promise.all([
       h.spawnWorker('w1', {
         concurrency: 4,
-        wrap: ns.wrap,
-        env: { DATABASE_URL: ns.dsn(h.connectionString), ORACLE_DATABASE_URL: oracleUrl, REPORT_EXEC: '1' },
+        wrap: netns.wrap,
+        env: { DATABASE_URL: netns.dsn(h.connectionString), ORACLE_DATABASE_URL: oracleUrl, REPORT_EXEC: '1' },
       }),
       h.spawnWorker('w2', { concurrency: 4 }),
     ]);
     h.startSampler();
-    const producer = await h.spawnProducer({ count: Math.ceil(((CUTS * EVERY_MS + 6000) / 1000) * 3), rate: 3, msMin: 1000, msMax: 2500, maxRetry: MAX_RETRY });
-    await waitFor(async () => ((await harness.openStarts())[w1.tag] ?? 0) >= 2, 30_000, 'w1 to run tasks', 50);
+    await h.spawnProducer({ count: Math.ceil(((CUTS * EVERY_MS + 6000) / 1000) * 3), rate: 3, msMin: 1000, msMax: 2500, maxRetry: MAX_RETRY });
+    await waitFor(async () => ((await h.openStarts())[w1.tag] ?? 0) >= 2, 30_000, 'w1 to run tasks', 50);
 
     // w1's heartbeat ticks as the database sees them, every 100 ms.
     const samples: { t: number; gap: number; beat: number }[] = [];
-    let sampling = true;
     const t0 = performance.now();
-    const sampler = (async () => {
-      while (sampling) {
-        const r = await harness
-          .one<{ gap: number | null; beat: Date | null }>(
-            'SELECT extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 AS gap, heartbeat_at AS beat FROM {{schema}}.servers WHERE id = $1',
-            [w1.serverId],
-          )
-          .catch(() => ({ gap: null, beat: null }));
-        if (r.gap !== null && r.beat !== null) samples.push({ t: (performance.now() - t0) / 1000, gap: r.gap, beat: r.beat.getTime() });
-        await sleep(100);
-      }
-    })();
+    const beats = poll(100, async () => {
+      const r = await h.one<{ gap: number | null; beat: Date | null }>(
+        'SELECT extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 AS gap, heartbeat_at AS beat FROM {{schema}}.servers WHERE id = $1',
+        [w1.serverId],
+      );
+      if (r.gap !== null && r.beat !== null) samples.push({ t: (performance.now() - t0) / 1000, gap: r.gap, beat: r.beat.getTime() });
+    });
     const counters = () => ({
       lost: w1.metrics?.leasesLost ?? 0,
       rescued: (w1.metrics?.recovered ?? 0) + (w2.metrics?.recovered ?? 0) + (w1.metrics?.archivedByRecoverer ?? 0) + (w2.metrics?.archivedByRecoverer ?? 0),
@@ -106,10 +102,10 @@ test(
       const before = counters();
       const held = (await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w1.serverId])).n;
       const at = (performance.now() - t0) / 1000;
-      ns.cut();
+      netns.cut();
       const cutDb = await h.dbNow();
       await sleep(CUT_MS - ((performance.now() - t0) / 1000 - at) * 1000);
-      ns.heal();
+      netns.heal();
       const cutS = (performance.now() - t0) / 1000 - at;
       const healedDb = await h.dbNow();
       await sleep(EVERY_MS - ((performance.now() - t0) / 1000 - at) * 1000);
@@ -136,10 +132,8 @@ test(
         rescued: afterCut.rescued - before.rescued,
       });
     }
-    await producer.exited;
     await h.waitDrained(60_000);
-    sampling = false;
-    await sampler;
+    await beats.stop();
     await sleep(700);
     await h.stopSampler();
 
@@ -165,7 +159,7 @@ test(
     const lostTotal = h.metricSum('leasesLost');
     const lostInsideTrust = cuts.filter((x) => x.gapS < TRUST_S).reduce((n, x) => n + x.heartbeatLeasesLost, 0);
     const falseRescues = Math.max(0, rescuedTotal - lostTotal) + lostInsideTrust;
-    const fig = h.figures('F13 partition-short', c, {
+    const fig = report(h, c, 'F13 partition-short', {
       heartbeat_gap_max_s: Math.round(gapMax * 100) / 100,
       heartbeat_gap_baseline_s: Math.round(baselineGap * 100) / 100,
       cut_s: CUT_MS / 1000,
@@ -179,7 +173,7 @@ test(
       false_rescues: falseRescues,
       overlapping_executions: overlaps,
       notes:
-        `w1 in netns ${ns.name} cut ${CUT_MS / 1000} s x ${CUTS}, ${EVERY_MS / 1000} s apart, holding ${cuts.map((x) => x.held).join('/')} tasks; ` +
+        `w1 in netns ${netns.name} cut ${CUT_MS / 1000} s x ${CUTS}, ${EVERY_MS / 1000} s apart, holding ${cuts.map((x) => x.held).join('/')} tasks; ` +
         `heartbeat gap per cut ${cuts.map((x) => x.gapS).join('/')} s (beyond the cut: ${cuts.map((x) => x.stretchS).join('/')} s; baseline gap ${Math.round(baselineGap * 100) / 100} s); ` +
         `first heartbeat ${cuts.map((x) => x.healToBeatS ?? '-').join('/')} s after the heal (TCP retransmission of the statement sent into the cut); ` +
         `leases lost ${cuts.map((x) => x.lost).join('/')} (of which heartbeat-held, given up mid-sleep ${cuts.map((x) => x.heartbeatLeasesLost).join('/')}), ` +
@@ -190,10 +184,7 @@ test(
             `${committedAnyway} inside ctx.transaction whose completion still committed; the fast profile is too tight for a 0.5·L partition`
           : 'every heartbeat gap stayed inside the trust window: no lease lost, no rescue'),
     });
-    recordFigures(fig);
     writeFileSync(join(h.logDir, 'figures.jsonl'), `${JSON.stringify(fig)}\n`);
-
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
     assert.ok(
       cuts.every((x) => x.held > 0),
       `w1 held tasks at every cut (${cuts.map((x) => x.held).join('/')})`,

@@ -16,11 +16,9 @@
  * counted no deadlock.
  */
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import pg from 'pg';
-import { migrate, Server } from '../../src/index.js';
-import { startCluster, type Cluster } from './cluster.js';
+import { test } from 'node:test';
 import { recordFigures } from './harness.js';
+import { logTrigger, ownedSchema } from './kit.js';
 
 const SCHEMA = 'f16';
 const LEASE_MS = 30_000;
@@ -64,47 +62,26 @@ const CATEGORIES: Category[] = [
 ];
 const RESCUED = CATEGORIES.filter((c) => c.expect !== 'keep').reduce((s, c) => s + c.n, 0);
 
-let cluster: Cluster;
-let pool: pg.Pool;
-const servers: Server[] = [];
-
-const q = async <R extends pg.QueryResultRow = any>(text: string, values?: unknown[]): Promise<R[]> =>
-  (await pool.query<R>(text.replaceAll('{{schema}}', `"${SCHEMA}"`), values)).rows;
-
-async function deadlocks(): Promise<number> {
-  const [r] = await q<{ n: string }>('SELECT pg_stat_clear_snapshot(), deadlocks::text AS n FROM pg_stat_database WHERE datname = current_database()');
-  return Number(r?.n ?? 0);
-}
-
-before(async () => {
-  cluster = await startCluster();
-  pool = new pg.Pool({ connectionString: cluster.connectionString, max: 4, application_name: 'harness' });
-  await migrate({ connectionString: cluster.connectionString, schema: SCHEMA });
-});
-
-after(async () => {
-  await Promise.allSettled(servers.map((s) => s.shutdown()));
-  await pool?.end();
-  cluster?.destroy();
-});
+const db = ownedSchema(SCHEMA);
+const q = db.q;
 
 test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, exactly as the table says', async () => {
   // Audit: every transition out of active, with the values before and after, logged in the same transaction.
   // A state change rewrites the task's state row (task_states); its id is in task_inputs, which a rescue leaves alone.
-  await q(`
-    CREATE TABLE {{schema}}.f16_log (queue text, id text, new_state text, old_retried int, new_retried int,
-                                     at timestamptz NOT NULL DEFAULT clock_timestamp(), backend int NOT NULL DEFAULT pg_backend_pid());
-    CREATE FUNCTION {{schema}}.f16_audit() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      INSERT INTO {{schema}}.f16_log (queue, id, new_state, old_retried, new_retried)
-      VALUES (NEW.queue, (SELECT i.id FROM {{schema}}.task_inputs i WHERE i.seq = NEW.seq), NEW.state, OLD.retried, NEW.retried);
-      RETURN NULL;
-    END $$;
-    CREATE TRIGGER f16_audit AFTER UPDATE ON {{schema}}.task_states FOR EACH ROW
-      WHEN (OLD.state = 'active' AND NEW.state IS DISTINCT FROM 'active') EXECUTE FUNCTION {{schema}}.f16_audit();`);
+  await q(
+    logTrigger({
+      name: 'f16_audit',
+      table: `{{schema}}.f16_log (queue text, id text, new_state text, old_retried int, new_retried int,
+        at timestamptz NOT NULL DEFAULT clock_timestamp(), backend int NOT NULL DEFAULT pg_backend_pid())`,
+      insert: `INSERT INTO {{schema}}.f16_log (queue, id, new_state, old_retried, new_retried)
+        VALUES (NEW.queue, (SELECT i.id FROM {{schema}}.task_inputs i WHERE i.seq = NEW.seq), NEW.state, OLD.retried, NEW.retried)`,
+      on: 'AFTER UPDATE ON {{schema}}.task_states',
+      when: "OLD.state = 'active' AND NEW.state IS DISTINCT FROM 'active'",
+    }),
+  );
 
   // Seed, in one transaction: one now() for every boundary.
-  const client = await pool.connect();
+  const client = await db.pool.connect();
   let seededAt: Date;
   try {
     await client.query('BEGIN');
@@ -145,7 +122,7 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
   const untouchedSql = `SELECT queue || '/' || id AS k, t::text AS row FROM {{schema}}.tasks t
                         WHERE t.state <> 'active' OR split_part(t.id, '-', 1) = ANY($1::text[])`;
   const before = new Map((await q<{ k: string; row: string }>(untouchedSql, [keepNames])).map((r) => [r.k, r.row]));
-  const deadlocksBefore = await deadlocks();
+  const deadlocksBefore = await db.deadlocks();
 
   // 8 servers at once: their recoverers start immediately and tick every 100 ms.
   let handled = 0;
@@ -162,23 +139,20 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
     child: () => logger,
   };
   const started = performance.now();
-  for (let i = 0; i < SERVERS; i++) {
-    servers.push(
-      new Server({
-        connectionString: cluster.connectionString,
-        schema: SCHEMA,
-        queues: { f16_idle: 1 },
-        concurrency: 1,
-        leaseDuration: LEASE_MS,
-        heartbeatInterval: 5_000,
-        recoverInterval: 100,
-        recoverCutoff: CUTOFF_MS,
-        retryDelay: () => 3_600_000,
-        logger,
-      }),
-    );
-  }
-  await Promise.all(servers.map((s) => s.start(() => void handled++)));
+  const servers = await db.startServers(
+    SERVERS,
+    () => ({
+      queues: { f16_idle: 1 },
+      concurrency: 1,
+      leaseDuration: LEASE_MS,
+      heartbeatInterval: 5_000,
+      recoverInterval: 100,
+      recoverCutoff: CUTOFF_MS,
+      retryDelay: () => 3_600_000,
+      logger,
+    }),
+    () => void handled++,
+  );
 
   let rescuedSoFar: number;
   for (;;) {
@@ -195,7 +169,7 @@ test('F16: 8 recoverers at once over 10,000 boundary rows rescue each row once, 
   const checkedAt = (await q<{ now: Date }>('SELECT now()'))[0]!.now;
   // The keep rows near the cutoff become recoverable KEEP_WINDOW_S after seeding: the checks must be done by then.
   assert.ok(checkedAt.getTime() - seededAt.getTime() < KEEP_WINDOW_S * 1000, 'the test ran too slowly for its keep window');
-  const deadlockDelta = (await deadlocks()) - deadlocksBefore;
+  const deadlockDelta = (await db.deadlocks()) - deadlocksBefore;
 
   // Each row rescued once.
   const [log] = await q<{ n: number; ids: number; doubles: number; span_s: number; backends: number }>(`

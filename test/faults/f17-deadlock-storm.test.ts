@@ -19,35 +19,17 @@
  * none is left in a non-final state, no business effect was written twice,
  * and no task used more than max_retry retries.
  *
- * Two targeted races follow, for lock-order bugs the storm hits only by luck:
- * servers flushing their stats counters over the same queues in different
- * orders (a deadlock before the fix in src/broker/servers.ts), and producers
- * resending the same batch of taskIds in different orders (enqueueMany).
+ * Two targeted races, for lock-order bugs the storm hits only by luck, are
+ * f17b-lock-order.test.ts's.
  */
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import { sql } from 'kysely';
-import pg from 'pg';
-import {
-  Client,
-  DuplicateTaskError,
-  FailedPreconditionError,
-  Inspector,
-  migrate,
-  QueueNotFoundError,
-  Server,
-  Task,
-  TaskIdConflictError,
-  TaskNotFoundError,
-  type Logger,
-  type TaskContext,
-} from '../../src/index.js';
-import { Db } from '../../src/broker/db.js';
-import { addStats } from '../../src/broker/servers.js';
-import { startCluster, type Cluster } from './cluster.js';
+import { Client, FailedPreconditionError, Inspector, QueueNotFoundError, Task, TaskNotFoundError, type Logger, type TaskContext } from '../../src/index.js';
 import { runCli, type ChildRun } from '../helpers.js';
 import { recordFigures } from './harness.js';
+import { logTrigger, ownedSchema, sqlState } from './kit.js';
 
 const SCHEMA = 'f17';
 const SERVERS = 6;
@@ -56,29 +38,16 @@ const INITIAL = 1500;
 const STORM_MS = 8000;
 const MAX_RETRY = 3;
 
-let cluster: Cluster;
-let pool: pg.Pool;
-let client: Client;
-let inspector: Inspector;
-const servers: Server[] = [];
+// Deadlocks are looked for after 100 ms of waiting (default 1 s): more chances to see one.
+const db = ownedSchema(SCHEMA, { cluster: { settings: { deadlock_timeout: "'100ms'", log_lock_waits: 'on' } } });
+const q = db.q;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const pick = <T>(xs: readonly T[]): T => xs[Math.floor(Math.random() * xs.length)] as T;
-const q = async <R extends pg.QueryResultRow = any>(text: string, values?: unknown[]): Promise<R[]> =>
-  (await pool.query<R>(text.replaceAll('{{schema}}', `"${SCHEMA}"`), values)).rows;
-
-/** SQLSTATE of an error or of any error on its cause chain. */
-function sqlState(err: unknown): string | undefined {
-  for (let e = err, i = 0; typeof e === 'object' && e !== null && i < 10; e = (e as { cause?: unknown }).cause, i++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code)) return code;
-  }
-  return undefined;
-}
 
 /** Runs the pgasynq CLI (`--json`) against the test schema. */
 function cli(...args: string[]): Promise<ChildRun> {
-  return runCli(['--database-url', cluster.connectionString, '--schema', SCHEMA, '--json', ...args]);
+  return runCli(['--database-url', db.cluster.connectionString, '--schema', SCHEMA, '--json', ...args]);
 }
 
 /** A pino-shaped logger that keeps what it is told. */
@@ -94,47 +63,27 @@ function capturingLogger(sink: LogEntry[], bindings: object = {}): Logger {
   return { debug: at('debug'), info: at('info'), warn: at('warn'), error: at('error'), child: (b) => capturingLogger(sink, { ...bindings, ...b }) };
 }
 
-async function deadlocks(): Promise<number> {
-  const [r] = await q<{ n: string }>('SELECT pg_stat_clear_snapshot(), deadlocks::text AS n FROM pg_stat_database WHERE datname = current_database()');
-  return Number(r?.n ?? 0);
-}
-
-before(async () => {
-  // Deadlocks are looked for after 100 ms of waiting (default 1 s): more chances to see one.
-  cluster = await startCluster({ settings: { deadlock_timeout: "'100ms'", log_lock_waits: 'on' } });
-  await migrate({ connectionString: cluster.connectionString, schema: SCHEMA });
-  pool = new pg.Pool({ connectionString: cluster.connectionString, max: 4, application_name: 'harness' });
-  client = new Client({ connectionString: cluster.connectionString, schema: SCHEMA });
-  inspector = new Inspector({ connectionString: cluster.connectionString, schema: SCHEMA });
-});
-
-after(async () => {
-  await Promise.allSettled(servers.map((s) => s.shutdown()));
-  await client?.close().catch(() => {});
-  await inspector?.close().catch(() => {});
-  await pool?.end().catch(() => {});
-  cluster?.destroy();
-});
-
 test('F17: servers, recoverers and admin bulk actions on the same rows: no deadlock, nothing lost, every task final', async () => {
+  const client = new Client({ connectionString: db.cluster.connectionString, schema: SCHEMA });
+  const inspector = new Inspector({ connectionString: db.cluster.connectionString, schema: SCHEMA });
+  db.defer(() => client.close());
+  db.defer(() => inspector.close());
+  // A task is deleted as two rows, its state (task_states) and its inputs (task_inputs), in one
+  // statement: each is logged by seq, and f17_deleted pairs them (a half-deleted task is in neither tasks nor f17_deleted).
   await q(`
     CREATE TABLE {{schema}}.f17_effects (task_id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-    -- A task is deleted as two rows, its state (task_states) and its inputs (task_inputs), in one
-    -- statement: each is logged by seq, and f17_deleted pairs them (a half-deleted task is in neither tasks nor f17_deleted).
-    CREATE TABLE {{schema}}.f17_deleted_states (seq bigint NOT NULL, state text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
-    CREATE TABLE {{schema}}.f17_deleted_inputs (seq bigint NOT NULL, queue text NOT NULL, id text NOT NULL);
-    CREATE FUNCTION {{schema}}.f17_audit_state() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      INSERT INTO {{schema}}.f17_deleted_states (seq, state) VALUES (OLD.seq, OLD.state);
-      RETURN NULL;
-    END $$;
-    CREATE FUNCTION {{schema}}.f17_audit_input() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-      INSERT INTO {{schema}}.f17_deleted_inputs (seq, queue, id) VALUES (OLD.seq, OLD.queue, OLD.id);
-      RETURN NULL;
-    END $$;
-    CREATE TRIGGER f17_audit AFTER DELETE ON {{schema}}.task_states FOR EACH ROW EXECUTE FUNCTION {{schema}}.f17_audit_state();
-    CREATE TRIGGER f17_audit AFTER DELETE ON {{schema}}.task_inputs FOR EACH ROW EXECUTE FUNCTION {{schema}}.f17_audit_input();
+    ${logTrigger({
+      name: 'f17_audit_state',
+      table: '{{schema}}.f17_deleted_states (seq bigint NOT NULL, state text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())',
+      insert: 'INSERT INTO {{schema}}.f17_deleted_states (seq, state) VALUES (OLD.seq, OLD.state)',
+      on: 'AFTER DELETE ON {{schema}}.task_states',
+    })}
+    ${logTrigger({
+      name: 'f17_audit_input',
+      table: '{{schema}}.f17_deleted_inputs (seq bigint NOT NULL, queue text NOT NULL, id text NOT NULL)',
+      insert: 'INSERT INTO {{schema}}.f17_deleted_inputs (seq, queue, id) VALUES (OLD.seq, OLD.queue, OLD.id)',
+      on: 'AFTER DELETE ON {{schema}}.task_inputs',
+    })}
     CREATE VIEW {{schema}}.f17_deleted AS
       SELECT i.queue, i.id, s.state, s.at FROM {{schema}}.f17_deleted_states s JOIN {{schema}}.f17_deleted_inputs i USING (seq);`);
 
@@ -165,30 +114,27 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
     if (p.failOnce && ctx.retryCount === 0) throw new Error('planned failure');
     if (p.tx) await ctx.transaction((trx) => sql`INSERT INTO ${sql.id(SCHEMA, 'f17_effects')} (task_id) VALUES (${ctx.taskId})`.execute(trx));
   };
-  const deadlocksBefore = await deadlocks();
+  const deadlocksBefore = await db.deadlocks();
   const started = performance.now();
-  for (let i = 0; i < SERVERS; i++) {
-    servers.push(
-      new Server({
-        connectionString: cluster.connectionString,
-        schema: SCHEMA,
-        queues: Object.fromEntries(QUEUES.map((name) => [name, 1])),
-        concurrency: 32,
-        leaseDuration: 3000,
-        heartbeatInterval: 1000,
-        recoverInterval: 100,
-        recoverCutoff: 500,
-        taskCheckInterval: 200,
-        delayedTaskCheckInterval: 200,
-        janitorInterval: 1000,
-        shutdownTimeout: 2000,
-        retryDelay: () => Math.random() * 300,
-        errorHandler: (err) => void handlerErrors.push(err),
-        logger: capturingLogger(logs, { server: i }),
-      }),
-    );
-  }
-  await Promise.all(servers.map((s) => s.start(handler)));
+  const servers = await db.startServers(
+    SERVERS,
+    (i) => ({
+      queues: Object.fromEntries(QUEUES.map((name) => [name, 1])),
+      concurrency: 32,
+      leaseDuration: 3000,
+      heartbeatInterval: 1000,
+      recoverInterval: 100,
+      recoverCutoff: 500,
+      taskCheckInterval: 200,
+      delayedTaskCheckInterval: 200,
+      janitorInterval: 1000,
+      shutdownTimeout: 2000,
+      retryDelay: () => Math.random() * 300,
+      errorHandler: (err) => void handlerErrors.push(err),
+      logger: capturingLogger(logs, { server: i }),
+    }),
+    handler,
+  );
 
   // The storm: admin loops, a producer and a zombie, for STORM_MS.
   const adminErrors: unknown[] = [];
@@ -284,7 +230,7 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   const drainS = (performance.now() - started) / 1000;
   const metrics = servers.map((s) => s.metrics());
   await Promise.all(servers.map((s) => s.shutdown()));
-  const deadlockDelta = (await deadlocks()) - deadlocksBefore;
+  const deadlockDelta = (await db.deadlocks()) - deadlocksBefore;
 
   // Oracles.
   const [fate] = await q<{
@@ -324,7 +270,7 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   const internal40P01 = logs.filter((l) => l.level !== 'error' && is40P01(l.obj.err)).length;
   const serialization = logs.filter((l) => sqlState(l.obj.err) === '40001').length;
   // Each report whole (its DETAIL names the statements, which span lines), up to the next log entry; the first three.
-  const logLines = readFileSync(cluster.logFile, 'utf8').split('\n');
+  const logLines = readFileSync(db.cluster.logFile, 'utf8').split('\n');
   const deadlockReports = logLines
     .flatMap((line, i) => {
       if (!/deadlock detected/.test(line)) return [];
@@ -376,96 +322,4 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   assert.deepEqual(fails, []);
   assert.ok(zombied > 0 && recovered >= zombied, `the recoverers rescued the zombie rows (${recovered} of ${zombied})`);
   assert.ok(acked.length > INITIAL && (adminCounts.get('runAllRetry') ?? 0) > 0 && cliRuns.length > 0, 'the storm ran');
-});
-
-/** Runs `fn` on `n` workers until `ms` passed; returns the SQLSTATEs (or names) of what rejected. */
-async function hammer(n: number, ms: number, fn: (worker: number) => Promise<unknown>, expected: (err: unknown) => boolean = () => false) {
-  const errors = new Map<string, number>();
-  let calls = 0;
-  const until = performance.now() + ms;
-  await Promise.all(
-    Array.from({ length: n }, async (_, w) => {
-      while (performance.now() < until) {
-        calls++;
-        try {
-          await fn(w);
-        } catch (err) {
-          if (expected(err)) continue;
-          const k = sqlState(err) ?? (err as Error).name;
-          errors.set(k, (errors.get(k) ?? 0) + 1);
-        }
-      }
-    }),
-  );
-  return { calls, errors: Object.fromEntries(errors) };
-}
-
-test('F17: stats flushes of many servers over the same queues, in any order, never deadlock', async () => {
-  const queues = Array.from({ length: 8 }, (_, i) => `stats${i}`);
-  await q(`INSERT INTO {{schema}}.queues (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`, [queues]);
-  const dbs = Array.from({ length: 6 }, () => new Db({ connectionString: cluster.connectionString, schema: SCHEMA }));
-  const before = await deadlocks();
-  const [totalBefore] = await q<{ n: number }>(`SELECT coalesce(sum(processed_total), 0)::int AS n FROM {{schema}}.queues WHERE name = ANY($1)`, [queues]);
-  try {
-    // What StatsCollector.flush() sends: each server's counts in the order its queues first finished a task.
-    const r = await hammer(dbs.length, 2500, (w) =>
-      addStats(
-        dbs[w]!,
-        [...queues].sort(() => Math.random() - 0.5).map((queue) => ({ queue, processed: 1, failed: 0 })),
-      ),
-    );
-    const delta = (await deadlocks()) - before;
-    const [totals] = await q<{ n: number; d: number }>(
-      `SELECT (SELECT sum(processed_total)::int FROM {{schema}}.queues WHERE name = ANY($1)) AS n,
-              (SELECT sum(processed)::int FROM {{schema}}.daily_stats WHERE queue = ANY($1)) AS d`,
-      [queues],
-    );
-    assert.deepEqual(r.errors, {}, `stats flushes failed (${r.calls} calls)`);
-    assert.equal(delta, 0, 'PostgreSQL detected deadlocks between stats flushes');
-    assert.equal(totals!.n - totalBefore!.n, r.calls * queues.length, 'every flush counted once in the totals');
-    assert.equal(totals!.d, r.calls * queues.length, 'every flush counted once in daily_stats');
-  } finally {
-    await Promise.all(dbs.map((d) => d.close()));
-  }
-});
-
-test('F17: producers resending one batch (taskIds, or unique tasks) in different orders get TaskIdConflictError / DuplicateTaskError, never a deadlock', async () => {
-  const clients = Array.from({ length: 4 }, () => new Client({ connectionString: cluster.connectionString, schema: SCHEMA }));
-  // Slow inserts (2 ms a row, this queue only), so that concurrent batches overlap however idle the machine is.
-  await q(`
-      CREATE FUNCTION {{schema}}.f17_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.002); RETURN NEW; END $$;
-      CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.task_inputs FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();
-      CREATE TRIGGER f17_slow BEFORE INSERT ON {{schema}}.unique_locks FOR EACH ROW WHEN (NEW.queue = 'resend') EXECUTE FUNCTION {{schema}}.f17_slow();`);
-  const before = await deadlocks();
-  const errors = new Map<string, number>();
-  let rounds = 0;
-  try {
-    // An idempotent producer resends its batch after a timeout while another instance sends the same one.
-    for (const until = performance.now() + 3000; performance.now() < until; rounds++) {
-      // Even rounds: the same taskIds; odd rounds: the same unique tasks (same type and payload).
-      const ids = Array.from({ length: 50 }, (_, i) => `b${rounds}-${i}`);
-      const task = (id: string) =>
-        rounds % 2 === 0 ? new Task('resend', null, { taskId: id, queue: 'resend' }) : new Task('resend', { id }, { unique: 60_000, queue: 'resend' });
-      const results = await Promise.allSettled(clients.map((c) => c.enqueueMany([...ids].sort(() => Math.random() - 0.5).map(task))));
-      for (const r of results) {
-        if (r.status === 'fulfilled' || r.reason instanceof TaskIdConflictError || r.reason instanceof DuplicateTaskError) continue;
-        const k = sqlState(r.reason) ?? (r.reason as Error).name;
-        errors.set(k, (errors.get(k) ?? 0) + 1);
-      }
-    }
-    const delta = (await deadlocks()) - before;
-    recordFigures({
-      test: 'F17 enqueueMany lock order',
-      profile: 'fast',
-      tasks: rounds * 50 * clients.length,
-      deadlocks: delta,
-      deadlock_errors_in_user_code: errors.get('40P01') ?? 0,
-      notes: `${clients.length} clients send the same 50-task batch (taskIds, or unique tasks) in shuffled orders, ${rounds} rounds, inserts slowed 2 ms/row by a trigger; keyed batches insert in key order (src/broker/enqueue.ts), so none deadlocks`,
-    });
-    assert.deepEqual(Object.fromEntries(errors), {}, `enqueueMany rejected with something other than TaskIdConflictError (${rounds} rounds)`);
-    assert.equal(delta, 0, 'PostgreSQL detected deadlocks between enqueueMany calls');
-  } finally {
-    await q('DROP TRIGGER f17_slow ON {{schema}}.task_inputs; DROP TRIGGER f17_slow ON {{schema}}.unique_locks');
-    await Promise.all(clients.map((c) => c.close()));
-  }
 });

@@ -61,9 +61,9 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, test } from 'node:test';
 import pg from 'pg';
-import { assertInvariants, createHarness, recordFigures, sleep, type Harness } from './harness.js';
+import { sleep } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const RATE = Number(process.env.F20_RATE ?? 200);
@@ -76,12 +76,6 @@ const HORIZON_ENDED_WITHIN_S = 30;
 const CLAIM_SQL_LIKE = '%claim_tasks"(%';
 /** pg_stat_statements shows constants as $n: the head scan's text ends `ORDER BY priority DESC, pending_seq LIMIT $2`. */
 const HEAD_SQL_LIKE = '%ORDER BY priority DESC, pending_seq LIMIT $%';
-let h: Harness | undefined;
-let holder: pg.Client | undefined;
-after(async () => {
-  await holder?.end().catch(() => {});
-  await h?.teardown();
-});
 
 type Phase = 'before' | 'during' | 'after';
 interface Sample {
@@ -102,16 +96,16 @@ const pct = (xs: number[], q: number): number | null => {
   return Math.round(s[Math.min(s.length - 1, Math.floor(q * s.length))]! * 10) / 10;
 };
 
-test(
+faultTest(
   `F20 long-transaction: a REPEATABLE READ snapshot held ${HOLD_S} s under ${RATE} tasks/s; invariants hold, the backlog drains`,
-  { timeout: (2 * (BEFORE_S + HOLD_S + AFTER_S) + 180) * 1000 },
-  async () => {
-    h = await createHarness('f20', { settings: { shared_preload_libraries: "'pg_stat_statements'", 'pg_stat_statements.max': 1000 } });
-    const harness = h;
+  {
+    schema: 'f20',
+    timeout: (2 * (BEFORE_S + HOLD_S + AFTER_S) + 180) * 1000,
+    cluster: { settings: { shared_preload_libraries: "'pg_stat_statements'", 'pg_stat_statements.max': 1000 } },
+  },
+  async (h) => {
     await h.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements');
-    const workers = await Promise.all(
-      ['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 8, sleepMin: 5, sleepMax: 30, env: { LOG_LEVEL: 'info' } })),
-    );
+    const workers = await h.spawnWorkers(4, { concurrency: 8, sleepMin: 5, sleepMax: 30, env: { LOG_LEVEL: 'info' } });
     h.startSampler();
     const total = RATE * (BEFORE_S + HOLD_S + AFTER_S);
     const producer = await h.spawnProducer({ count: total, rate: RATE, inflight: 16, maxRetry: MAX_RETRY });
@@ -137,9 +131,9 @@ test(
       while (sampling) {
         const tick = performance.now();
         try {
-          const [s] = await harness.query(statsSql);
+          const [s] = await h.query(statsSql);
           const q0 = performance.now();
-          await harness.query(headSql);
+          await h.query(headSql);
           const headScanMs = performance.now() - q0;
           samples.push({
             t: elapsed(),
@@ -161,7 +155,7 @@ test(
 
     // pg_stat_statements: the claim statement's calls, mean and max per phase (reset at each boundary).
     const claimStats = async () => {
-      const rows = await harness.query<{
+      const rows = await h.query<{
         which: string;
         calls: number;
         mean_ms: number | null;
@@ -175,7 +169,7 @@ test(
          FROM pg_stat_statements WHERE query LIKE $1 OR query LIKE $2 GROUP BY 1`,
         [CLAIM_SQL_LIKE, HEAD_SQL_LIKE],
       );
-      await harness.query('SELECT pg_stat_statements_reset()');
+      await h.query('SELECT pg_stat_statements_reset()');
       const of = (which: string) => {
         const r = rows.find((x) => x.which === which);
         const round = (v: number | null | undefined, d: number) => (v === null || v === undefined ? null : Math.round(v * 10 ** d) / 10 ** d);
@@ -188,7 +182,9 @@ test(
     const claimBefore = await claimStats();
 
     // ---- the fault: a snapshot held idle in a transaction ----
-    holder = new pg.Client({ connectionString: h.connectionString, application_name: 'harness:horizon' });
+    const holder = new pg.Client({ connectionString: h.connectionString, application_name: 'harness:horizon' });
+    let holding = true;
+    h.defer(() => holding && holder.end());
     await holder.connect();
     holder.on('error', () => {});
     const holderPid = (await holder.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
@@ -203,7 +199,7 @@ test(
     const claimDuring = await claimStats();
     await holder.query('COMMIT');
     await holder.end();
-    holder = undefined;
+    holding = false;
     const release = await h.dbNow();
     const releaseS = elapsed();
     const releaseWall = Date.now();
@@ -264,7 +260,7 @@ test(
 
     // The library's own view: each server's horizon watch (pino lines of component 'horizon', this host's clock).
     const lines = workers.flatMap((w) =>
-      readFileSync(join(harness.logDir, `${w.name}.stderr.log`), 'utf8')
+      readFileSync(join(h.logDir, `${w.name}.stderr.log`), 'utf8')
         .split('\n')
         .flatMap((l) => {
           try {
@@ -284,7 +280,7 @@ test(
     const workersEnded = new Set(ended.map((l) => l.worker.split(':')[0])).size;
 
     const phases = ['before', 'during', 'after'] as const;
-    const fig = h.figures('F20 long-transaction', c, {
+    const fig = report(h, c, 'F20 long-transaction', {
       hold_s: HOLD_S,
       rate_target: RATE,
       rate_reached: Object.fromEntries(phases.map((p) => [p, round0(byPhase(completedPerS, p)?.rate)])),
@@ -341,10 +337,7 @@ test(
         `drain_s = release to backlog <= ${baseline} (max of the backlog at the hold's start and 1 s of load); library_names_holder_s = hold start to the first ` +
         `'xmin horizon held by pid N' warning of a server (horizon watch, healthCheckInterval 15 s default)`,
     });
-    recordFigures(fig);
     console.log(`figures ${JSON.stringify(fig)}`);
-
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
     assert.equal(c.acked, total, 'every task was acknowledged');
     assert.ok(completedDuring > 0, 'tasks completed during the hold');
     assert.ok(

@@ -9,25 +9,21 @@
  * worker started afterwards runs them.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import { assertInvariants, createHarness, FAST, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { FAST, sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const GRACE_MS = 2 * FAST.leaseDuration;
-let h: Harness | undefined;
-after(() => h?.teardown());
 
-test(
+faultTest(
   'F22 graceful-shutdown: SIGTERM with 16 tasks in flight; heartbeats through the grace period, the rest requeued at once without a retry',
-  { timeout: 150_000 },
-  async () => {
-    h = await createHarness('f22');
-    const harness = h;
+  { schema: 'f22', timeout: 150_000 },
+  async (h) => {
     const w1 = await h.spawnWorker('w1', { concurrency: 16, profile: { shutdownTimeout: GRACE_MS } });
     h.startSampler();
     // 0.5–3 L; the producer goes on after the SIGTERM (no new claims may follow it).
     const producer = await h.spawnProducer({ count: 32, rate: 8, msMin: 0.5 * FAST.leaseDuration, msMax: 3 * FAST.leaseDuration, maxRetry: MAX_RETRY });
-    await waitFor(async () => (await harness.openStarts())[w1.tag] === 16, 30_000, 'w1 to hold 16 running tasks', 50);
+    await waitFor(async () => (await h.openStarts())[w1.tag] === 16, 30_000, 'w1 to hold 16 running tasks', 50);
     const termAt = await h.dbNow();
     const t0 = performance.now();
     h.signal(w1, 'SIGTERM');
@@ -51,29 +47,24 @@ test(
     );
     await producer.exited;
     await h.spawnWorker('w2', { concurrency: 32 });
-    await h.waitDrained(60_000);
-    await sleep(700);
-    await h.stopSampler();
+    await h.settle(60_000);
 
     const c = await h.check({ maxRetry: MAX_RETRY });
     const w1m = w1.metrics;
-    recordFigures(
-      h.figures('F22 graceful-shutdown', c, {
-        recovery_s: requeueLatencyS,
-        requeue_latency_s: requeueLatencyS,
-        grace_s: GRACE_MS / 1000,
-        leases_lost_during_grace: w1m?.leasesLost ?? null,
-        completed_in_grace: w1After!.completed_in_grace,
-        aborted_at_grace_end: w1After!.aborted,
-        requeued: atExit!.requeued,
-        active_at_exit: atExit!.active,
-        claims_after_sigterm: w1After!.starts,
-        notes:
-          `w1 x 16 slots, tasks 0.5-3 L, grace ${GRACE_MS / 1000} s; SIGTERM -> exit ${requeueLatencyS} s (recovery_s = requeue latency, about grace, not grace + C + R); ` +
-          `${w1After!.completed_in_grace} completed in grace, ${atExit!.requeued} requeued (pending, retried 0), ${atExit!.active} active at exit`,
-      }),
-    );
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
+    report(h, c, 'F22 graceful-shutdown', {
+      recovery_s: requeueLatencyS,
+      requeue_latency_s: requeueLatencyS,
+      grace_s: GRACE_MS / 1000,
+      leases_lost_during_grace: w1m?.leasesLost ?? null,
+      completed_in_grace: w1After!.completed_in_grace,
+      aborted_at_grace_end: w1After!.aborted,
+      requeued: atExit!.requeued,
+      active_at_exit: atExit!.active,
+      claims_after_sigterm: w1After!.starts,
+      notes:
+        `w1 x 16 slots, tasks 0.5-3 L, grace ${GRACE_MS / 1000} s; SIGTERM -> exit ${requeueLatencyS} s (recovery_s = requeue latency, about grace, not grace + C + R); ` +
+        `${w1After!.completed_in_grace} completed in grace, ${atExit!.requeued} requeued (pending, retried 0), ${atExit!.active} active at exit`,
+    });
     assert.equal(w1.exitInfo?.code, 0, 'w1 shut down cleanly');
     assert.equal(atExit!.active, 0, 'nothing left active: requeued by w1, not waiting for the recoverer');
     assert.ok(atExit!.requeued > 0, 'tasks longer than the grace period were requeued');

@@ -27,30 +27,22 @@
  */
 import assert from 'node:assert/strict';
 import { appendFileSync } from 'node:fs';
-import { after, test } from 'node:test';
 import pg from 'pg';
-import { assertInvariants, createHarness, FAST, recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { FAST, sleep, waitFor } from './harness.js';
+import { faultTest, report } from './kit.js';
 
 const MAX_RETRY = 3;
 const ZOMBIES = 2;
 const ZOMBIE_MS = 3 * FAST.leaseDuration;
 /** Tasks that wait while the zombies hold w1's slots: a freed slot takes one at once. */
 const FLOW = 16;
-let h: Harness | undefined;
-let locker: pg.Client | undefined;
-after(async () => {
-  await locker?.end().catch(() => {});
-  await h?.teardown();
-});
 
 const secs = (ms: number, digits = 1): number => Math.round(ms / 10 ** (3 - digits)) / 10 ** digits;
 
-test(
+faultTest(
   'F23 handler-ignores-abort: a handler that ignores its abort after losing its lease; rescued, its late ctx.transaction refused, effects once',
-  { timeout: 150_000 },
-  async () => {
-    h = await createHarness('f23');
-    const harness = h;
+  { schema: 'f23', timeout: 150_000 },
+  async (h) => {
     // No prefetch: w1 claims only into free slots, so what it starts after the aborts shows when its slots freed.
     const workerEnv = { REPORT_EXEC: '1', PREFETCH: '0' };
     const [w1, w2] = await Promise.all([
@@ -61,14 +53,14 @@ test(
     // Enqueued from here (a producer would take seconds to start while the zombies' clock runs), each id
     // in the ack log once enqueue() resolved.
     const enqueueAcked = async (ms: number): Promise<string> => {
-      const id = await harness.enqueue('tx', { ms }, { maxRetry: MAX_RETRY });
-      appendFileSync(harness.ackFile, `${id}\n`);
+      const id = await h.enqueue('tx', { ms }, { maxRetry: MAX_RETRY });
+      appendFileSync(h.ackFile, `${id}\n`);
       return id;
     };
     // w2 sleeps (briefly) while w1 takes the zombie tasks, and so fills its slots.
     h.signal(w2, 'SIGSTOP');
     for (let i = 0; i < ZOMBIES; i++) await enqueueAcked(ZOMBIE_MS);
-    await waitFor(async () => (await harness.openStarts())[w1.tag] === ZOMBIES, 30_000, `w1 to start ${ZOMBIES} tasks`, 20);
+    await waitFor(async () => (await h.openStarts())[w1.tag] === ZOMBIES, 30_000, `w1 to start ${ZOMBIES} tasks`, 20);
     const held = (await h.query<{ id: string }>("SELECT id FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w1.serverId])).map((r) => r.id);
     h.signal(w2, 'SIGCONT');
     await sleep(FAST.heartbeatInterval);
@@ -78,7 +70,7 @@ test(
     const control = await waitFor(
       async () =>
         (
-          await harness.query<{ task_id: string }>("SELECT task_id FROM {{schema}}.h_exec WHERE phase = 'start' AND worker = $1 AND NOT (task_id = ANY($2))", [
+          await h.query<{ task_id: string }>("SELECT task_id FROM {{schema}}.h_exec WHERE phase = 'start' AND worker = $1 AND NOT (task_id = ANY($2))", [
             w2.tag,
             held,
           ])
@@ -92,14 +84,16 @@ test(
     // Work that waits for a free slot (w2 has 3; w1's 2 are the zombies'), queued before the fault.
     for (let i = 0; i < FLOW; i++) await enqueueAcked(2000);
     await waitFor(
-      async () => (await harness.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'pending'")).n >= FLOW / 2,
+      async () => (await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'pending'")).n >= FLOW / 2,
       30_000,
       'flow tasks waiting',
       50,
     );
 
     // The fault: w1's rows locked, so its heartbeats wait.
-    locker = new pg.Client({ connectionString: h.connectionString, application_name: 'harness:locker' });
+    const locker = new pg.Client({ connectionString: h.connectionString, application_name: 'harness:locker' });
+    let locking = true;
+    h.defer(() => locking && locker.end());
     await locker.connect();
     await locker.query('BEGIN');
     const locked = await locker.query(
@@ -113,16 +107,14 @@ test(
     const pendingAtAbort = (await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'pending'")).n;
     await locker.query('ROLLBACK');
     await locker.end();
-    locker = undefined;
+    locking = false;
 
     // Each zombie carries on to ctx.transaction, which must be refused.
     const refusals = await Promise.all(
       held.map((id) => w1.waitEvent((e) => e.event === 'txFailed' && e.taskId === id, ZOMBIE_MS + 20_000, `the late ctx.transaction of ${id} on w1`)),
     );
     const recovery_s = await recovery;
-    await h.waitDrained(90_000);
-    await sleep(700);
-    await h.stopSampler();
+    await h.settle(90_000);
 
     // When w1 next started a task, after each abort (tasks were waiting all along): the slot's release.
     const w1Starts = (
@@ -164,32 +156,28 @@ test(
     const controlAborted = w2.events.some((e) => e.event === 'aborted' && e.taskId === control);
     const w1m = w1.metrics as unknown as Record<string, number> | undefined;
     const c = await h.check({ maxRetry: MAX_RETRY });
-    recordFigures(
-      h.figures('F23 handler-ignores-abort', c, {
-        recovery_s,
-        slots_held_by_zombies: slotsHeld,
-        zombie_overrun_s: overrun,
-        lease_lost_after_s: lostAfter,
-        zombie_tx_refused_locally: perTask.reduce((n, r) => n + r.fenced_local, 0),
-        zombie_tx_refused_by_db: perTask.reduce((n, r) => n + r.fenced_db, 0),
-        zombie_effects: perTask.reduce((n, r) => n + r.zombie_effects, 0),
-        zombie_leases_lost: w1m?.leasesLost ?? null,
-        w1_handlers_running_max: w1m?.handlersRunningMax ?? null,
-        pending_at_abort: pendingAtAbort,
-        control_runs: controlRow.runs,
-        control_leases_lost: w2.metrics?.leasesLost ?? null,
-        control_worker_loop_lag_max_ms: w2.metrics?.loopLagMaxMs ?? null,
-        notes:
-          `w1 (concurrency ${ZOMBIES}, handlers ignore ctx.signal) runs ${ZOMBIES} tasks that await ${ZOMBIE_MS / 1000} s (3 L) then ctx.transaction; ` +
-          `the harness locks their rows (FOR UPDATE) until both are aborted, so w1's heartbeat waits and its trust timer gives the leases up (lease_lost_after_s after the lock). ` +
-          `The zombies ran on ${overrun.join(' / ')} s past their leases outside any slot: w1 started new tasks ${slotsHeld.join(' / ')} s after the aborts ` +
-          `(slots_held_by_zombies: the processor stops waiting for an aborted handler, as asynq does) and ran up to ${w1m?.handlersRunningMax} handlers at once with concurrency ${ZOMBIES}. ` +
-          `Each late ctx.transaction was refused with LeaseExpiredError before any write (locally: the lease object was already released). ` +
-          `Control: the same 3 L handler on w2 with no fault ran ${controlRow.runs}x, leases lost ${w2.metrics?.leasesLost} (heartbeats share the handler's free event loop).`,
-      }),
-    );
-
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }), []);
+    report(h, c, 'F23 handler-ignores-abort', {
+      recovery_s,
+      slots_held_by_zombies: slotsHeld,
+      zombie_overrun_s: overrun,
+      lease_lost_after_s: lostAfter,
+      zombie_tx_refused_locally: perTask.reduce((n, r) => n + r.fenced_local, 0),
+      zombie_tx_refused_by_db: perTask.reduce((n, r) => n + r.fenced_db, 0),
+      zombie_effects: perTask.reduce((n, r) => n + r.zombie_effects, 0),
+      zombie_leases_lost: w1m?.leasesLost ?? null,
+      w1_handlers_running_max: w1m?.handlersRunningMax ?? null,
+      pending_at_abort: pendingAtAbort,
+      control_runs: controlRow.runs,
+      control_leases_lost: w2.metrics?.leasesLost ?? null,
+      control_worker_loop_lag_max_ms: w2.metrics?.loopLagMaxMs ?? null,
+      notes:
+        `w1 (concurrency ${ZOMBIES}, handlers ignore ctx.signal) runs ${ZOMBIES} tasks that await ${ZOMBIE_MS / 1000} s (3 L) then ctx.transaction; ` +
+        `the harness locks their rows (FOR UPDATE) until both are aborted, so w1's heartbeat waits and its trust timer gives the leases up (lease_lost_after_s after the lock). ` +
+        `The zombies ran on ${overrun.join(' / ')} s past their leases outside any slot: w1 started new tasks ${slotsHeld.join(' / ')} s after the aborts ` +
+        `(slots_held_by_zombies: the processor stops waiting for an aborted handler, as asynq does) and ran up to ${w1m?.handlersRunningMax} handlers at once with concurrency ${ZOMBIES}. ` +
+        `Each late ctx.transaction was refused with LeaseExpiredError before any write (locally: the lease object was already released). ` +
+        `Control: the same 3 L handler on w2 with no fault ran ${controlRow.runs}x, leases lost ${w2.metrics?.leasesLost} (heartbeats share the handler's free event loop).`,
+    });
     assert.equal(held.length, ZOMBIES);
     for (const a of aborts) assert.equal(a.reason, 'LeaseExpiredError', 'the zombie was told its lease was lost');
     for (const r of refusals) assert.equal(r.name, 'LeaseExpiredError', "the zombie's ctx.transaction was refused with LeaseExpiredError");

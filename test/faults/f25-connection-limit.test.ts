@@ -25,9 +25,10 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, test } from 'node:test';
 import { roleSetupSql } from '../../src/index.js';
-import { createHarness, ORACLE_BOUND_S, recordFigures, sleep, type Child, type Harness } from './harness.js';
+import { ORACLE_BOUND_S, recordFigures, sleep } from './harness.js';
+import { faultTest } from './kit.js';
+import { poll } from './samplers.js';
 
 const MAX_RETRY = 3;
 /** The failure logs a worker keeps about its connections: the Db's and the listener's. */
@@ -35,15 +36,10 @@ const LOG_RUNS = 2;
 const WORKERS = 8;
 const POOL = 5;
 const TASKS = 600;
-let h: Harness | undefined;
-after(() => h?.teardown());
-
-test(
+faultTest(
   'F25 connection-limit: 8 workers x pool 5 on max_connections=20; no crash loop, nothing lost, a few log lines per process',
-  { timeout: 240_000 },
-  async () => {
-    h = await createHarness('f25', { settings: { max_connections: 20, superuser_reserved_connections: 5, log_connections: 'off' } });
-    const harness = h;
+  { schema: 'f25', timeout: 240_000, cluster: { settings: { max_connections: 20, superuser_reserved_connections: 5, log_connections: 'off' } } },
+  async (h) => {
     // The library's least-privilege worker role (a login), plus the oracle's table and the view the handler reads.
     await h.query(roleSetupSql({ schema: h.schema, logins: true }));
     await h.query('GRANT SELECT ON {{schema}}.tasks TO pgasynq_worker; GRANT INSERT ON {{schema}}.h_effects TO pgasynq_worker');
@@ -62,33 +58,20 @@ test(
     // Backends per role, every 250 ms: the limit is really reached.
     let peakWorkerBackends = 0;
     let peakAllBackends = 0;
-    let watching = true;
-    const watcher = (async () => {
-      while (watching) {
-        const r = await harness
-          .one<{ w: number; all: number }>(
-            "SELECT count(*) FILTER (WHERE usename = 'pgasynq_worker_login')::int AS w, count(*)::int AS all FROM pg_stat_activity WHERE backend_type = 'client backend'",
-          )
-          .catch(() => undefined);
-        if (r) {
-          peakWorkerBackends = Math.max(peakWorkerBackends, r.w);
-          peakAllBackends = Math.max(peakAllBackends, r.all);
-        }
-        await sleep(250);
-      }
-    })();
+    const watcher = poll(250, async () => {
+      const r = await h.one<{ w: number; all: number }>(
+        "SELECT count(*) FILTER (WHERE usename = 'pgasynq_worker_login')::int AS w, count(*)::int AS all FROM pg_stat_activity WHERE backend_type = 'client backend'",
+      );
+      peakWorkerBackends = Math.max(peakWorkerBackends, r.w);
+      peakAllBackends = Math.max(peakAllBackends, r.all);
+    });
 
     const t0 = performance.now();
-    const workers: Child[] = await Promise.all(
-      Array.from({ length: WORKERS }, (_, i) =>
-        harness.spawnWorker(`w${i + 1}`, { concurrency: 4, sleepMin: 20, sleepMax: 120, env: { DATABASE_URL: workerUrl, POOL_MAX: String(POOL) } }),
-      ),
-    );
+    const workers = await h.spawnWorkers(WORKERS, { concurrency: 4, sleepMin: 20, sleepMax: 120, env: { DATABASE_URL: workerUrl, POOL_MAX: String(POOL) } });
     await h.waitDrained(180_000);
     const drainS = (performance.now() - t0) / 1000;
     await sleep(1500); // a last metrics line from every worker
-    watching = false;
-    await watcher;
+    await watcher.stop();
     await h.stopSampler();
 
     const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['fx'] });
@@ -97,7 +80,7 @@ test(
       .split('\n')
       .filter((l) => l.includes('too many clients already') || l.includes('remaining connection slots are reserved')).length;
     const perWorker = workers.map((w) => {
-      const lines = readFileSync(join(h!.logDir, `${w.name}.stderr.log`), 'utf8')
+      const lines = readFileSync(join(h.logDir, `${w.name}.stderr.log`), 'utf8')
         .split('\n')
         .filter(Boolean);
       const parsed = lines.map((l) => {

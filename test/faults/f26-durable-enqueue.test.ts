@@ -19,12 +19,10 @@
  *     or this test could not see a loss and proves nothing.
  */
 import assert from 'node:assert/strict';
-import { after, test } from 'node:test';
-import pg from 'pg';
-import { createHarness, recordFigures, sleep, waitFor, type Harness } from './harness.js';
 
-const harnesses: Harness[] = [];
-after(() => Promise.all(harnesses.map((x) => x.teardown())));
+import pg from 'pg';
+import { recordFigures, sleep, waitFor, type Harness } from './harness.js';
+import { faultTest } from './kit.js';
 
 const CRASHES = 3;
 
@@ -49,9 +47,7 @@ interface Run {
  * written, not what is unflushed), so the exposed WAL is the page being filled, a few
  * enqueues. Three crashes make a run that loses nothing by luck unlikely.
  */
-async function crashRun(name: string, clientPool: 'own' | 'user'): Promise<Run> {
-  const h = await createHarness(name, { settings: { wal_writer_delay: "'10s'" } });
-  harnesses.push(h);
+async function crashRun(h: Harness, clientPool: 'own' | 'user'): Promise<Run> {
   const { db } = await h.one<{ db: string }>('SELECT quote_ident(current_database()) AS db');
   await h.query(`ALTER DATABASE ${db} SET synchronous_commit = off`);
   // The setting applies to sessions opened from now on: check it on a fresh one (the harness pool's are older).
@@ -169,24 +165,35 @@ function record(label: string, r: Run, notes: string): void {
   console.log(`figures: ${JSON.stringify(figures)}`);
 }
 
-test('F26 durable-enqueue: with the database at synchronous_commit=off, no acknowledged enqueue is lost in 3 crashes', { timeout: 120_000 }, async () => {
-  const r = await crashRun('f26_own', 'own');
-  record(
-    'F26 durable-enqueue (Client pool, R18 on)',
-    r,
-    `database synchronous_commit=off, wal_writer_delay=10s; producer as fast as 8 in flight allow (${r.enqueueRate}/s); ` +
-      `${CRASHES} x pg_ctl -m immediate stop ${r.crashAfterS.join('/')} s into a stretch of enqueues, start; lost per crash ${r.lostPerCrash.join('/')} (must be 0)`,
-  );
-  assert.equal(r.lostAcked, 0, `${r.lostAcked} acknowledged enqueues lost of ${r.acked}`);
-});
+/** The cluster of a run: the WAL writer wakes every 10 s only, so what commits asynchronously stays unwritten. */
+const CLUSTER = { settings: { wal_writer_delay: "'10s'" } };
 
-test('F26 positive control: the same run on a pool that does not override the database loses acknowledged enqueues', { timeout: 120_000 }, async () => {
-  const r = await crashRun('f26_user', 'user');
-  record(
-    'F26 positive control (user pool, R18 off)',
-    r,
-    `as F26, but the Client enqueues through a pg.Pool of the producer's own (sessions keep synchronous_commit=off): ` +
-      `${r.enqueueRate}/s, crashes ${r.crashAfterS.join('/')} s in; lost per crash ${r.lostPerCrash.join('/')} (the total must be > 0, or the test cannot see a loss)`,
-  );
-  assert.ok(r.lostAcked > 0, `the crash lost no acknowledged enqueue of ${r.acked}: this run cannot detect a loss`);
-});
+faultTest(
+  'F26 durable-enqueue: with the database at synchronous_commit=off, no acknowledged enqueue is lost in 3 crashes',
+  { schema: 'f26_own', timeout: 120_000, cluster: CLUSTER },
+  async (h) => {
+    const r = await crashRun(h, 'own');
+    record(
+      'F26 durable-enqueue (Client pool, R18 on)',
+      r,
+      `database synchronous_commit=off, wal_writer_delay=10s; producer as fast as 8 in flight allow (${r.enqueueRate}/s); ` +
+        `${CRASHES} x pg_ctl -m immediate stop ${r.crashAfterS.join('/')} s into a stretch of enqueues, start; lost per crash ${r.lostPerCrash.join('/')} (must be 0)`,
+    );
+    assert.equal(r.lostAcked, 0, `${r.lostAcked} acknowledged enqueues lost of ${r.acked}`);
+  },
+);
+
+faultTest(
+  'F26 positive control: the same run on a pool that does not override the database loses acknowledged enqueues',
+  { schema: 'f26_user', timeout: 120_000, cluster: CLUSTER },
+  async (h) => {
+    const r = await crashRun(h, 'user');
+    record(
+      'F26 positive control (user pool, R18 off)',
+      r,
+      `as F26, but the Client enqueues through a pg.Pool of the producer's own (sessions keep synchronous_commit=off): ` +
+        `${r.enqueueRate}/s, crashes ${r.crashAfterS.join('/')} s in; lost per crash ${r.lostPerCrash.join('/')} (the total must be > 0, or the test cannot see a loss)`,
+    );
+    assert.ok(r.lostAcked > 0, `the crash lost no acknowledged enqueue of ${r.acked}: this run cannot detect a loss`);
+  },
+);

@@ -14,61 +14,35 @@
  *
  * Must hold: I2 with I1, I3, I5; and the plan's "no lease lost for d ≤ 5 s":
  * no task given up to the delay in any phase (given_up 0: an attempt aborted
- * with LeaseExpiredError whose ctx.transaction did not commit). The workers'
- * leases_lost counter is recorded beside it: it also counts leases the worker
- * stopped trusting inside ctx.transaction whose completion still committed.
+ * with LeaseExpiredError whose ctx.transaction did not commit), and nothing
+ * rescued in any phase (rescued 0: no lease ran out in the database either).
+ * The workers' leases_lost counter is recorded beside it: it also counts
+ * leases the worker stopped trusting inside ctx.transaction whose completion
+ * still committed.
  *
  * Prints the figures (also appended to results/reliability-results.jsonl and
  * written to results/logs/f27_production/figures.jsonl) and a last line
  * `F27 production: PASS` or `F27 production: FAIL …`; exits 1 on failure.
  */
 import type { Harness } from './harness.js';
-import type { TcpProxy } from './proxy.js';
 import { runSlowDb } from './slow-db.js';
 
-const hold: { h?: Harness; proxy?: TcpProxy } = {};
+const hold: { h?: Harness } = {};
 const t0 = performance.now();
 let failures: string[] = [];
 try {
-  const { phases, problems, fig } = await runSlowDb(
-    {
-      name: 'f27_production',
-      label: 'F27 slow-db (production profile)',
-      profileName: 'production',
-      profile: {
-        leaseDuration: 30_000,
-        heartbeatInterval: 5000,
-        recoverCutoff: 30_000,
-        recoverInterval: 60_000,
-        taskCheckInterval: 5000,
-        delayedTaskCheckInterval: 500,
-        shutdownTimeout: 8000,
-        retryDelayMs: 500,
-      },
-      delaysMs: [100, 500, 1000, 2000, 5000],
-      phaseMs: 60_000,
-      settleMaxMs: 150_000,
-      workers: 3,
-      concurrency: 4,
-      mixes: [
-        { rate: 0.5, msMin: 200, msMax: 800 },
-        { rate: 0.1, msMin: 30_000, msMax: 50_000 },
-      ],
-      maxRetry: 20,
-    },
-    hold,
-  );
+  const { phases, problems, fig } = await runSlowDb('production', hold);
   console.log(JSON.stringify(fig, null, 1));
   failures = [...problems];
   for (const p of phases) {
     if (p.started === 0) failures.push(`no work ran during d = ${p.d_s} s`);
     if (p.given_up !== 0) failures.push(`d = ${p.d_s} s: ${p.given_up} tasks given up to the delay (${JSON.stringify(p)})`);
+    if (p.rescued !== 0) failures.push(`d = ${p.d_s} s: ${p.rescued} tasks rescued (${JSON.stringify(p)})`);
   }
 } catch (err) {
   failures.push(String((err as Error)?.stack ?? err));
 } finally {
   await hold.h?.teardown();
-  await hold.proxy?.close();
 }
 console.log(`wall time ${Math.round((performance.now() - t0) / 1000)} s`);
 console.log(failures.length === 0 ? 'F27 production: PASS' : `F27 production: FAIL\n${failures.join('\n')}`);

@@ -4,7 +4,7 @@
  * before), enqueued while 4 worker processes run them. Workers are killed -9
  * while they hold the last dependencies of a waiting dependent (respawned 2 s
  * later), and PostgreSQL is crashed (`pg_ctl -m immediate stop`, down
- * DOWN_MS, start) while a dependent waits only for dependencies that are
+ * 3 s, start) while a dependent waits only for dependencies that are
  * running: completions, and the releases they carry, are cut mid-flight.
  *
  * Half the fan-in dependencies complete through ctx.transaction (`tx`, an
@@ -33,32 +33,22 @@
  * from the handlers' own lines, with a control.
  */
 import assert from 'node:assert/strict';
-import { appendFileSync } from 'node:fs';
-import { after, test } from 'node:test';
-import { Client, Task, TaskIdConflictError } from '../../src/index.js';
-import { crashAndRestart, killAndRespawn, WORKFLOW_LOG_SQL } from './crashes.js';
-import { assertInvariants, createHarness, ORACLE_BOUND_S, recordFigures, sleep, waitFor, type Child, type Harness } from './harness.js';
+import { Task, TaskIdConflictError } from '../../src/index.js';
+import { heldByOwner, killsAndCrashes } from './crashes.js';
+import { sleep, waitFor } from './harness.js';
+import { faultTest, outageBound, report } from './kit.js';
+import { fanIn, WORKFLOW_LOG_SQL } from './setups.js';
 
 const MAX_RETRY = 8;
 const GROUPS = 20;
 const FANIN = 30;
 const CHAINS = 4;
 const CHAIN_LEN = 8;
-const KILLS = 3;
-const CRASHES = 2;
-const DOWN_MS = 3000;
+const FAULTS = { kills: 3, crashes: 2, downMs: 3000 };
 /** One enqueueMany call (a group, or a chain) every UNIT_MS. */
 const UNIT_MS = 900;
-const RETENTION = 3_600_000;
 /** Each ctx.transaction stays open this long before it completes its task: kills and crashes land inside completing transactions more often. */
 const TX_HOLD_MS = 100;
-
-let h: Harness | undefined;
-let client: Client | undefined;
-after(async () => {
-  await client?.close().catch(() => {});
-  await h?.teardown();
-});
 
 interface Unit {
   name: string;
@@ -70,15 +60,16 @@ function buildGraph(): { units: Unit[]; edges: [string, string][]; dependents: s
   const edges: [string, string][] = [];
   const groups: Unit[] = [];
   const ms = (min: number, max: number) => ({ ms: min + Math.random() * (max - min) });
-  const opts = (taskId: string, dependsOn?: string[]) => ({ taskId, maxRetry: MAX_RETRY, retention: RETENTION, ...(dependsOn ? { dependsOn } : {}) });
+  const opts = (taskId: string, dependsOn?: string[]) => ({ taskId, maxRetry: MAX_RETRY, retention: 3_600_000, ...(dependsOn ? { dependsOn } : {}) });
   for (let g = 0; g < GROUPS; g++) {
-    const deps = Array.from({ length: FANIN }, (_, i) => `g${g}-d${i}`);
-    const fin = `g${g}-fin`;
-    for (const d of deps) edges.push([fin, d]);
-    groups.push({
-      name: `group ${g}`,
-      tasks: [...deps.map((id, i) => new Task(i % 2 === 0 ? 'tx' : 'plain', ms(50, 250), opts(id))), new Task('tx', ms(50, 150), opts(fin, deps))],
-    });
+    const group = fanIn(
+      g,
+      FANIN,
+      (id, i) => new Task(i % 2 === 0 ? 'tx' : 'plain', ms(50, 250), opts(id)),
+      (id, deps) => new Task('tx', ms(50, 150), opts(id, deps)),
+    );
+    edges.push(...group.edges);
+    groups.push({ name: `group ${g}`, tasks: group.tasks });
   }
   const chains: Unit[] = [];
   for (let c = 0; c < CHAINS; c++) {
@@ -96,25 +87,18 @@ function buildGraph(): { units: Unit[]; edges: [string, string][]; dependents: s
   return { units, edges, dependents: [...new Set(edges.map(([d]) => d))] };
 }
 
-test(
+faultTest(
   'F32 workflows under faults: kill -9 and PostgreSQL crashes during fan-in releases; each dependent released once, never early',
-  { timeout: 240_000 },
-  async () => {
-    h = await createHarness('f32');
-    const harness = h;
+  { schema: 'f32', timeout: 240_000 },
+  async (h) => {
     await h.query(WORKFLOW_LOG_SQL);
-    const workers = await Promise.all(
-      ['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 4, sleepMin: 50, sleepMax: 250, env: { TX_HOLD_MS: String(TX_HOLD_MS) } })),
-    );
-    const live = new Map<string, Child>(workers.map((w) => [w.name, w]));
+    const workers = await h.spawnWorkers(4, { concurrency: 4, sleepMin: 50, sleepMax: 250, env: { TX_HOLD_MS: String(TX_HOLD_MS) } });
     h.startSampler();
     const t0 = performance.now();
     const { units, edges, dependents } = buildGraph();
 
     // The driver: one unit every UNIT_MS, each retried through the outages until the database has it.
     // Ids go to the acknowledgement log only once enqueueMany resolved (or a retry found them all there).
-    client = new Client({ connectionString: h.connectionString, schema: h.schema });
-    const enqueuer = client;
     let enqueueErrors = 0;
     let enqueueConflicts = 0;
     let driverDone = false;
@@ -123,12 +107,12 @@ test(
         const ids = unit.tasks.map((t) => t.options.taskId!);
         for (;;) {
           try {
-            await enqueuer.enqueueMany(unit.tasks);
+            await h.client.enqueueMany(unit.tasks);
             break;
           } catch (err) {
             if (err instanceof TaskIdConflictError) {
               // An earlier try committed without its reply: enqueueMany is all or nothing, so all of it is there.
-              const { n } = await harness.one<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = ANY($1)', [ids]);
+              const { n } = await h.one<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE id = ANY($1)', [ids]);
               assert.equal(n, ids.length, `${unit.name}: a conflict means the whole unit committed`);
               enqueueConflicts++;
               break;
@@ -137,71 +121,53 @@ test(
             await sleep(250);
           }
         }
-        appendFileSync(harness.ackFile, `${ids.join('\n')}\n`);
+        h.ack(ids);
         await sleep(UNIT_MS);
       }
       driverDone = true;
     })();
 
-    // A worker holding a dependency of a waiting dependent that has at most 3 left (the next releases), never the last live one.
-    const nearRelease = async (): Promise<{ victim: Child; held: number } | undefined> => {
-      if (live.size < 2) return undefined;
-      const rows = await harness
-        .query<{ owner: string; held: number }>(
-          `SELECT s.lease_owner AS owner, count(*)::int AS held
-           FROM {{schema}}.task_states s
-           JOIN {{schema}}.task_dependencies d ON d.dependency_seq = s.seq AND d.outcome IS NULL
-           JOIN {{schema}}.task_states w ON w.seq = d.dependent_seq AND w.state = 'waiting' AND w.waiting_for <= 3
-           WHERE s.state = 'active' AND s.lease_owner IS NOT NULL GROUP BY 1`,
-        )
-        .catch(() => []);
-      const busy = [...live.values()].flatMap((w) => {
-        const r = rows.find((x) => x.owner === w.serverId);
-        return r ? [{ victim: w, held: r.held }] : [];
-      });
-      return busy[Math.floor(Math.random() * busy.length)];
-    };
-    // Dependents waiting only for dependencies that are running now (at most 2): their release is in flight.
-    const releasesInFlight = async (): Promise<number> =>
-      (
-        await harness
-          .query<{ n: number }>(
-            `SELECT count(*)::int AS n FROM {{schema}}.task_states w
-             WHERE w.state = 'waiting' AND w.waiting_for <= 2 AND NOT EXISTS (
-               SELECT 1 FROM {{schema}}.task_dependencies d JOIN {{schema}}.task_states s ON s.seq = d.dependency_seq
-               WHERE d.dependent_seq = w.seq AND d.outcome IS NULL AND s.state <> 'active')`,
-          )
-          .catch(() => [{ n: 0 }])
-      )[0]!.n;
-
-    const faults: ('kill' | 'crash')[] = ['kill', 'crash', 'kill', 'crash', 'kill'];
-    assert.equal(faults.filter((f) => f === 'kill').length, KILLS);
-    assert.equal(faults.filter((f) => f === 'crash').length, CRASHES);
-    const respawns: Promise<void>[] = [];
-    const heldAtKill: number[] = [];
-    const inFlightAtCrash: number[] = [];
-    const restartMs: number[] = [];
-    for (const fault of faults) {
-      await sleep(1500 + Math.random() * 1500);
-      if (fault === 'kill') {
-        const { victim, held } = await waitFor(nearRelease, 30_000, 'a worker holding the last dependencies of a dependent', 20);
-        heldAtKill.push(held);
-        respawns.push(killAndRespawn(harness, victim, live));
-      } else {
-        const n = await waitFor(releasesInFlight, 30_000, 'a release in flight', 20);
-        inFlightAtCrash.push(n);
-        restartMs.push(await crashAndRestart(harness, DOWN_MS));
-      }
-    }
+    // Kill a worker holding a dependency of a waiting dependent that has at most 3 left (the next releases);
+    // crash while a dependent waits only for dependencies that are running now (at most 2): its release is in flight.
+    const faults = await killsAndCrashes(h, workers, {
+      ...FAULTS,
+      gapMs: [1500, 1500],
+      held: heldByOwner(
+        h,
+        `SELECT s.lease_owner AS owner, count(*)::int AS held
+         FROM {{schema}}.task_states s
+         JOIN {{schema}}.task_dependencies d ON d.dependency_seq = s.seq AND d.outcome IS NULL
+         JOIN {{schema}}.task_states w ON w.seq = d.dependent_seq AND w.state = 'waiting' AND w.waiting_for <= 3
+         WHERE s.state = 'active' AND s.lease_owner IS NOT NULL GROUP BY 1`,
+      ),
+      victim: { min: 1, what: 'a worker holding the last dependencies of a dependent', everyMs: 20 },
+      beforeCrash: () =>
+        waitFor(
+          async () =>
+            (
+              await h
+                .query<{ n: number }>(
+                  `SELECT count(*)::int AS n FROM {{schema}}.task_states w
+                   WHERE w.state = 'waiting' AND w.waiting_for <= 2 AND NOT EXISTS (
+                     SELECT 1 FROM {{schema}}.task_dependencies d JOIN {{schema}}.task_states s ON s.seq = d.dependency_seq
+                     WHERE d.dependent_seq = w.seq AND d.outcome IS NULL AND s.state <> 'active')`,
+                )
+                .catch(() => [{ n: 0 }])
+            )[0]!.n,
+          30_000,
+          'a release in flight',
+          20,
+        ),
+    });
+    const { heldAtKill, atCrash: inFlightAtCrash, restartMs } = faults;
     const faultsBeforeLastUnit = !driverDone;
     await driver;
-    await Promise.all(respawns);
-    await h.waitDrained(120_000);
-    await sleep(700); // the workers' last metrics lines
-    await h.stopSampler();
+    await faults.respawned;
+    await h.settle(120_000);
     const wallS = Math.round((performance.now() - t0) / 1000);
 
-    const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['tx'] });
+    const stuckBound = outageBound(FAULTS.downMs, restartMs);
+    const c = await h.check({ maxRetry: MAX_RETRY, txTypes: ['tx'], stuckBoundS: stuckBound });
     // Per dependent: its releases, whether one came in a completing transaction of its dependencies,
     // its executions and those that began before its last dependency completed, its effects.
     const per = await h.query<{
@@ -250,8 +216,7 @@ test(
     const early = per.filter((d) => d.early_starts > 0);
     const notRun = per.filter((d) => d.state !== 'completed' || d.effects !== 1);
     const depsNotDone = per.filter((d) => d.deps_done !== d.deps);
-    const stuckBound = ORACLE_BOUND_S + DOWN_MS / 1000 + Math.max(...restartMs) / 1000 + 1;
-    const figures = h.figures('F32 workflows under faults', c, {
+    const figures = report(h, c, 'F32 workflows under faults', {
       dependents: per.length,
       edges: edges.length,
       double_releases: doubleReleases.length,
@@ -262,9 +227,9 @@ test(
       double_completions: g.double_completions,
       completions_redone: g.redone,
       unsettled_edges: g.unsettled,
-      kills: KILLS,
+      kills: FAULTS.kills,
       held_near_release_at_kill: heldAtKill,
-      crashes: CRASHES,
+      crashes: FAULTS.crashes,
       releases_in_flight_at_crash: inFlightAtCrash,
       restart_ms: restartMs,
       enqueue_errors: enqueueErrors,
@@ -274,17 +239,17 @@ test(
       wall_s: wallS,
       notes:
         `${GROUPS} fan-ins of ${FANIN} (half tx, half batched) + ${CHAINS} chains of ${CHAIN_LEN}, one unit per ${UNIT_MS} ms; 4 workers x 4, ctx.transaction held ${TX_HOLD_MS} ms; ` +
-        `SIGKILL ${KILLS}x a worker holding the last dependencies of a dependent (respawn 2 s), crash ${CRASHES}x with a release in flight ` +
-        `(${DOWN_MS / 1000} s down); releases and completions logged by triggers in their own transactions`,
+        `SIGKILL ${FAULTS.kills}x a worker holding the last dependencies of a dependent (respawn 2 s), crash ${FAULTS.crashes}x with a release in flight ` +
+        `(${FAULTS.downMs / 1000} s down); releases and completions logged by triggers in their own transactions`,
     });
-    recordFigures(figures);
     console.log(JSON.stringify({ ...figures, notes: undefined }));
     const show = (rows: typeof per) =>
       rows
         .slice(0, 5)
         .map((d) => JSON.stringify(d))
         .join('; ');
-    assert.deepEqual(assertInvariants(c, { maxRetry: MAX_RETRY, stuckBoundS: stuckBound, unexpected: h.unexpectedExits() }), []);
+    assert.equal(heldAtKill.length, FAULTS.kills, 'every kill came');
+    assert.equal(restartMs.length, FAULTS.crashes, 'every crash came');
     assert.equal(per.length, GROUPS + CHAINS * (CHAIN_LEN - 1), 'every dependent exists');
     assert.equal(c.tasks, GROUPS * (FANIN + 1) + CHAINS * CHAIN_LEN, 'every task enqueued once');
     assert.equal(doubleReleases.length, 0, `dependents released twice: ${show(doubleReleases)}`);

@@ -48,42 +48,16 @@
  * before the worker hears of it), and the library's own pool.
  */
 import assert from 'node:assert/strict';
-import { appendFileSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, test } from 'node:test';
-import { Client, Inspector, Task } from '../../src/index.js';
-import { crashWithWalHeld, nextHandlerStart } from './crashes.js';
-import { assertInvariants, createHarness, recordFigures, sleep, type Harness } from './harness.js';
+import { Task } from '../../src/index.js';
+import { nextHandlerStart } from './crashes.js';
+import { handlerCalls, setupLimits, syncCommitRuns } from './setups.js';
 
-const MAX_RETRY = 10;
 const CONC = 3;
 const RATE = { limit: 10, interval: 5000 };
-const CONC_TASKS = 18;
-const RATED_TASKS = 50;
-const CRASHES = 6;
-const DOWN_MS = 300;
-const PROFILE = { leaseDuration: 10_000, heartbeatInterval: 2000 };
-
-let h: Harness | undefined;
-let client: Client | undefined;
-let inspector: Inspector | undefined;
-afterEach(async () => {
-  await client?.close().catch(() => {});
-  await inspector?.close().catch(() => {});
-  await h?.teardown();
-  client = inspector = h = undefined;
-});
-
-const ORACLE_SQL = `
-CREATE TABLE {{schema}}.lim_claims (seq bigint NOT NULL, queue text NOT NULL, owner text, started_at timestamptz,
-  at timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE FUNCTION {{schema}}.lim_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO {{schema}}.lim_claims (seq, queue, owner, started_at) VALUES (NEW.seq, NEW.queue, NEW.lease_owner, NEW.started_at);
-  RETURN NULL;
-END $$;
-CREATE TRIGGER lim_log_claim AFTER UPDATE OF state ON {{schema}}.task_states FOR EACH ROW
-  WHEN (NEW.state = 'active' AND OLD.state IS DISTINCT FROM 'active') EXECUTE FUNCTION {{schema}}.lim_log_claim();`;
+const TASKS = { conc: 18, rated: 50 };
+const RUN = { maxRetry: 10, crashes: 6, downMs: 300, gapMs: [2000, 1000] as [number, number] };
 
 interface Execution {
   taskId: string;
@@ -96,163 +70,108 @@ interface Execution {
   phantom: boolean;
 }
 
-async function run(name: string, workerEnv: Record<string, string>) {
-  h = await createHarness(name);
-  const harness = h;
-  await h.query(ORACLE_SQL);
-  client = new Client({ connectionString: h.connectionString, schema: h.schema });
-  inspector = new Inspector({ connectionString: h.connectionString, schema: h.schema });
-  const tasks = [
-    ...Array.from({ length: CONC_TASKS }, (_, i) => new Task('bare', { ms: 3000 + Math.random() * 2000 }, { queue: 'conc', taskId: `conc-${i}` })),
-    ...Array.from({ length: RATED_TASKS }, (_, i) => new Task('bare', { ms: 200 + Math.random() * 200 }, { queue: 'rated', taskId: `rated-${i}` })),
-  ];
-  const infos = await client.enqueueMany(tasks, { maxRetry: MAX_RETRY, retention: 3_600_000 });
-  appendFileSync(h.ackFile, `${infos.map((t) => t.id).join('\n')}\n`);
-  await inspector.setQueueLimits('conc', { concurrency: CONC });
-  await inspector.setQueueLimits('rated', { rateLimit: RATE });
-  const env = { QUEUES: JSON.stringify({ conc: 1, rated: 1 }), PREFETCH: '0', REPORT_EXEC: '1', ...workerEnv };
-  await Promise.all(['w1', 'w2', 'w3', 'w4'].map((n) => harness.spawnWorker(n, { concurrency: 4, profile: PROFILE, env })));
+syncCommitRuns({
+  ...RUN,
+  tag: 'F33b',
+  name: 'limits-lost-claims',
+  claim: 'no handler starts on a claim a crash erases, limits hold for the handlers',
+  figures: 'limits, handlers',
+  schema: 'f33b',
+  notes: `conc ${CONC} (3-5 s), rated ${RATE.limit}/${RATE.interval} ms (0.2-0.4 s); all bare (batched completion, no synchronous commit in the run); 4 workers x 4, prefetch 0, lease 10 s; ${RUN.crashes} crashes each as soon as a handler started, ${RUN.downMs} ms down; the WAL writer stopped before each and killed -9 to crash`,
 
-  const restartMs: number[] = [];
-  const crashedAt: number[] = [];
-  let untargeted = 0;
-  for (let i = 0; i < CRASHES; i++) {
-    await sleep(2000 + Math.random() * 1000);
+  async start(h, workerEnv) {
+    await setupLimits(h, {
+      counts: false,
+      tasks: [
+        ...Array.from({ length: TASKS.conc }, (_, i) => new Task('bare', { ms: 3000 + Math.random() * 2000 }, { queue: 'conc', taskId: `conc-${i}` })),
+        ...Array.from({ length: TASKS.rated }, (_, i) => new Task('bare', { ms: 200 + Math.random() * 200 }, { queue: 'rated', taskId: `rated-${i}` })),
+      ],
+      enqueue: { maxRetry: RUN.maxRetry, retention: 3_600_000 },
+      limits: { conc: { concurrency: CONC }, rated: { rateLimit: RATE } },
+      workers: {
+        count: 4,
+        concurrency: 4,
+        prefetch: 0,
+        profile: { leaseDuration: 10_000, heartbeatInterval: 2000 },
+        env: { REPORT_EXEC: '1', ...workerEnv },
+      },
+    });
+  },
+
+  // Right after a handler of the queue started (any queue's after 10 s): its claim committed a moment ago, maybe not yet flushed.
+  trigger(h, i) {
     const queue = i % 2 === 0 ? 'conc' : 'rated';
-    // Right after a handler of `queue` started (any queue's after 10 s): its claim committed a moment ago, maybe not yet flushed.
-    const crash = await crashWithWalHeld(harness, DOWN_MS, () =>
-      nextHandlerStart(harness, (id) => id.startsWith(`${queue}-`), 10_000).catch(() => nextHandlerStart(harness, () => true, 10_000)),
-    );
-    crashedAt.push(crash.crashedAt);
-    restartMs.push(crash.restartMs);
-    if (!crash.targeted) untargeted++;
-  }
-  await h.waitDrained(120_000);
-  await sleep(700);
+    return nextHandlerStart(h, (id) => id.startsWith(`${queue}-`), 10_000).catch(() => nextHandlerStart(h, () => true, 10_000));
+  },
 
-  const c = await h.check({ maxRetry: MAX_RETRY, txTypes: [] });
-  const claims = await h.query<{ id: string; owner: string; started_at: Date }>(
-    'SELECT i.id, c.owner, c.started_at FROM {{schema}}.lim_claims c JOIN {{schema}}.task_inputs i ON i.seq = c.seq',
-  );
-  // Every handler call, from the workers' lines: its start, and when it stopped holding a slot.
-  const lines = h.children.flatMap((w) => w.events.map((e): Record<string, any> => ({ ...e, worker: w.name, serverId: w.serverId })));
-  const byAttempt = new Map<string, Record<string, any>>();
-  for (const e of lines) if (e.attempt && ['started', 'finished', 'aborted'].includes(e.event)) byAttempt.set(`${e.attempt}:${e.event}`, e);
-  const used = new Set<number>();
-  const executions: Execution[] = lines
-    .filter((e) => e.event === 'started')
-    .map((s) => {
-      const finished = byAttempt.get(`${s.attempt}:finished`)?.at ?? Number.POSITIVE_INFINITY;
-      const aborted = byAttempt.get(`${s.attempt}:aborted`)?.at ?? Number.POSITIVE_INFINITY;
-      const end = Math.min(finished, aborted);
+  async analyze(h, { crashedAt }) {
+    const claims = await h.query<{ id: string; owner: string; started_at: Date }>(
+      'SELECT i.id, c.owner, c.started_at FROM {{schema}}.lim_claims c JOIN {{schema}}.task_inputs i ON i.seq = c.seq',
+    );
+    // Every handler call, from the workers' lines: its start, and when it stopped holding a slot.
+    const used = new Set<number>();
+    const executions: Execution[] = handlerCalls(h).map((s) => {
+      const end = Math.min(s.finishedAt ?? Number.POSITIVE_INFINITY, s.abortedAt ?? Number.POSITIVE_INFINITY);
       // Its claim: the latest durable claim of this task by this worker's server at or before its start (same host clock).
       let best = -1;
       claims.forEach((cl, i) => {
         const at = cl.started_at.getTime();
-        if (cl.id === s.taskId && cl.owner === s.serverId && at - 2 <= s.at && s.at - at < 3000 && !used.has(i)) {
+        if (cl.id === s.taskId && cl.owner === s.serverId && at - 2 <= s.start && s.start - at < 3000 && !used.has(i)) {
           if (best === -1 || at > claims[best]!.started_at.getTime()) best = i;
         }
       });
       if (best !== -1) used.add(best);
-      return {
-        taskId: s.taskId,
-        attempt: s.attempt,
-        worker: s.worker,
-        start: s.at,
-        end,
-        at: best === -1 ? s.at : claims[best]!.started_at.getTime(),
-        phantom: best === -1,
-      };
+      const at = best === -1 ? s.start : claims[best]!.started_at.getTime();
+      return { taskId: s.taskId, attempt: s.attempt, worker: s.worker, start: s.start, end, at, phantom: best === -1 };
     });
-  const phantoms = executions.filter((x) => x.phantom);
-  const rated = executions.filter((x) => x.taskId.startsWith('rated')).map((x) => x.at);
-  const windowMax = (ts: number[]) => Math.max(0, ...ts.map((t) => ts.filter((u) => u > t - RATE.interval && u <= t).length));
-  const startsInWindow = windowMax(rated);
-  const durableStartsInWindow = windowMax(claims.filter((cl) => cl.id.startsWith('rated')).map((cl) => cl.started_at.getTime()));
-  const conc = executions.filter((x) => x.taskId.startsWith('conc'));
-  let running = 0;
-  let maxRunning = 0;
-  let maxAt = 0;
-  for (const [t, d] of conc.flatMap((x) => [[x.start, 1] as const, [x.end, -1] as const]).sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
-    running += d;
-    if (running > maxRunning) [maxRunning, maxAt] = [running, t];
-  }
-  const overlapAtMax = conc.filter((x) => x.start <= maxAt && x.end > maxAt);
-  writeFileSync(join(h.logDir, 'executions.json'), JSON.stringify({ crashedAt, executions, claims }, null, 1));
-  return {
-    c,
-    phantoms,
-    startsInWindow,
-    durableStartsInWindow,
-    maxRunning,
-    overlapAtMax,
-    restartMs,
-    untargeted,
-    problems: assertInvariants(c, { maxRetry: MAX_RETRY, unexpected: h.unexpectedExits() }),
-  };
-}
+    const phantoms = executions.filter((x) => x.phantom);
+    const rated = executions.filter((x) => x.taskId.startsWith('rated')).map((x) => x.at);
+    const windowMax = (ts: number[]) => Math.max(0, ...ts.map((t) => ts.filter((u) => u > t - RATE.interval && u <= t).length));
+    const startsInWindow = windowMax(rated);
+    const durableStartsInWindow = windowMax(claims.filter((cl) => cl.id.startsWith('rated')).map((cl) => cl.started_at.getTime()));
+    const conc = executions.filter((x) => x.taskId.startsWith('conc'));
+    let running = 0;
+    let maxRunning = 0;
+    let maxAt = 0;
+    for (const [t, d] of conc.flatMap((x) => [[x.start, 1] as const, [x.end, -1] as const]).sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
+      running += d;
+      if (running > maxRunning) [maxRunning, maxAt] = [running, t];
+    }
+    const overlapAtMax = conc.filter((x) => x.start <= maxAt && x.end > maxAt);
+    writeFileSync(join(h.logDir, 'executions.json'), JSON.stringify({ crashedAt, executions, claims }, null, 1));
+    return { phantoms, startsInWindow, durableStartsInWindow, maxRunning, overlapAtMax };
+  },
 
-type Result = Awaited<ReturnType<typeof run>>;
+  extra: (r) => ({
+    phantom_starts: r.phantoms.length,
+    phantoms: r.phantoms.slice(0, 10).map((p) => `${p.taskId}@${p.worker}`),
+    limit: CONC,
+    max_running: r.maxRunning,
+    running_at_max: r.overlapAtMax.map((x) => `${x.taskId}@${x.worker}${x.phantom ? '(phantom)' : ''}`),
+    rate_limit: `${RATE.limit}/${RATE.interval}ms`,
+    max_starts_in_window: r.startsInWindow,
+    max_durable_starts_in_window: r.durableStartsInWindow,
+  }),
 
-function record(test: string, r: Result, notes: string) {
-  recordFigures(
-    h!.figures(test, r.c, {
-      phantom_starts: r.phantoms.length,
-      phantoms: r.phantoms.slice(0, 10).map((p) => `${p.taskId}@${p.worker}`),
-      limit: CONC,
-      max_running: r.maxRunning,
-      running_at_max: r.overlapAtMax.map((x) => `${x.taskId}@${x.worker}${x.phantom ? '(phantom)' : ''}`),
-      rate_limit: `${RATE.limit}/${RATE.interval}ms`,
-      max_starts_in_window: r.startsInWindow,
-      max_durable_starts_in_window: r.durableStartsInWindow,
-      crashes: CRASHES,
-      untargeted_crashes: r.untargeted,
-      restart_ms: r.restartMs,
-      notes,
-    }),
-  );
-}
-
-function assertBounds(r: Result) {
-  console.log(
-    `phantom starts ${r.phantoms.length}; most conc handlers running ${r.maxRunning} (limit ${CONC}); ` +
-      `most rated starts in ${RATE.interval} ms: handlers ${r.startsInWindow}, durable claims ${r.durableStartsInWindow} (limit ${RATE.limit}); restarts ${r.restartMs.join('/')} ms`,
-  );
-  assert.deepEqual(r.problems, []);
-  assert.equal(r.c.states.completed, CONC_TASKS + RATED_TASKS, 'every task completed');
-  assert.ok(r.durableStartsInWindow <= RATE.limit, `the database's own claims keep the rate (${r.durableStartsInWindow})`);
-  // The three, in one message: which held and which did not.
-  const bounds: string[] = [];
-  if (r.phantoms.length > 0) {
-    bounds.push(`${r.phantoms.length} handlers started on claims the crash then erased (${r.phantoms.map((p) => `${p.taskId}@${p.worker}`).join(', ')})`);
-  }
-  if (r.startsInWindow > RATE.limit) bounds.push(`rated: ${r.startsInWindow} handler starts in ${RATE.interval} ms (limit ${RATE.limit})`);
-  if (r.maxRunning > CONC) {
-    bounds.push(
-      `conc: ${r.maxRunning} handlers running at once (limit ${CONC}: ${r.overlapAtMax.map((x) => `${x.taskId}@${x.worker}${x.phantom ? ' (phantom)' : ''}`).join(', ')})`,
+  check(r, problems) {
+    console.log(
+      `phantom starts ${r.phantoms.length}; most conc handlers running ${r.maxRunning} (limit ${CONC}); ` +
+        `most rated starts in ${RATE.interval} ms: handlers ${r.startsInWindow}, durable claims ${r.durableStartsInWindow} (limit ${RATE.limit}); restarts ${r.restartMs.join('/')} ms`,
     );
-  }
-  assert.deepEqual(bounds, [], 'the limits, as the handlers met them');
-}
-
-const SETUP = `conc ${CONC} (3-5 s), rated ${RATE.limit}/${RATE.interval} ms (0.2-0.4 s); all bare (batched completion, no synchronous commit in the run); 4 workers x 4, prefetch 0, lease 10 s; ${CRASHES} crashes each as soon as a handler started, ${DOWN_MS} ms down; the WAL writer stopped before each and killed -9 to crash`;
-
-test(
-  'F33b control: server sessions with synchronous_commit=on; no handler starts on a claim a crash erases, limits hold for the handlers',
-  { timeout: 180_000 },
-  async () => {
-    const r = await run('f33b_sync', { POOL_MAX: '10', POOL_SYNC_COMMIT: '1' });
-    record('F33b limits, handlers, sync commit (control)', r, `${SETUP}; the Server on a pool of 10 with synchronous_commit=on`);
-    assertBounds(r);
+    assert.deepEqual(problems, []);
+    assert.equal(r.c.states.completed, TASKS.conc + TASKS.rated, 'every task completed');
+    assert.ok(r.durableStartsInWindow <= RATE.limit, `the database's own claims keep the rate (${r.durableStartsInWindow})`);
+    // The three, in one message: which held and which did not.
+    const bounds: string[] = [];
+    if (r.phantoms.length > 0) {
+      bounds.push(`${r.phantoms.length} handlers started on claims the crash then erased (${r.phantoms.map((p) => `${p.taskId}@${p.worker}`).join(', ')})`);
+    }
+    if (r.startsInWindow > RATE.limit) bounds.push(`rated: ${r.startsInWindow} handler starts in ${RATE.interval} ms (limit ${RATE.limit})`);
+    if (r.maxRunning > CONC) {
+      bounds.push(
+        `conc: ${r.maxRunning} handlers running at once (limit ${CONC}: ${r.overlapAtMax.map((x) => `${x.taskId}@${x.worker}${x.phantom ? ' (phantom)' : ''}`).join(', ')})`,
+      );
+    }
+    assert.deepEqual(bounds, [], 'the limits, as the handlers met them');
   },
-);
-
-test(
-  'F33b limits-lost-claims: the library own pool; no handler starts on a claim a crash erases, limits hold for the handlers',
-  { timeout: 180_000 },
-  async () => {
-    const r = await run('f33b', {});
-    record('F33b limits, handlers, library pool', r, `${SETUP}; the Server on its own pool (synchronous_commit=off)`);
-    assertBounds(r);
-  },
-);
+});

@@ -3,124 +3,35 @@
  * cluster (roles are cluster-global). The SQL is printed by the CLI, as a
  * user would get it, applied before and after the owner migrates, and once
  * more (idempotent). Then each role does its job through the real library
- * and CLI, and every statement beyond it fails with SQLSTATE 42501.
- * Workflows (0005) last: a producer enqueues tasks that depend on stored
- * ones, a worker's Server finishes those (completed with and without
- * retention, archived) and the owner's triggers release or archive the
- * dependents; the monitor sees the edges without the results they carry.
- * Flow control (0007) and enqueue() in SQL (0008) after that: a producer
- * enqueues from a trigger of its own table, the admin alone sets a queue's
- * limits, and a worker's Server claims within them.
+ * and CLI, and every statement beyond it fails with SQLSTATE 42501. The
+ * roles' later duties are files of their own: workflows (0005) in
+ * sec1-roles-workflows.test.ts, flow control and enqueue() in SQL (0007,
+ * 0008) in sec1-roles-flow-control.test.ts; the setup is sec1.ts's.
  */
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { Client, DuplicateTaskError, Inspector, Scheduler, Server, Task, TaskIdConflictError, migrate, roleSetupSql, type Logger } from '../../src/index.js';
-import { run } from '../../src/cli/program.js';
-import { runCli, waitFor } from '../helpers.js';
-import { startCluster, type Cluster } from './cluster.js';
+import { Client, DuplicateTaskError, Inspector, Scheduler, Task, TaskIdConflictError } from '../../src/index.js';
+import { waitFor } from '../helpers.js';
+import {
+  as,
+  assertNoneRefused,
+  cli,
+  cliHere,
+  cluster,
+  pools,
+  refused,
+  refusesDdl,
+  S,
+  su,
+  url,
+  useRolesCluster,
+  workerRoleServer,
+  type LogLine,
+} from './sec1.js';
 
-const S = 'sec1';
-const KINDS = ['owner', 'producer', 'worker', 'monitor', 'inspector', 'admin'] as const;
-type Kind = (typeof KINDS)[number];
-
-let cluster: Cluster;
-let su: pg.Pool;
-const pools = new Map<Kind, pg.Pool>();
-const url = (kind: Kind) => `postgres://pgasynq_${kind}_login@127.0.0.1:${cluster.port}/postgres`;
-const as = (kind: Kind, text: string, values?: unknown[]) => pools.get(kind)!.query(text.replaceAll('{{S}}', `"${S}"`), values);
-const cli = (kind: Kind, ...args: string[]) => runCli(['--database-url', url(kind), '--schema', S, ...args]);
-
-/**
- * The same CLI in this process (program.ts run(), what main.ts calls): child
- * processes cost seconds each on a loaded machine, so only `roles` and the
- * inspector's `stats`, the commands SEC1 names, run as children.
- */
-async function cliHere(kind: Kind, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  let stdout = '';
-  let stderr = '';
-  const code = await run(['--database-url', url(kind), '--schema', S, ...args], {
-    out: { write: (s: string) => (stdout += s) },
-    err: { write: (s: string) => (stderr += s) },
-    env: {},
-  });
-  return { code, stdout, stderr };
-}
-
-/** Rejects with SQLSTATE 42501 (insufficient_privilege), and nothing else. */
-async function refused(p: Promise<unknown>, what: string): Promise<void> {
-  await assert.rejects(
-    p,
-    (err: { code?: string; message?: string }) => {
-      assert.equal(err?.code, '42501', `${what}: expected SQLSTATE 42501, got ${err?.code}: ${err?.message}`);
-      return true;
-    },
-    what,
-  );
-}
-
-/** DDL and TRUNCATE: nobody but the owner. Tasks are two tables (task_inputs, task_states) and the view tasks. */
-async function refusesDdl(kind: Kind): Promise<void> {
-  for (const stmt of [
-    'CREATE TABLE {{S}}.evil (a int)',
-    'ALTER TABLE {{S}}.task_inputs ADD COLUMN evil int',
-    'ALTER TABLE {{S}}.task_states ADD COLUMN evil int',
-    'CREATE INDEX evil ON {{S}}.task_states (retried)',
-    'DROP TABLE {{S}}.daily_stats',
-    'DROP VIEW {{S}}.queue_stats',
-    'DROP VIEW {{S}}.tasks',
-    'DROP TRIGGER tasks_write ON {{S}}.tasks',
-    // tasks_write() runs as the owner: replacing it would be writing as the owner.
-    'CREATE OR REPLACE FUNCTION {{S}}.tasks_write() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$',
-    'TRUNCATE {{S}}.task_inputs',
-    'TRUNCATE {{S}}.task_states',
-    'TRUNCATE {{S}}.queues CASCADE',
-    'CREATE SCHEMA evil',
-  ]) {
-    await refused(as(kind, stmt), `${kind}: ${stmt}`);
-  }
-}
-
-/** Records warnings and errors, so a background component's 42501 cannot go unseen. */
-function captureLogger(lines: { msg: string | undefined; code: unknown; err: string }[]): Logger {
-  const push = (obj: object, msg?: string) => {
-    const err = (obj as { err?: { code?: unknown; message?: string } }).err;
-    lines.push({ msg, code: err?.code, err: err?.message ?? '' });
-  };
-  const logger: Logger = { debug() {}, info() {}, warn: push, error: push, child: () => logger };
-  return logger;
-}
-
-before(async () => {
-  // As a user would: print the SQL with the CLI (it needs no database: while the
-  // cluster starts), apply it as a superuser before the first migrate (roles and
-  // schema only), migrate as the owner, apply it again.
-  const [started, printed] = await Promise.all([startCluster(), runCli(['--schema', S, 'roles', '--logins'])]);
-  cluster = started;
-  su = new pg.Pool({ connectionString: cluster.connectionString, max: 2 });
-  assert.equal(printed.code, 0, printed.stderr);
-  assert.equal(printed.stdout, roleSetupSql({ schema: S, logins: true }));
-  await su.query(printed.stdout);
-  await migrate({ connectionString: `postgres://pgasynq_owner_login@127.0.0.1:${cluster.port}/postgres`, schema: S });
-  // Before the rerun, what the migration created is nobody's: a SECURITY DEFINER
-  // function callable by PUBLIC would run as the owner for anyone with USAGE.
-  const callable = await su.query<{ role: string }>(
-    `SELECT r.rolname AS role FROM pg_roles r
-     WHERE r.rolname = ANY($2::text[]) AND has_function_privilege(r.oid, $1::text::regprocedure, 'EXECUTE')`,
-    [`"${S}".settle_completed(bigint[], jsonb[], bytea[], text)`, KINDS.filter((k) => k !== 'owner').map((k) => `pgasynq_${k}`)],
-  );
-  assert.deepEqual(callable.rows, [], 'settle_completed() is callable between migrate and the rerun');
-  await su.query(printed.stdout);
-  await su.query(printed.stdout); // a rerun changes nothing and fails nothing
-  for (const kind of KINDS) pools.set(kind, new pg.Pool({ connectionString: url(kind), max: 2 }));
-});
-
-after(async () => {
-  await Promise.all([...pools.values()].map((p) => p.end().catch(() => {})));
-  await su?.end().catch(() => {});
-  cluster?.destroy();
-});
+useRolesCluster();
 
 describe('SEC1 roles', () => {
   test('the owner owns every object; a login without a pgasynq role cannot reach the schema', async () => {
@@ -217,13 +128,9 @@ describe('SEC1 roles', () => {
     const producer = new Client({ connectionString: url('producer'), schema: S });
     const seen = new Map<string, number>();
     const failedOnce = new Set<string>();
-    const logs: { msg: string | undefined; code: unknown; err: string }[] = [];
-    const server = new Server({
-      connectionString: url('worker'),
-      schema: S,
+    const logs: LogLine[] = [];
+    const server = workerRoleServer(logs, {
       queues: { work: 1 },
-      concurrency: 4,
-      taskCheckInterval: 100,
       delayedTaskCheckInterval: 100,
       retryDelay: () => 0,
       leaseDuration: 3000,
@@ -233,8 +140,6 @@ describe('SEC1 roles', () => {
       janitorInterval: 100,
       groupGracePeriod: 100,
       groupAggregator: (group, tasks) => new Task('agg', { group, n: tasks.length }),
-      shutdownTimeout: 1000,
-      logger: captureLogger(logs),
     });
     const scheduler = new Scheduler({ connectionString: url('worker'), schema: S, heartbeatInterval: 300 });
     try {
@@ -277,11 +182,7 @@ describe('SEC1 roles', () => {
     const stats = await su.query(`SELECT processed FROM "${S}".daily_stats WHERE queue = 'work'`);
     assert.ok(Number(stats.rows[0]?.processed) >= 8);
     assert.equal((await su.query(`SELECT 1 FROM "${S}".servers`)).rowCount, 0);
-    assert.deepEqual(
-      logs.filter((l) => l.code === '42501' || /permission denied/.test(l.err)),
-      [],
-      'no component was refused',
-    );
+    assertNoneRefused(logs);
 
     await refusesDdl('worker');
     await refused(as('worker', "UPDATE {{S}}.tasks SET payload = '{}' WHERE false"), 'worker: UPDATE payload');
@@ -454,274 +355,5 @@ describe('SEC1 roles', () => {
     await refused(as('admin', "SELECT nextval('{{S}}.task_seq')"), 'admin: nextval(task_seq)');
     await refused(as('admin', 'UPDATE {{S}}.queues SET processed_total = 0 WHERE false'), 'admin: UPDATE totals');
     await refused(as('admin', 'DELETE FROM {{S}}.servers WHERE false'), 'admin: DELETE servers');
-  });
-
-  test('workflows: a producer enqueues dependents, a worker settles them, the monitor sees no results, the admin acts on waiting tasks', async () => {
-    const producer = new Client({ connectionString: url('producer'), schema: S });
-    const results = new Map<string, Record<string, unknown>>();
-    const logs: { msg: string | undefined; code: unknown; err: string }[] = [];
-    const server = new Server({
-      connectionString: url('worker'),
-      schema: S,
-      queues: { wf: 1 },
-      concurrency: 4,
-      taskCheckInterval: 100,
-      delayedTaskCheckInterval: 100,
-      retryDelay: () => 0,
-      janitorInterval: 100,
-      shutdownTimeout: 1000,
-      logger: captureLogger(logs),
-    });
-    try {
-      // Stored dependencies, then their dependents in calls of their own: the
-      // stored path (lock, mark, edges). 'dep' completes without retention (its
-      // row is deleted), 'kept' with one (its state changes), 'doomed' is archived.
-      await producer.enqueueMany(
-        [
-          new Task('dep', null, { taskId: 'dep' }),
-          new Task('kept', null, { taskId: 'kept', retention: 3_600_000 }),
-          new Task('doomed', null, { taskId: 'doomed', maxRetry: 0 }),
-        ],
-        { queue: 'wf' },
-      );
-      const after = await producer.enqueue(new Task('after', null, { taskId: 'after', dependsOn: ['dep', 'kept'] }), { queue: 'wf' });
-      assert.deepEqual([after.state, after.waitingFor], ['waiting', 2]);
-      const victim = await producer.enqueue(new Task('after', null, { taskId: 'victim', dependsOn: ['doomed'] }), { queue: 'wf' });
-      assert.equal(victim.state, 'waiting');
-      // Held back for the admin: a dependency in a queue no server serves, and a two-step graph in one call.
-      await producer.enqueueMany(
-        [new Task('blocker', null, { taskId: 'blocker' }), ...['w1', 'w2', 'w3'].map((id) => new Task('held', null, { taskId: id, dependsOn: ['blocker'] }))],
-        { queue: 'wf-hold' },
-      );
-
-      await server.start(async (task, ctx) => {
-        if (task.type === 'doomed') throw new Error('doomed');
-        if (task.type === 'dep' || task.type === 'kept') await ctx.writeResult({ from: task.type });
-        if (task.type === 'after') results.set(ctx.taskId, Object.fromEntries(await ctx.dependencyResults()));
-      });
-      await waitFor(() => results.has('after'), 20_000, 'the dependent released and run');
-      assert.deepEqual(results.get('after'), { 'wf/dep': { from: 'dep' }, 'wf/kept': { from: 'kept' } });
-      await waitFor(
-        async () => (await su.query(`SELECT state FROM "${S}".tasks WHERE id = 'victim'`)).rows[0]?.state === 'archived',
-        10_000,
-        'the dependent of the archived task archived',
-      );
-      assert.equal(results.has('victim'), false);
-
-      // A dependency completed already: the enqueue copies its result into the edge, and the task is pending at
-      // once. The worker enqueues as the producer does (a handler's follow-up tasks).
-      const late = await producer.enqueue(new Task('after', null, { taskId: 'late', dependsOn: ['kept'] }), { queue: 'wf' });
-      assert.equal(late.state, 'pending');
-      const asWorker = new Client({ connectionString: url('worker'), schema: S });
-      try {
-        const byWorker = await asWorker.enqueue(new Task('after', null, { taskId: 'by-worker', dependsOn: ['kept'] }), { queue: 'wf' });
-        assert.equal(byWorker.state, 'pending');
-      } finally {
-        await asWorker.close();
-      }
-      await waitFor(() => results.has('late') && results.has('by-worker'), 10_000, 'the late dependents run');
-      assert.deepEqual(results.get('late'), { 'wf/kept': { from: 'kept' } });
-      assert.deepEqual(results.get('by-worker'), { 'wf/kept': { from: 'kept' } });
-    } finally {
-      await server.shutdown();
-      await producer.close();
-    }
-    assert.deepEqual(
-      logs.filter((l) => l.code === '42501' || /permission denied/.test(l.err)),
-      [],
-      'no component was refused',
-    );
-
-    // Nobody but the owner settles edges or calls the function that does.
-    for (const kind of KINDS.filter((k) => k !== 'owner')) {
-      await refused(as(kind, "SELECT {{S}}.settle_completed(ARRAY[1::bigint], ARRAY[NULL::jsonb], ARRAY[NULL::bytea], 'x')"), `${kind}: settle_completed()`);
-      await refused(as(kind, "SELECT {{S}}.settle_failed(1, 'x')"), `${kind}: settle_failed()`);
-      await refused(as(kind, "UPDATE {{S}}.task_dependencies SET outcome = 'completed' WHERE false"), `${kind}: UPDATE task_dependencies`);
-      await refused(as(kind, 'DELETE FROM {{S}}.task_dependencies WHERE false'), `${kind}: DELETE task_dependencies`);
-      await refused(as(kind, 'UPDATE {{S}}.task_states SET waiting_for = 0 WHERE false'), `${kind}: UPDATE task_states.waiting_for`);
-    }
-    await refused(as('producer', 'SELECT * FROM {{S}}.task_dependencies'), 'producer: SELECT task_dependencies');
-    for (const kind of ['monitor', 'inspector', 'admin'] as const) {
-      await refused(
-        as(kind, "INSERT INTO {{S}}.task_dependencies (dependent_seq, dependency_seq, dependency_queue, dependency_id) VALUES (-1, -2, 'q', 'x')"),
-        `${kind}: INSERT task_dependencies`,
-      );
-      await refused(as(kind, 'UPDATE {{S}}.task_states SET has_dependents = false WHERE false'), `${kind}: UPDATE task_states.has_dependents`);
-    }
-
-    // monitor: the edges and the waiting counts, not the results they hand over.
-    const edges = await as(
-      'monitor',
-      "SELECT dependency_queue, dependency_id, on_failure, outcome FROM {{S}}.task_dependencies WHERE dependency_queue = 'wf-hold' ORDER BY dependent_seq",
-    );
-    assert.deepEqual(
-      edges.rows,
-      ['w1', 'w2', 'w3'].map(() => ({ dependency_queue: 'wf-hold', dependency_id: 'blocker', on_failure: 'archive', outcome: null })),
-    );
-    await as('monitor', 'SELECT dependent_seq, dependency_seq FROM {{S}}.task_dependencies');
-    for (const col of ['result', 'result_bytes']) {
-      await refused(as('monitor', `SELECT ${col} FROM {{S}}.task_dependencies`), `monitor: SELECT task_dependencies.${col}`);
-    }
-    await refused(as('monitor', 'SELECT * FROM {{S}}.task_dependencies'), 'monitor: SELECT * FROM task_dependencies');
-    await as('monitor', 'SELECT waiting_for, has_dependents FROM {{S}}.task_states');
-    const stats = await as('monitor', "SELECT waiting::int, size::int FROM {{S}}.queue_stats WHERE queue = 'wf-hold'");
-    assert.deepEqual(stats.rows, [{ waiting: 3, size: 4 }]);
-    const monitor = new Inspector({ connectionString: url('monitor'), schema: S });
-    try {
-      assert.equal((await monitor.getQueueInfo('wf-hold')).waiting, 3);
-    } finally {
-      await monitor.close();
-    }
-
-    // inspector: a waiting task with what it waits for.
-    const inspector = new Inspector({ connectionString: url('inspector'), schema: S });
-    try {
-      const w1 = await inspector.getTaskInfo('wf-hold', 'w1');
-      assert.deepEqual([w1.state, w1.waitingFor, w1.dependsOn], ['waiting', 1, [{ queue: 'wf-hold', id: 'blocker' }]]);
-      assert.equal((await inspector.listWaitingTasks('wf-hold')).length, 3);
-    } finally {
-      await inspector.close();
-    }
-
-    // admin: archive one waiting task, run another, delete their dependency (the third is archived with it).
-    const admin = new Inspector({ connectionString: url('admin'), schema: S });
-    try {
-      await admin.archiveTask('wf-hold', 'w1');
-      await admin.runTask('wf-hold', 'w2');
-      await admin.deleteTask('wf-hold', 'blocker');
-      const states = await Promise.all(['w1', 'w2', 'w3'].map(async (id) => (await admin.getTaskInfo('wf-hold', id)).state));
-      assert.deepEqual(states, ['archived', 'pending', 'archived']);
-      assert.equal((await admin.getTaskInfo('wf-hold', 'w3')).lastError, 'dependency wf-hold/blocker failed');
-      assert.equal((await admin.getQueueInfo('wf-hold')).waiting, 0);
-    } finally {
-      await admin.close();
-    }
-  });
-
-  test('flow control: a producer enqueues in SQL (from a trigger), the admin sets limits, a worker claims within them', async () => {
-    // The application's table, whose trigger enqueues as whoever inserts the row.
-    await su.query(`
-      CREATE TABLE public.orders (id int PRIMARY KEY, tenant text NOT NULL);
-      CREATE FUNCTION public.orders_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
-      BEGIN
-        PERFORM "${S}".enqueue('order:confirm', jsonb_build_object('order', NEW.id), queue => 'lim',
-                               task_id => 'order-' || NEW.id, concurrency_key => NEW.tenant);
-        RETURN NEW;
-      END
-      $$;
-      CREATE TRIGGER orders_enqueue AFTER INSERT ON public.orders FOR EACH ROW EXECUTE FUNCTION public.orders_enqueue();
-      GRANT SELECT, INSERT ON public.orders TO ${KINDS.map((k) => `pgasynq_${k}`).join(', ')};`);
-    try {
-      // producer: the trigger, a call of its own, the library's enqueue with a priority and a key.
-      await as('producer', "INSERT INTO public.orders SELECT g, 'tenant-' || (g % 2) FROM generate_series(1, 6) g");
-      const direct = await as(
-        'producer',
-        "SELECT {{S}}.enqueue('order:confirm', '{\"order\": 0}', queue => 'lim', task_id => 'order-0', priority => 10, concurrency_key => 'tenant-0') AS id",
-      );
-      assert.equal(direct.rows[0].id, 'order-0');
-      const producer = new Client({ connectionString: url('producer'), schema: S });
-      try {
-        const lib = await producer.enqueue(new Task('order:confirm', { order: 7 }), {
-          queue: 'lim',
-          taskId: 'order-7',
-          priority: 10,
-          concurrencyKey: 'tenant-1',
-        });
-        assert.deepEqual([lib.priority, lib.concurrencyKey], [10, 'tenant-1']);
-      } finally {
-        await producer.close();
-      }
-      await assert.rejects(as('producer', "SELECT {{S}}.enqueue('order:confirm', priority => 101)"), (err: { code?: string; column?: string }) => {
-        assert.deepEqual([err.code, err.column], ['22023', 'priority']);
-        return true;
-      });
-      // Nobody else may call enqueue(): not through a trigger, not directly.
-      await refused(as('monitor', "INSERT INTO public.orders VALUES (100, 'x')"), 'monitor: the trigger calls enqueue()');
-      for (const kind of ['worker', 'monitor', 'inspector', 'admin'] as const) {
-        await refused(as(kind, "SELECT {{S}}.enqueue('order:confirm')"), `${kind}: enqueue()`);
-      }
-      assert.equal((await su.query('SELECT count(*)::int AS n FROM public.orders')).rows[0].n, 6);
-      // The rule functions enqueue() calls are the owner's alone.
-      for (const kind of KINDS.filter((k) => k !== 'owner')) {
-        await refused(as(kind, "SELECT {{S}}.enqueue_text_rule('x', 1)"), `${kind}: enqueue_text_rule()`);
-      }
-
-      const inspector = new Inspector({ connectionString: url('inspector'), schema: S });
-      try {
-        const byTrigger = await inspector.getTaskInfo('lim', 'order-1');
-        assert.deepEqual([byTrigger.state, byTrigger.payload, byTrigger.priority, byTrigger.concurrencyKey], ['pending', { order: 1 }, 0, 'tenant-1']);
-        const byCall = await inspector.getTaskInfo('lim', 'order-0');
-        assert.deepEqual([byCall.priority, byCall.concurrencyKey], [10, 'tenant-0']);
-      } finally {
-        await inspector.close();
-      }
-
-      // Only the admin sets limits.
-      for (const kind of ['producer', 'worker', 'monitor', 'inspector'] as const) {
-        await refused(as(kind, 'UPDATE {{S}}.queues SET concurrency = 1 WHERE false'), `${kind}: UPDATE queues.concurrency`);
-        const i = new Inspector({ connectionString: url(kind), schema: S });
-        try {
-          await refused(i.setQueueLimits('lim', { concurrency: 1, keyConcurrency: null, rateLimit: null }), `${kind}: setQueueLimits`);
-        } finally {
-          await i.close();
-        }
-      }
-      const admin = new Inspector({ connectionString: url('admin'), schema: S });
-      try {
-        await admin.setQueueLimits('lim', { concurrency: 2, keyConcurrency: 1, rateLimit: { limit: 100, interval: 60_000 } });
-        assert.deepEqual((await admin.getQueueInfo('lim')).limits, { concurrency: 2, keyConcurrency: 1, rateLimit: { limit: 100, interval: 60_000 } });
-      } finally {
-        await admin.close();
-      }
-      // No Inspector action changes a task's priority: nobody but the owner does.
-      await refused(as('admin', 'UPDATE {{S}}.tasks SET priority = 1 WHERE false'), 'admin: UPDATE tasks.priority');
-      await refused(as('worker', 'UPDATE {{S}}.task_states SET priority = 1 WHERE false'), 'worker: UPDATE task_states.priority');
-      await refused(as('producer', 'UPDATE {{S}}.task_states SET concurrency_key = NULL WHERE false'), 'producer: UPDATE task_states.concurrency_key');
-      // claim_limited() is the worker's alone (0010: the owner's, granted to the worker).
-      await refused(as('producer', "SELECT * FROM {{S}}.claim_limited(ARRAY['lim'], ARRAY[1], 1, 'me', 1000, 0)"), 'producer: claim_limited()');
-
-      // worker: a Server claims the limited queue (claim_limited()), two at a time, one per tenant,
-      // the priority-10 tasks first.
-      const started: string[] = [];
-      const running = new Map<string, string>();
-      let most = 0;
-      let twoOfOneTenant = false;
-      const logs: { msg: string | undefined; code: unknown; err: string }[] = [];
-      const server = new Server({
-        connectionString: url('worker'),
-        schema: S,
-        queues: { lim: 1 },
-        concurrency: 4,
-        taskCheckInterval: 100,
-        shutdownTimeout: 1000,
-        logger: captureLogger(logs),
-      });
-      try {
-        await server.start(async (task, ctx) => {
-          const tenant = `tenant-${(task.payload as { order: number }).order % 2}`;
-          if ([...running.values()].includes(tenant)) twoOfOneTenant = true;
-          running.set(ctx.taskId, tenant);
-          started.push(ctx.taskId);
-          most = Math.max(most, running.size);
-          await new Promise((r) => setTimeout(r, 100));
-          running.delete(ctx.taskId);
-        });
-        await waitFor(() => started.length === 8 && running.size === 0, 20_000, `every order confirmed (started: ${started.join(', ')})`);
-      } finally {
-        await server.shutdown();
-      }
-      assert.deepEqual(started.slice(0, 2).sort(), ['order-0', 'order-7'], `the priority-10 tasks first: ${started.join(', ')}`);
-      assert.equal(most, 2, 'at most 2 active (concurrency)');
-      assert.equal(twoOfOneTenant, false, 'one task per tenant at a time (keyConcurrency)');
-      const starts = await su.query(`SELECT sum(tasks)::int AS n FROM "${S}".queue_starts WHERE queue = 'lim'`);
-      assert.equal(starts.rows[0].n, 8, 'every start logged for the rate limit');
-      assert.deepEqual(
-        logs.filter((l) => l.code === '42501' || /permission denied/.test(l.err)),
-        [],
-        'no component was refused',
-      );
-    } finally {
-      await su.query('DROP TABLE public.orders; DROP FUNCTION public.orders_enqueue()');
-    }
   });
 });

@@ -33,23 +33,49 @@ import {
   type Profile,
 } from './harness.js';
 import { delay, pass, TcpProxy } from './proxy.js';
+import { poll } from './samplers.js';
 
 export interface SlowDbOptions {
-  /** Test and schema name. */
-  name: string;
-  label: string;
-  profileName: 'fast' | 'production';
   profile: Profile;
-  delaysMs: number[];
   phaseMs: number;
   /** Longest settle after a phase. */
   settleMaxMs: number;
-  workers: number;
-  concurrency: number;
   /** One producer each, for the whole run: tasks per second and their handlers' sleep (ms). */
   mixes: { rate: number; msMin: number; msMax: number }[];
-  maxRetry: number;
 }
+
+/**
+ * The two F27 runs. Both: d = 0.1, 0.5, 1, 2 and 5 s, three workers × 4, maxRetry 20 (the repeated
+ * losses of the slow phases end in completion rather than in the archive), short tasks of 0.2–0.8 s
+ * (most of their lease inside ctx.transaction) and long ones that live on heartbeats.
+ *   fast        the fast profile, 20 s phases, long tasks of 2–5 s (> L): f27-slow-db.test.ts, CI;
+ *   production  lease L = 30 s, heartbeat H = 5 s, recover cutoff 30 s, recover interval 60 s, poll
+ *               P = 5 s (trust window L − margin = 25 s), 60 s phases, long tasks of 30–50 s (> L):
+ *               f27-slow-db-production.ts, a command of about 10 minutes.
+ */
+export const F27_RUNS: Record<'fast' | 'production', SlowDbOptions> = {
+  fast: { profile: { ...FAST }, phaseMs: 20_000, settleMaxMs: 15_000, mixes: [mix(1, 200, 800), mix(0.5, 2000, 5000)] },
+  production: {
+    profile: {
+      ...FAST,
+      leaseDuration: 30_000,
+      heartbeatInterval: 5000,
+      recoverCutoff: 30_000,
+      recoverInterval: 60_000,
+      taskCheckInterval: 5000,
+      shutdownTimeout: 8000,
+    },
+    phaseMs: 60_000,
+    settleMaxMs: 150_000,
+    mixes: [mix(0.5, 200, 800), mix(0.1, 30_000, 50_000)],
+  },
+};
+
+function mix(rate: number, msMin: number, msMax: number) {
+  return { rate, msMin, msMax };
+}
+
+const DELAYS_MS = [100, 500, 1000, 2000, 5000];
 
 export interface PhaseResult {
   d_s: number;
@@ -86,11 +112,21 @@ export interface SlowDbResult {
 /** The local trust window of a lease: L − margin, margin = clamp(L / 6, 1 s, L / 3) (server/config.ts). */
 export const trustMs = (leaseMs: number): number => leaseMs - Math.min(Math.max(1000, leaseMs / 6), leaseMs / 3);
 
-export async function runSlowDb(o: SlowDbOptions, hold: { h?: Harness; proxy?: TcpProxy }): Promise<SlowDbResult> {
-  const h = await createHarness(o.name);
+/** The run; `hold.h` is its harness as soon as there is one, for the caller to tear down (which closes the proxy too). */
+export async function runSlowDb(profileName: keyof typeof F27_RUNS, hold: { h?: Harness }): Promise<SlowDbResult> {
+  const o = {
+    ...F27_RUNS[profileName],
+    profileName,
+    label: `F27 slow-db (${profileName} profile)`,
+    delaysMs: DELAYS_MS,
+    workers: 3,
+    concurrency: 4,
+    maxRetry: 20,
+  };
+  const h = await createHarness(profileName === 'fast' ? 'f27' : 'f27_production');
   hold.h = h;
   const proxy = await TcpProxy.start({ targetHost: '127.0.0.1', targetPort: h.cluster.port });
-  hold.proxy = proxy;
+  h.defer(() => proxy.close());
   const workers: Child[] = await Promise.all(
     Array.from({ length: o.workers }, (_, i) =>
       h.spawnWorker(`w${i + 1}`, {
@@ -111,20 +147,14 @@ export async function runSlowDb(o: SlowDbOptions, hold: { h?: Harness; proxy?: T
 
   // Heartbeat ticks as the database sees them.
   const gaps: { t: number; gap: number }[] = [];
-  let sampling = true;
   const t0 = performance.now();
-  const sampler = (async () => {
-    while (sampling) {
-      const r = await h
-        .one<{ gap: number | null }>(
-          'SELECT max(extract(epoch FROM clock_timestamp() - heartbeat_at))::float8 AS gap FROM {{schema}}.servers WHERE id = ANY($1)',
-          [ids],
-        )
-        .catch(() => ({ gap: null }));
-      if (r.gap !== null) gaps.push({ t: performance.now() - t0, gap: r.gap });
-      await sleep(250);
-    }
-  })();
+  const gapSampler = poll(250, async () => {
+    const r = await h.one<{ gap: number | null }>(
+      'SELECT max(extract(epoch FROM clock_timestamp() - heartbeat_at))::float8 AS gap FROM {{schema}}.servers WHERE id = ANY($1)',
+      [ids],
+    );
+    if (r.gap !== null) gaps.push({ t: performance.now() - t0, gap: r.gap });
+  });
   const counters = () => ({
     lost: h.metricSum('leasesLost'),
     rescued: h.metricSum('recovered') + h.metricSum('archivedByRecoverer'),
@@ -187,8 +217,7 @@ export async function runSlowDb(o: SlowDbOptions, hold: { h?: Harness; proxy?: T
   }
   await Promise.all(producers.map((p) => p.exited));
   await h.waitDrained(o.profileName === 'fast' ? 60_000 : 300_000);
-  sampling = false;
-  await sampler;
+  await gapSampler.stop();
   await sleep(700);
   await h.stopSampler();
 

@@ -185,6 +185,58 @@ export async function startAndReport(
   setInterval(() => say(metrics()), everyMs).unref();
 }
 
+export interface WorkerProcess {
+  schema: string;
+  /** Its tag, `${WORKER}:${pid}`. */
+  worker: string;
+  /** PROFILE as given (with retryDelayMs, if it has one). */
+  profile: Record<string, number>;
+  concurrency: number;
+  server: Server;
+  /** The oracle's pool and writer; absent when the worker writes no oracle rows. */
+  oracle: pg.Pool | undefined;
+  w: OracleWriter | undefined;
+}
+
+/**
+ * A worker process's start: the exit guards; SCHEMA, its tag, PROFILE and CONCURRENCY (`concurrency`
+ * when unset); an oracle pool of `oracle(concurrency)` connections (none for 0); and its Server on
+ * DATABASE_URL with `config(profile)` (PROFILE without retryDelayMs), whose retries wait
+ * retryDelayMs (PROFILE's, else `retryDelayMs`) to twice that.
+ */
+export function workerProcess(o: {
+  concurrency: number;
+  oracle: (concurrency: number) => number;
+  retryDelayMs: number;
+  config: (profile: Record<string, number>, concurrency: number) => Omit<ServerConfig, 'schema' | 'concurrency'>;
+}): WorkerProcess {
+  exitOnUnhandledRejection();
+  exitOnUncaughtException();
+  const schema = env('SCHEMA');
+  const worker = workerTag();
+  const profile = profileFromEnv();
+  const concurrency = Number(env('CONCURRENCY', String(o.concurrency)));
+  const max = o.oracle(concurrency);
+  const oracle = max > 0 ? oraclePool(max, worker) : undefined;
+  const { retryDelayMs = o.retryDelayMs, ...serverProfile } = profile;
+  const server = workerServer(worker, retryDelayMs, { schema, concurrency, ...o.config(serverProfile, concurrency) });
+  return { schema, worker, profile, concurrency, server, oracle, w: oracle && { schema, worker, server, oracle } };
+}
+
+/** Starts the worker's Server with `handler`, says ready and `metrics()` every `everyMs`; on SIGTERM, shuts down, says the last metrics and closes the oracle's pool. */
+export async function runWorker(
+  p: WorkerProcess,
+  handler: (task: Task, ctx: TaskContext) => Promise<void>,
+  metrics: () => object,
+  everyMs: number,
+): Promise<void> {
+  await startAndReport(p.server, handler, p.worker, metrics, everyMs);
+  shutdownOnSigterm(p.server, p.profile.shutdownTimeout, async () => {
+    say(metrics());
+    await p.oracle?.end().catch(() => {});
+  });
+}
+
 /** On SIGTERM: says sigterm, shuts the server down, runs `cleanup` (final metrics, the oracle's end), says exit and exits 0. */
 export function shutdownOnSigterm(server: Server, shutdownTimeoutMs: number | undefined, cleanup: () => Promise<void>): void {
   process.on('SIGTERM', () => {

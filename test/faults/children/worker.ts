@@ -75,27 +75,18 @@ import {
   commitEffect,
   env,
   errorFields,
-  exitOnUncaughtException,
-  exitOnUnhandledRejection,
   exitWhenParentDies,
-  oraclePool,
-  profileFromEnv,
   recordExec,
+  runWorker,
   say,
-  shutdownOnSigterm,
-  startAndReport,
   tryRecordExec,
   watchLoopLag,
-  workerServer,
-  workerTag,
+  workerProcess,
   type OracleWriter,
 } from './kit.js';
 import { idleTimeoutsTurnedOff, poolWithoutIdleTxTimeout } from './idle-tx-off.js';
 
-const schema = env('SCHEMA');
-const worker = workerTag();
-const profile = profileFromEnv();
-const concurrency = Number(env('CONCURRENCY', '4'));
+exitWhenParentDies();
 const sleepMin = Number(env('SLEEP_MIN', '200'));
 const sleepMax = Number(env('SLEEP_MAX', '800'));
 const ignoreAbort = env('IGNORE_ABORT') === '1';
@@ -105,24 +96,23 @@ const queues = env('QUEUES') === '' ? undefined : (JSON.parse(env('QUEUES')) as 
 const prefetch = env('PREFETCH') === '' ? undefined : Number(env('PREFETCH'));
 const poolMax = env('POOL_MAX') === '' ? undefined : Number(env('POOL_MAX'));
 
-exitWhenParentDies();
-exitOnUnhandledRejection();
-exitOnUncaughtException();
-
-const oracle = oraclePool(concurrency + 2, worker);
-const { retryDelayMs = 500, ...serverProfile } = profile;
-const server = workerServer(worker, retryDelayMs, {
-  schema,
-  concurrency,
-  delayedTaskCheckInterval: 500,
-  ...(queues ? { queues } : {}),
-  ...(prefetch === undefined ? {} : { prefetch }),
-  ...serverProfile,
-  ...(poolMax === undefined ? {} : { pool: serverPool(poolMax) }),
-  ...(env('LISTEN_URL') === '' ? {} : { listenConnectionString: env('LISTEN_URL') }),
-  ...(env('IDLE_TX_TIMEOUT') === 'off' ? { pool: poolWithoutIdleTxTimeout(env('DATABASE_URL')) } : {}),
+const proc = workerProcess({
+  concurrency: 4,
+  oracle: (concurrency) => concurrency + 2,
+  retryDelayMs: 500,
+  config: (profile) => ({
+    delayedTaskCheckInterval: 500,
+    ...(queues ? { queues } : {}),
+    ...(prefetch === undefined ? {} : { prefetch }),
+    ...profile,
+    ...(poolMax === undefined ? {} : { pool: serverPool(poolMax) }),
+    ...(env('LISTEN_URL') === '' ? {} : { listenConnectionString: env('LISTEN_URL') }),
+    ...(env('IDLE_TX_TIMEOUT') === 'off' ? { pool: poolWithoutIdleTxTimeout(env('DATABASE_URL')) } : {}),
+  }),
 });
-const w: OracleWriter = { schema, worker, server, oracle };
+const { schema, worker, server } = proc;
+const oracle = proc.oracle!;
+const w: OracleWriter = proc.w!;
 
 let handlersRunning = 0;
 let handlersRunningMax = 0;
@@ -310,8 +300,4 @@ const metrics = () => ({
   ...(env('IDLE_TX_TIMEOUT') === 'off' ? { idleTimeoutsTurnedOff: idleTimeoutsTurnedOff.count } : {}),
 });
 
-await startAndReport(server, handler, worker, metrics, 500);
-shutdownOnSigterm(server, profile.shutdownTimeout, async () => {
-  say(metrics());
-  await oracle.end().catch(() => {});
-});
+await runWorker(proc, handler, metrics, 500);

@@ -1,5 +1,6 @@
 /**
  * Helpers shared by the load test L1 (l1.ts) and the soak test S1 (s1.ts):
+ * a run's life (LoadRun: its harness, timers and teardown, on a signal too),
  * spawning this directory's child scripts into a harness (so that
  * `h.teardown()` kills them), CPU and RSS from /proc, table statistics and
  * sizes, percentiles, and a little formatting.
@@ -13,11 +14,78 @@ import { spawn } from 'node:child_process';
 import { closeSync, mkdirSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Child, RESULTS_DIR, type Harness } from '../harness.js';
+import { Child, recordFigures, RESULTS_DIR, type Figures, type Harness } from '../harness.js';
 
 export const LOAD_DIR = fileURLToPath(new URL('.', import.meta.url));
 const REPO = fileURLToPath(new URL('../../..', import.meta.url));
 const CLK_TCK = 100; // USER_HZ on Linux
+
+/**
+ * A load run's life: its harness once made, the timers it runs, what else it
+ * must close, all torn down at the end or on SIGINT / SIGTERM (exit 130).
+ */
+export class LoadRun {
+  h: Harness | undefined;
+  /** Set once the run is being torn down: loops stop starting work. */
+  stopping = false;
+  readonly #timers: NodeJS.Timeout[] = [];
+  readonly #cleanups: (() => unknown)[] = [];
+
+  constructor() {
+    for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+      process.on(sig, () => {
+        log(`${sig}: tearing down`);
+        void this.cleanup().then(() => process.exit(130));
+      });
+    }
+  }
+
+  /** `fn` every `ms` until the run ends (or the timer is cleared). */
+  every(ms: number, fn: () => void): NodeJS.Timeout {
+    const t = setInterval(fn, ms);
+    this.#timers.push(t);
+    return t;
+  }
+
+  /** Stops every timer of the run. */
+  clearTimers(): void {
+    for (const t of this.#timers) clearInterval(t);
+  }
+
+  /** Runs `fn` at teardown, before the harness goes. */
+  onCleanup(fn: () => unknown): void {
+    this.#cleanups.push(fn);
+  }
+
+  async cleanup(): Promise<void> {
+    this.stopping = true;
+    this.clearTimers();
+    for (const fn of this.#cleanups.splice(0)) await Promise.resolve(fn()).catch(() => {});
+    if (this.h) await this.h.teardown().catch((err) => log(`teardown: ${err}`));
+    this.h = undefined;
+  }
+
+  /**
+   * Runs `main`, which resolves with whether the run passed; a throw is logged and recorded as
+   * `failed` (with its message as notes). Tears down, then exits 0 on a pass and 1 otherwise.
+   */
+  async main(failed: Partial<Figures> & { test: string }, main: () => Promise<boolean>): Promise<never> {
+    let pass = false;
+    try {
+      pass = await main();
+    } catch (err) {
+      log(`FAILED: ${(err as Error)?.stack ?? err}`);
+      recordFigures({ ...failed, notes: `FAILED: ${String((err as Error)?.message ?? err)}` });
+    } finally {
+      await this.cleanup();
+    }
+    process.exit(pass ? 0 : 1);
+  }
+}
+
+/** The sum of a counter over every worker's last metrics line (dead workers' included). */
+export const metricTotal = (h: Harness, key: string): number =>
+  h.children.filter((c) => c.role === 'worker').reduce((s, c) => s + Number((c.metrics as Record<string, unknown> | undefined)?.[key] ?? 0), 0);
 
 export interface LoadSpec {
   name: string;

@@ -19,34 +19,15 @@
 import { randomUUID } from 'node:crypto';
 import { sql, type Transaction } from 'kysely';
 import { type Task, type TaskContext } from '../../../src/index.js';
-import {
-  env,
-  exitOnUncaughtException,
-  exitOnUnhandledRejection,
-  openFdCount,
-  oraclePool,
-  profileFromEnv,
-  recordExec,
-  say,
-  shutdownOnSigterm,
-  startAndReport,
-  workerServer,
-  workerTag,
-} from '../children/kit.js';
+import { env, openFdCount, recordExec, runWorker, workerProcess } from '../children/kit.js';
 
-const schema = env('SCHEMA');
-const worker = workerTag();
-const profile = profileFromEnv();
-const retryDelayMs = Number(env('RETRY_DELAY_MS', '1000'));
-const writeExec = env('EXEC') === '1';
-
-exitOnUnhandledRejection();
-exitOnUncaughtException();
-
-const concurrency = Number(env('CONCURRENCY', '16'));
-const server = workerServer(worker, retryDelayMs, { schema, concurrency, prefetch: Number(env('PREFETCH', '16')), ...profile });
-
-const oracle = writeExec ? oraclePool(4, worker) : undefined;
+const proc = workerProcess({
+  concurrency: 16,
+  oracle: () => (env('EXEC') === '1' ? 4 : 0),
+  retryDelayMs: Number(env('RETRY_DELAY_MS', '1000')),
+  config: (profile) => ({ prefetch: Number(env('PREFETCH', '16')), ...profile }),
+});
+const { schema, worker, server, w } = proc;
 
 let done = 0;
 let failed = 0;
@@ -54,7 +35,7 @@ let failed = 0;
 async function handler(_task: Task, ctx: TaskContext): Promise<void> {
   const attempt = randomUUID();
   try {
-    if (oracle) await recordExec({ schema, worker, server, oracle }, ctx, attempt, 'start');
+    if (w) await recordExec(w, ctx, attempt, 'start');
     await ctx.transaction(async (trx: Transaction<any>) => {
       // One statement: the token is read from the row this lease holds locked (null if it were not ours).
       await sql`INSERT INTO ${sql.id(schema, 'h_effects')} (task_id, lease_token, attempt, worker)
@@ -70,8 +51,4 @@ async function handler(_task: Task, ctx: TaskContext): Promise<void> {
 
 const metrics = () => ({ event: 'metrics', worker, done, failed, ...server.metrics(), rss: process.memoryUsage.rss(), fds: openFdCount() });
 
-await startAndReport(server, handler, worker, metrics, 1000);
-shutdownOnSigterm(server, profile.shutdownTimeout, async () => {
-  say(metrics());
-  await oracle?.end().catch(() => {});
-});
+await runWorker(proc, handler, metrics, 1000);

@@ -18,38 +18,11 @@
  */
 import { randomUUID } from 'node:crypto';
 import { type Task, type TaskContext } from '../../../src/index.js';
-import {
-  abortableSleep,
-  commitEffect,
-  env,
-  exitOnUncaughtException,
-  exitOnUnhandledRejection,
-  openFdCount,
-  oraclePool,
-  profileFromEnv,
-  recordExec,
-  say,
-  shutdownOnSigterm,
-  startAndReport,
-  tryRecordExec,
-  watchLoopLag,
-  workerServer,
-  workerTag,
-  type OracleWriter,
-} from '../children/kit.js';
+import { abortableSleep, commitEffect, openFdCount, recordExec, runWorker, tryRecordExec, watchLoopLag, workerProcess } from '../children/kit.js';
 
-const schema = env('SCHEMA');
-const worker = workerTag();
-const profile = profileFromEnv();
-const concurrency = Number(env('CONCURRENCY', '24'));
-
-exitOnUnhandledRejection();
-exitOnUncaughtException();
-
-const oracle = oraclePool(6, worker);
-const { retryDelayMs = 500, ...serverProfile } = profile;
-const server = workerServer(worker, retryDelayMs, { schema, concurrency, ...serverProfile });
-const w: OracleWriter = { schema, worker, server, oracle };
+const proc = workerProcess({ concurrency: 24, oracle: () => 6, retryDelayMs: 500, config: (profile) => profile });
+const { worker, server } = proc;
+const w = proc.w!;
 
 let done = 0;
 let failed = 0;
@@ -101,8 +74,4 @@ const metrics = () => {
   return out;
 };
 
-await startAndReport(server, handler, worker, metrics, 1000);
-shutdownOnSigterm(server, profile.shutdownTimeout, async () => {
-  say(metrics());
-  await oracle.end().catch(() => {});
-});
+await runWorker(proc, handler, metrics, 1000);
