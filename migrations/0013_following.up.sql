@@ -74,8 +74,8 @@ CREATE OR REPLACE VIEW {{schema}}.tasks AS
    FROM {{schema}}.task_states s
      JOIN {{schema}}.task_inputs i ON i.seq = s.seq;
 
--- Whether a live watcher covers `queue_name` (null: any queue). Read once per
--- statement by the functions that send events.
+-- Whether a live watcher covers `queue_name` (null: any queue): what an event
+-- of that queue is sent for, once a function found any watcher at all.
 CREATE FUNCTION {{schema}}.watched(queue_name text, now_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at AND (queue_name IS NULL OR w.queue IS NULL OR w.queue = queue_name)) $$;
@@ -167,7 +167,7 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.record_attempts(jsonb, timestamptz) FROM P
 CREATE FUNCTION {{schema}}.send_events(ended jsonb, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF ended IS NULL OR NOT {{schema}}.watched(NULL, now_at) THEN
+  IF ended IS NULL OR NOT EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at) THEN
     RETURN;
   END IF;
   PERFORM {{schema}}.task_event(e.kind, i.queue, i.id, i.type, e.attempt, now_at, e.error, e.progress)
@@ -210,7 +210,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
   v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(keeps));
-  v_watched boolean := {{schema}}.watched(NULL, v_now);
+  -- Any watcher at all, read once per call in the function's own plan (a call of watched() cost
+  -- 150 µs a claim on this machine): with none, nothing below reads or sends an event.
+  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
   n integer;
   ended jsonb;
 BEGIN
@@ -510,7 +512,9 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
-  v_watched boolean := {{schema}}.watched(NULL, v_now);
+  -- Any watcher at all, read once per call in the function's own plan (a call of watched() cost
+  -- 150 µs a claim on this machine): with none, nothing below reads or sends an event.
+  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
 BEGIN
   PERFORM {{schema}}.check_claim_bounds(claim_limit, lease_ms);
   RETURN QUERY
@@ -668,7 +672,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   now_at timestamptz := {{schema}}.task_clock(shift_ms);
-  v_watched boolean := {{schema}}.watched(NULL, now_at);
+  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
   l {{schema}}.queues%ROWTYPE;
   -- The starts' instant: the database clock once the lock is held (so it only moves
   -- forward from claim to claim), shifted as now_at is (a test's clock).
