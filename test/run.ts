@@ -15,10 +15,10 @@
  */
 import { spawn } from 'node:child_process';
 import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
+import { freePort } from './faults/cluster.js';
 import { buildOrExit } from './helpers.js';
 
 const LOCAL = 'postgres://postgres@127.0.0.1:5432/test';
@@ -34,17 +34,6 @@ async function answers(url: string): Promise<boolean> {
   } finally {
     await client.end().catch(() => {});
   }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
 }
 
 async function startEmbedded(): Promise<{ url: string; stop: () => Promise<void> }> {
