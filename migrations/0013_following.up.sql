@@ -74,23 +74,19 @@ CREATE OR REPLACE VIEW {{schema}}.tasks AS
    FROM {{schema}}.task_states s
      JOIN {{schema}}.task_inputs i ON i.seq = s.seq;
 
--- Whether a live watcher covers `queue_name` (null: any queue): what an event
--- of that queue is sent for, once a function found any watcher at all.
-CREATE FUNCTION {{schema}}.watched(queue_name text, now_at timestamptz) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at AND (queue_name IS NULL OR w.queue IS NULL OR w.queue = queue_name)) $$;
-REVOKE EXECUTE ON FUNCTION {{schema}}.watched(text, timestamptz) FROM PUBLIC;
 
 -- Sends one event (Inspector.watch()) on <schema>_events: JSON with kind,
 -- queue, id, type, attempt and at, and the error (its first 2,000 characters,
 -- so the payload stays under NOTIFY's 8,000 bytes) or the progress.
 CREATE FUNCTION {{schema}}.task_event(kind text, queue text, id text, type text, attempt integer, at timestamptz, error text, progress jsonb)
 RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- A plain SQL function (no SET, no SECURITY DEFINER, every call qualified), so that the
+-- statements that send events per row inline it; it runs as the owner's functions that call it.
+LANGUAGE sql VOLATILE
 AS $$
-  SELECT pg_notify({{schema}}.task_channel('_events'), json_strip_nulls(json_build_object(
+  SELECT pg_catalog.pg_notify({{schema}}.task_channel('_events'), pg_catalog.json_strip_nulls(pg_catalog.json_build_object(
     'kind', kind, 'queue', queue, 'id', id, 'type', type, 'attempt', attempt, 'at', at,
-    'error', left(error, 2000), 'progress', progress))::text)
+    'error', pg_catalog.left(error, 2000), 'progress', progress))::text)
 $$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.task_event(text, text, text, text, integer, timestamptz, text, jsonb) FROM PUBLIC;
 
@@ -166,14 +162,16 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.record_attempts(jsonb, timestamptz) FROM P
 -- progress) when a watcher covers their queues. Nothing when none watches.
 CREATE FUNCTION {{schema}}.send_events(ended jsonb, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
 BEGIN
-  IF ended IS NULL OR NOT EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at) THEN
+  IF ended IS NULL OR cardinality(watching) = 0 THEN
     RETURN;
   END IF;
   PERFORM {{schema}}.task_event(e.kind, i.queue, i.id, i.type, e.attempt, now_at, e.error, e.progress)
   FROM jsonb_to_recordset(ended) AS e(seq bigint, kind text, attempt integer, error text, progress jsonb)
   JOIN {{schema}}.task_inputs i ON i.seq = e.seq
-  WHERE {{schema}}.watched(i.queue, now_at)
+  WHERE i.queue = ANY (watching) OR '' = ANY (watching)
   ORDER BY e.seq;
 END
 $$;
@@ -210,9 +208,10 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
   v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(keeps));
-  -- Any watcher at all, read once per call in the function's own plan (a call of watched() cost
-  -- 150 µs a claim on this machine): with none, nothing below reads or sends an event.
-  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
+  -- The queues a live watcher covers ('' for a watcher of every queue: no queue is named ''),
+  -- read once per call in this function's own cached plan (a call of an SQL function per
+  -- claim, planned anew each time, cost 150 µs): while none is, nothing below reads or sends an event.
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
   n integer;
   ended jsonb;
 BEGIN
@@ -237,7 +236,7 @@ BEGIN
     events AS (
       SELECT {{schema}}.task_event('completed', f.queue, f.id, f.type, d.retried + 1, v_now, NULL, NULL)
       FROM inputs f JOIN deleted d ON d.seq = f.seq
-      WHERE v_watched AND {{schema}}.watched(f.queue, v_now)
+      WHERE cardinality(v_watching) > 0 AND (f.queue = ANY (v_watching) OR '' = ANY (v_watching))
     )
     SELECT d.seq FROM deleted d WHERE (SELECT count(*) FROM events) >= 0;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -512,9 +511,10 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
-  -- Any watcher at all, read once per call in the function's own plan (a call of watched() cost
-  -- 150 µs a claim on this machine): with none, nothing below reads or sends an event.
-  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
+  -- The queues a live watcher covers ('' for a watcher of every queue: no queue is named ''),
+  -- read once per call in this function's own cached plan (a call of an SQL function per
+  -- claim, planned anew each time, cost 150 µs): while none is, nothing below reads or sends an event.
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
 BEGIN
   PERFORM {{schema}}.check_claim_bounds(claim_limit, lease_ms);
   RETURN QUERY
@@ -649,7 +649,7 @@ BEGIN
   started AS (
     SELECT {{schema}}.task_event('started', u.queue, i.id, i.type, u.retried + 1, v_now, NULL, NULL)
     FROM claimed u CROSS JOIN LATERAL (SELECT i.id, i.type FROM {{schema}}.task_inputs i WHERE i.seq = u.seq) i
-    WHERE v_watched AND {{schema}}.watched(u.queue, v_now)
+    WHERE cardinality(v_watching) > 0 AND (u.queue = ANY (v_watching) OR '' = ANY (v_watching))
   )
   SELECT me.drawn, me.xid, me.xmin, (SELECT d.gone FROM drawers d), (SELECT count(*) FROM c),
     ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE p.paused AND p.name = ANY(queue_names)),
@@ -672,7 +672,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   now_at timestamptz := {{schema}}.task_clock(shift_ms);
-  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
   l {{schema}}.queues%ROWTYPE;
   -- The starts' instant: the database clock once the lock is held (so it only moves
   -- forward from claim to claim), shifted as now_at is (a test's clock).
@@ -788,7 +788,7 @@ BEGIN
     started AS (
       SELECT {{schema}}.task_event('started', c.queue, i.id, i.type, c.retried + 1, now_at, NULL, NULL)
       FROM claimed c CROSS JOIN LATERAL (SELECT i.id, i.type FROM {{schema}}.task_inputs i WHERE i.seq = c.seq) i
-      WHERE v_watched AND {{schema}}.watched(c.queue, now_at)
+      WHERE cardinality(v_watching) > 0 AND (c.queue = ANY (v_watching) OR '' = ANY (v_watching))
     )
     SELECT c.queue, c.seq, c.pending_seq, c.priority, t.id, t.type, t.payload, t.payload_bytes, t.headers,
            c.retried, t.max_retry, (extract(epoch FROM t.timeout) * 1000)::float8,

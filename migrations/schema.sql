@@ -579,7 +579,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   now_at timestamptz := {{schema}}.task_clock(shift_ms);
-  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
   l {{schema}}.queues%ROWTYPE;
   -- The starts' instant: the database clock once the lock is held (so it only moves
   -- forward from claim to claim), shifted as now_at is (a test's clock).
@@ -695,7 +695,7 @@ BEGIN
     started AS (
       SELECT {{schema}}.task_event('started', c.queue, i.id, i.type, c.retried + 1, now_at, NULL, NULL)
       FROM claimed c CROSS JOIN LATERAL (SELECT i.id, i.type FROM {{schema}}.task_inputs i WHERE i.seq = c.seq) i
-      WHERE v_watched AND {{schema}}.watched(c.queue, now_at)
+      WHERE cardinality(v_watching) > 0 AND (c.queue = ANY (v_watching) OR '' = ANY (v_watching))
     )
     SELECT c.queue, c.seq, c.pending_seq, c.priority, t.id, t.type, t.payload, t.payload_bytes, t.headers,
            c.retried, t.max_retry, (extract(epoch FROM t.timeout) * 1000)::float8,
@@ -729,9 +729,10 @@ AS $function$
 #variable_conflict use_column
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
-  -- Any watcher at all, read once per call in the function's own plan (a call of watched() cost
-  -- 150 µs a claim on this machine): with none, nothing below reads or sends an event.
-  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
+  -- The queues a live watcher covers ('' for a watcher of every queue: no queue is named ''),
+  -- read once per call in this function's own cached plan (a call of an SQL function per
+  -- claim, planned anew each time, cost 150 µs): while none is, nothing below reads or sends an event.
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
 BEGIN
   PERFORM {{schema}}.check_claim_bounds(claim_limit, lease_ms);
   RETURN QUERY
@@ -866,7 +867,7 @@ BEGIN
   started AS (
     SELECT {{schema}}.task_event('started', u.queue, i.id, i.type, u.retried + 1, v_now, NULL, NULL)
     FROM claimed u CROSS JOIN LATERAL (SELECT i.id, i.type FROM {{schema}}.task_inputs i WHERE i.seq = u.seq) i
-    WHERE v_watched AND {{schema}}.watched(u.queue, v_now)
+    WHERE cardinality(v_watching) > 0 AND (u.queue = ANY (v_watching) OR '' = ANY (v_watching))
   )
   SELECT me.drawn, me.xid, me.xmin, (SELECT d.gone FROM drawers d), (SELECT count(*) FROM c),
     ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE p.paused AND p.name = ANY(queue_names)),
@@ -922,9 +923,10 @@ AS $function$
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
   v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(keeps));
-  -- Any watcher at all, read once per call in the function's own plan (a call of watched() cost
-  -- 150 µs a claim on this machine): with none, nothing below reads or sends an event.
-  v_watched boolean := EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
+  -- The queues a live watcher covers ('' for a watcher of every queue: no queue is named ''),
+  -- read once per call in this function's own cached plan (a call of an SQL function per
+  -- claim, planned anew each time, cost 150 µs): while none is, nothing below reads or sends an event.
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
   n integer;
   ended jsonb;
 BEGIN
@@ -949,7 +951,7 @@ BEGIN
     events AS (
       SELECT {{schema}}.task_event('completed', f.queue, f.id, f.type, d.retried + 1, v_now, NULL, NULL)
       FROM inputs f JOIN deleted d ON d.seq = f.seq
-      WHERE v_watched AND {{schema}}.watched(f.queue, v_now)
+      WHERE cardinality(v_watching) > 0 AND (f.queue = ANY (v_watching) OR '' = ANY (v_watching))
     )
     SELECT d.seq FROM deleted d WHERE (SELECT count(*) FROM events) >= 0;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -1898,14 +1900,16 @@ CREATE OR REPLACE FUNCTION {{schema}}.send_events(ended jsonb, now_at timestamp 
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+DECLARE
+  watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > now_at);
 BEGIN
-  IF ended IS NULL OR NOT EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at) THEN
+  IF ended IS NULL OR cardinality(watching) = 0 THEN
     RETURN;
   END IF;
   PERFORM {{schema}}.task_event(e.kind, i.queue, i.id, i.type, e.attempt, now_at, e.error, e.progress)
   FROM jsonb_to_recordset(ended) AS e(seq bigint, kind text, attempt integer, error text, progress jsonb)
   JOIN {{schema}}.task_inputs i ON i.seq = e.seq
-  WHERE {{schema}}.watched(i.queue, now_at)
+  WHERE i.queue = ANY (watching) OR '' = ANY (watching)
   ORDER BY e.seq;
 END
 $function$;
@@ -2111,12 +2115,10 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.task_clock(shift_ms double precision) FROM
 CREATE OR REPLACE FUNCTION {{schema}}.task_event(kind text, queue text, id text, type text, attempt integer, at timestamp with time zone, error text, progress jsonb)
  RETURNS void
  LANGUAGE sql
- SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-  SELECT pg_notify({{schema}}.task_channel('_events'), json_strip_nulls(json_build_object(
+  SELECT pg_catalog.pg_notify({{schema}}.task_channel('_events'), pg_catalog.json_strip_nulls(pg_catalog.json_build_object(
     'kind', kind, 'queue', queue, 'id', id, 'type', type, 'attempt', attempt, 'at', at,
-    'error', left(error, 2000), 'progress', progress))::text)
+    'error', pg_catalog.left(error, 2000), 'progress', progress))::text)
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.task_event(kind text, queue text, id text, type text, attempt integer, at timestamp with time zone, error text, progress jsonb) FROM PUBLIC;
 
@@ -2356,14 +2358,6 @@ BEGIN
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.watch_tasks(watcher uuid, watch_queue text, ttl_ms double precision) FROM PUBLIC;
-
-CREATE OR REPLACE FUNCTION {{schema}}.watched(queue_name text, now_at timestamp with time zone)
- RETURNS boolean
- LANGUAGE sql
- STABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$ SELECT EXISTS (SELECT 1 FROM {{schema}}.watchers w WHERE w.expires_at > now_at AND (queue_name IS NULL OR w.queue IS NULL OR w.queue = queue_name)) $function$;
-REVOKE EXECUTE ON FUNCTION {{schema}}.watched(queue_name text, now_at timestamp with time zone) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION {{schema}}.write_progress(task_seq bigint, token uuid, progress jsonb, logs jsonb, shift_ms double precision)
  RETURNS boolean
