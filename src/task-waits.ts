@@ -8,7 +8,7 @@
  * completion keeps it long enough to be read and announces it.
  */
 import type { Db } from './broker/db.js';
-import { awaitTasks, readTask, type AwaitedTask } from './broker/following.js';
+import { awaitTasks, type AwaitedTask } from './broker/following.js';
 import { createNotifier, type Notifier } from './broker/notifier.js';
 import type { ClockTimer } from './internal/clock.js';
 import type { Logger } from './internal/logger.js';
@@ -17,12 +17,17 @@ import type { TaskInfo } from './model/task.js';
 
 /** How often the waits read their tasks' state when no notification came: not faster than once a second, as the API promises. */
 const POLL_MS = 2_000;
+/**
+ * How long the listener stays after the last wait ended, for the next one: a
+ * new LISTEN connection per wait cost 10 ms of each enqueueAndWait (RT).
+ */
+const LINGER_MS = 30_000;
 
 interface Wait {
   queue: string;
   id: string;
   /** Settles the wait when the task has finished (or is gone); false while it has not. */
-  settle(state: AwaitedTask): Promise<boolean>;
+  settle(state: AwaitedTask): boolean;
   /** Ends the wait with `err`. */
   fail(err: unknown): void;
 }
@@ -33,6 +38,8 @@ export class TaskWaits {
   readonly #waits = new Set<Wait>();
   #notifier: { started: Promise<void>; notifier: Notifier } | undefined;
   #poll: ClockTimer | undefined;
+  /** Stops the listener LINGER_MS after the last wait ended, unless a wait starts first. */
+  #linger: ClockTimer | undefined;
   /** The check that is running, and whether another was asked for meanwhile. */
   #checking: Promise<void> | undefined;
   #again = false;
@@ -56,18 +63,21 @@ export class TaskWaits {
         this.#waits.delete(wait);
         timer?.cancel();
         signal?.removeEventListener('abort', onAbort);
-        if (this.#waits.size === 0) void this.#quiet();
+        if (this.#waits.size === 0) {
+          this.#linger?.cancel();
+          this.#linger = this.#db.clock.setTimeout(() => void this.#quiet(), LINGER_MS, true);
+        }
       };
       const onAbort = (): void => fail(signal!.reason);
       const wait: Wait = {
         queue,
         id,
         fail,
-        settle: async (s) => {
+        settle: (s) => {
           const queueGone = first && !s.queueFound;
           first = false;
           if (s.state !== null && s.state !== 'completed' && s.state !== 'archived') return false;
-          const task = s.state === null ? undefined : await readTask(this.#db, queue, id);
+          const task = s.finished;
           if (!this.#waits.has(wait)) return true;
           end();
           if (queueGone) reject(new QueueNotFoundError(queue));
@@ -101,7 +111,7 @@ export class TaskWaits {
           this.#again = false;
           const waits = [...this.#waits];
           const states = await awaitTasks(this.#db, waits);
-          await Promise.all(waits.map((w, i) => w.settle(states[i]!)));
+          waits.forEach((w, i) => w.settle(states[i]!));
         } while (this.#again && this.#waits.size > 0);
       } finally {
         this.#checking = undefined;
@@ -123,6 +133,8 @@ export class TaskWaits {
   }
 
   async #listen(): Promise<void> {
+    this.#linger?.cancel();
+    this.#linger = undefined;
     if (this.#notifier === undefined) {
       const notifier = createNotifier(this.#db, this.#logger.child({ component: 'wait-notifier' }));
       notifier.on(this.#db.channels.done, () => this.#wake());
@@ -132,8 +144,11 @@ export class TaskWaits {
     await this.#notifier.started;
   }
 
-  /** No wait left: stop listening (the next wait starts again). */
+  /** No wait left for LINGER_MS (or the client closes): stop listening (the next wait starts again). */
   async #quiet(): Promise<void> {
+    if (this.#waits.size > 0) return;
+    this.#linger?.cancel();
+    this.#linger = undefined;
     this.#poll?.cancel();
     this.#poll = undefined;
     const n = this.#notifier;

@@ -75,25 +75,37 @@ export interface AwaitedTask {
   state: TaskState | null;
   /** How its last recorded run ended (a canceled run makes an archived task canceled, not failed). */
   lastOutcome: AttemptOutcome | null;
+  /** The task, read in the same statement, once it has finished (completed or archived). */
+  finished: TaskInfo | undefined;
 }
 
-/** Marks the tasks awaited (unless finished) and reads where each stands. */
+type AwaitedRow = { queue: string; id: string; queue_found: boolean; state: TaskState | null; last_outcome: AttemptOutcome | null; read: boolean } & TaskRow;
+
+/**
+ * Marks the tasks awaited (unless finished) and reads where each stands, and
+ * those that finished whole: one round trip for a waiter woken by their end.
+ */
 export async function awaitTasks(db: Db, tasks: readonly { queue: string; id: string }[], trx?: AnyTransaction): Promise<AwaitedTask[]> {
   if (tasks.length === 0) return [];
   const rows = await db.run(
-    sql<{ queue: string; id: string; queue_found: boolean; state: TaskState | null; last_outcome: AttemptOutcome | null }>`
-    SELECT a.queue, a.id, a.queue_found, a.state, a.last_outcome
-    FROM ${db.table('await_tasks')}(${tasks.map((t) => t.queue)}::text[], ${tasks.map((t) => t.id)}::text[]) a`,
+    sql<AwaitedRow>`
+    SELECT a.queue AS awaited_queue, a.id AS awaited_id, a.queue_found, a.state AS awaited_state, a.last_outcome, t.seq IS NOT NULL AS read, ${taskColumns(db)}
+    FROM ${db.table('await_tasks')}(${tasks.map((t) => t.queue)}::text[], ${tasks.map((t) => t.id)}::text[]) a
+    LEFT JOIN ${db.table('tasks')} t ON a.state IN ('completed', 'archived') AND t.queue = a.queue AND t.id = a.id`,
     trx,
     'await',
   );
-  return rows.map((r) => ({ queue: r.queue, id: r.id, queueFound: r.queue_found, state: r.state, lastOutcome: r.last_outcome }));
-}
-
-/** One task as TaskInfo, read through the view alone (a producer may read no other table): undefined when there is none. */
-export async function readTask(db: Db, queue: string, id: string): Promise<TaskInfo | undefined> {
-  const rows = await db.run(sql<TaskRow>`SELECT ${taskColumns(db)} FROM ${db.table('tasks')} t WHERE t.queue = ${queue} AND t.id = ${id}`);
-  return rows[0] === undefined ? undefined : toTaskInfo(rows[0]);
+  return rows.map((r) => {
+    const row = r as unknown as Record<string, unknown>;
+    return {
+      queue: row.awaited_queue as string,
+      id: row.awaited_id as string,
+      queueFound: r.queue_found,
+      state: row.awaited_state as TaskState | null,
+      lastOutcome: r.last_outcome,
+      finished: r.read ? toTaskInfo(r) : undefined,
+    };
+  });
 }
 
 /** Registers a watcher of `queue` (null: every queue) for `ttlMs`, or renews `watcher`; returns its id. */
