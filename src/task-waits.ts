@@ -78,6 +78,12 @@ export class TaskWaits {
           first = false;
           if (s.state !== null && s.state !== 'completed' && s.state !== 'archived') return false;
           const task = s.finished;
+          // await_tasks() saw it finish after the statement's snapshot was taken, which read the row
+          // before: read it again at once.
+          if (s.state !== null && task?.state !== s.state) {
+            this.#again = true;
+            return false;
+          }
           if (!this.#waits.has(wait)) return true;
           end();
           if (queueGone) reject(new QueueNotFoundError(queue));
