@@ -329,7 +329,14 @@ const FIXTURE_WAIT_MS = 90_000;
 export function spawnFixture(script: string, env: Record<string, string>): Fixture {
   const child = spawn(process.execPath, ['--import', 'tsx', script], { cwd: REPO, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
   const events: Record<string, unknown>[] = [];
-  const waiters: [string, (e: Record<string, unknown>) => void][] = [];
+  const waiters: [string, (e: Record<string, unknown>) => void, (err: Error) => void][] = [];
+  let exit: string | undefined;
+  // A child that ended (a crash, a missing variable; 'close': its output is all read) fails the waits for its
+  // events at once, not after FIXTURE_WAIT_MS.
+  child.on('close', (code, signal) => {
+    exit = `${script} exited (${signal ?? `code ${code}`})`;
+    for (const [event, , reject] of waiters.splice(0)) reject(new Error(`${exit} before printing a "${event}" event`));
+  });
   const taken = new WeakSet<object>();
   createInterface({ input: child.stdout }).on('line', (line) => {
     const e = JSON.parse(line) as Record<string, unknown>;
@@ -345,11 +352,12 @@ export function spawnFixture(script: string, env: Record<string, string>): Fixtu
     next: (event) => {
       const seen = events.find((e) => e.event === event && !taken.has(e));
       if (seen) return (taken.add(seen), Promise.resolve(seen));
+      if (exit !== undefined) return Promise.reject(new Error(`${exit} before printing a "${event}" event`));
       return new Promise((resolve, reject) => {
         // Generous: a process that loads the library through tsx on a loaded 2-core machine (four test
         // files and their children at once) took over 20 s to boot. Readiness is waited for, not judged.
         const timer = setTimeout(() => reject(new Error(`${script} printed no "${event}" event in ${FIXTURE_WAIT_MS / 1000} s`)), FIXTURE_WAIT_MS);
-        waiters.push([event, (e) => (clearTimeout(timer), resolve(e))]);
+        waiters.push([event, (e) => (clearTimeout(timer), resolve(e)), (err) => (clearTimeout(timer), reject(err))]);
       });
     },
   };

@@ -36,6 +36,14 @@ describe('waitFor and enqueueAndWait', () => {
     assert.equal(kept[0].keep.minutes ?? 0, 1, 'kept 60 s for the waiter');
   });
 
+  test('enqueueAndWait of tasks that complete at once, one after another: each resolves completed (the first look races the completion)', async () => {
+    await startServer(async (task, ctx) => ctx.writeResult(task.payload));
+    for (let i = 0; i < 40; i++) {
+      const done = await client.enqueueAndWait(new Task('echo', i));
+      assert.deepEqual([done.state, done.result], ['completed', i]);
+    }
+  });
+
   test('waitFor: a task completed earlier with a retention resolves at once; one that fails is TaskFailedError with its last error', async () => {
     await startServer(async (task) => {
       if (task.type === 'fails') throw new SkipRetry('bad input');
@@ -94,7 +102,12 @@ describe('waitFor and enqueueAndWait', () => {
       await ctx.writeResult('from the worker');
     });
     await client.enqueue(new Task('remote', null), { taskId: 'r1' });
-    const child = spawnFixture('test/fixtures/wait-for.ts', { PGASYNQ_SCHEMA: db.schema, TASK_QUEUE: 'default', TASK_ID: 'r1' });
+    const child = spawnFixture('test/fixtures/wait-for.ts', {
+      DATABASE_URL: db.connectionString,
+      PGASYNQ_SCHEMA: db.schema,
+      TASK_QUEUE: 'default',
+      TASK_ID: 'r1',
+    });
     await child.next('waiting');
     await waitFor(
       async () => (await db.query("SELECT awaited FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i USING (seq) WHERE i.id = 'r1'"))[0]?.awaited,

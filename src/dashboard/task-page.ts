@@ -143,11 +143,14 @@ export async function taskPage(ctx: PageContext, queue: string, id: string): Pro
   if (t.nextProcessAt && t.state !== 'pending') ev(t.nextProcessAt, t.state === 'retry' ? 'next retry' : 'due');
   if (t.completedAt && t.retention > 0) ev(new Date(t.completedAt.getTime() + t.retention), 'deleted (end of retention)');
   if (t.deadline) ev(t.deadline, 'deadline');
-  evs.sort((a, b) => a.at.getTime() - b.at.getTime());
+  // Enqueued stays first: a run's start is its claim's transaction time, which can be a few ms before
+  // the commit of the enqueue that claim then saw.
+  const [enqueued, ...later] = evs;
+  const ordered = [enqueued!, ...later.sort((a, b) => a.at.getTime() - b.at.getTime())];
   const timeline = html`<section class="card"><h2>Timeline${attempts.length > 0 ? html` <span class="muted small">${num(attempts.length)} run${attempts.length === 1 ? '' : 's'}</span>` : ''}</h2>${
     evs.length === 0
       ? html`<p class="muted">${t.state === 'pending' ? 'Waiting to be picked up.' : 'Nothing recorded yet.'}</p>`
-      : html`<ol class="timeline">${evs.map((e) => e.li)}</ol>`
+      : html`<ol class="timeline">${ordered.map((e) => e.li)}</ol>`
   }</section>`;
 
   const lease =
