@@ -930,7 +930,9 @@ DECLARE
   n integer;
   ended jsonb;
 BEGIN
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   IF NOT coalesce(true = ANY(keeps), false) THEN
     -- No task kept (retention 0, the common case): a plain fenced DELETE, each row
     -- written once. An awaited task is left to the path below.
@@ -998,7 +1000,9 @@ BEGIN
   INTO ended
   FROM h LEFT JOIN kept k ON k.seq = h.seq;
   PERFORM {{schema}}.record_attempts(jsonb_path_query_array(ended, '$[*] ? (@.kept == true)'), v_now);
-  PERFORM {{schema}}.send_events(ended, v_now);
+  IF cardinality(v_watching) > 0 THEN
+    PERFORM {{schema}}.send_events(ended, v_now);
+  END IF;
   RETURN QUERY SELECT (e ->> 'seq')::bigint FROM jsonb_array_elements(coalesce(ended, '[]')) e;
 END
 $function$;
@@ -1499,7 +1503,9 @@ DECLARE
   v_at jsonb := {{schema}}.lease_batch(seqs, tokens);
 BEGIN
   PERFORM {{schema}}.check_claim_bounds(0, lease_ms);
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   RETURN QUERY
   UPDATE {{schema}}.task_states s SET lease_expires_at = v_now + lease_ms * interval '1 millisecond'
   WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
@@ -1525,7 +1531,9 @@ BEGIN
   IF NOT outcomes <@ ARRAY['failed', 'timeout', 'canceled'] THEN
     RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = 'pgasynq: invalid outcomes: each must be failed, timeout or canceled', COLUMN = 'outcomes';
   END IF;
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   WITH failed AS (
     UPDATE {{schema}}.task_states s
     SET state = CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN 'archived' ELSE 'retry' END,
@@ -1832,7 +1840,9 @@ DECLARE
   v_at jsonb := {{schema}}.lease_batch(seqs, tokens);
   ended jsonb;
 BEGIN
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   WITH requeued AS (
     UPDATE {{schema}}.task_states s
     SET state = 'pending', run_at = h.front_at - interval '1 microsecond', pending_seq = h.front - h.n + h.rank - 1,
@@ -2062,7 +2072,9 @@ DECLARE
   ended jsonb;
 BEGIN
   PERFORM {{schema}}.check_delays(delays_ms);
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   WITH snoozed AS (
     UPDATE {{schema}}.task_states s
     SET state = 'scheduled', run_at = v_now + delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond',
@@ -2375,7 +2387,9 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'progress',
       MESSAGE = 'pgasynq: invalid progress: must be a number in [0, 100] or a JSON object of at most 4096 bytes';
   END IF;
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   UPDATE {{schema}}.task_states s SET progress = write_progress.progress, updated_at = v_now
   WHERE s.seq = task_seq AND s.lease_token = token AND s.state = 'active'
   RETURNING s.retried + 1 INTO v_attempt;
@@ -2397,7 +2411,9 @@ AS $function$
 DECLARE
   v_now timestamptz := {{schema}}.task_clock(shift_ms);
 BEGIN
-  PERFORM {{schema}}.append_task_logs(logs, v_now);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
   UPDATE {{schema}}.task_states s SET result = write_result.result, result_bytes = write_result.result_bytes, updated_at = v_now
   WHERE s.seq = task_seq AND s.lease_token = token AND s.state = 'active';
   RETURN FOUND;
