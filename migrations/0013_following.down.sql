@@ -572,6 +572,7 @@ $function$;
 DROP FUNCTION {{schema}}.send_events(jsonb, timestamptz);
 DROP FUNCTION {{schema}}.record_attempts(jsonb, timestamptz);
 DROP FUNCTION {{schema}}.append_task_logs(jsonb, timestamptz);
+DROP FUNCTION {{schema}}.send_task_events(json[]);
 DROP FUNCTION {{schema}}.task_event(text, text, text, text, integer, timestamptz, text, jsonb);
 
 -- The view as 0012 left it (its columns but progress), then the tables and columns.

@@ -75,20 +75,46 @@ CREATE OR REPLACE VIEW {{schema}}.tasks AS
      JOIN {{schema}}.task_inputs i ON i.seq = s.seq;
 
 
--- Sends one event (Inspector.watch()) on <schema>_events: JSON with kind,
--- queue, id, type, attempt and at, and the error (its first 2,000 characters,
--- so the payload stays under NOTIFY's 8,000 bytes) or the progress.
+-- One event (Inspector.watch()) as JSON: kind, queue, id, type, attempt and
+-- at, and the error (its first 1,000 characters: 6,000 bytes at most, escaped)
+-- or the progress (4,096 bytes at most), so that it fits one notification.
 CREATE FUNCTION {{schema}}.task_event(kind text, queue text, id text, type text, attempt integer, at timestamptz, error text, progress jsonb)
-RETURNS void
+RETURNS json
 -- A plain SQL function (no SET, no SECURITY DEFINER, every call qualified), so that the
--- statements that send events per row inline it; it runs as the owner's functions that call it.
-LANGUAGE sql VOLATILE
+-- statements that build events per row inline it.
+LANGUAGE sql STABLE
 AS $$
-  SELECT pg_catalog.pg_notify({{schema}}.task_channel('_events'), pg_catalog.json_strip_nulls(pg_catalog.json_build_object(
+  SELECT pg_catalog.json_strip_nulls(pg_catalog.json_build_object(
     'kind', kind, 'queue', queue, 'id', id, 'type', type, 'attempt', attempt, 'at', at,
-    'error', pg_catalog.left(error, 2000), 'progress', progress))::text)
+    'error', pg_catalog.left(error, 1000), 'progress', progress))
 $$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.task_event(text, text, text, text, integer, timestamptz, text, jsonb) FROM PUBLIC;
+
+-- Sends events (task_event()'s, in order) on <schema>_events as JSON arrays,
+-- as few notifications as NOTIFY's 8,000-byte payload allows: one per claim or
+-- completion batch, not one per task (a notification per task, each queued,
+-- delivered and parsed, cost a watched drain a fifth of its speed). Called
+-- only with events to send, and only while someone watches.
+CREATE FUNCTION {{schema}}.send_task_events(events json[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  channel constant text := {{schema}}.task_channel('_events');
+  chunk text := '';
+  e text;
+BEGIN
+  FOREACH e IN ARRAY events::text[] LOOP
+    IF chunk <> '' AND octet_length(chunk) + octet_length(e) > 7900 THEN
+      PERFORM pg_notify(channel, '[' || chunk || ']');
+      chunk := '';
+    END IF;
+    chunk := CASE WHEN chunk = '' THEN e ELSE chunk || ',' || e END;
+  END LOOP;
+  IF chunk <> '' THEN
+    PERFORM pg_notify(channel, '[' || chunk || ']');
+  END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.send_task_events(json[]) FROM PUBLIC;
 
 -- Appends ctx.log() lines to the tasks whose lease still holds: `logs` maps a
 -- seq to {"t": lease token, "l": [[attempt, age in ms, message], …]}. A line
@@ -161,7 +187,8 @@ $$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.record_attempts(jsonb, timestamptz) FROM PUBLIC;
 
 -- Sends the events of `ended` (elements: seq, kind, attempt, and error or
--- progress) when a watcher covers their queues. Nothing when none watches.
+-- progress; queue, id and type when the task's inputs may be gone) when a
+-- watcher covers their queues. Nothing when none watches.
 CREATE FUNCTION {{schema}}.send_events(ended jsonb, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -170,11 +197,14 @@ BEGIN
   IF ended IS NULL OR cardinality(watching) = 0 THEN
     RETURN;
   END IF;
-  PERFORM {{schema}}.task_event(e.kind, i.queue, i.id, i.type, e.attempt, now_at, e.error, e.progress)
-  FROM jsonb_to_recordset(ended) AS e(seq bigint, kind text, attempt integer, error text, progress jsonb)
-  JOIN {{schema}}.task_inputs i ON i.seq = e.seq
-  WHERE i.queue = ANY (watching) OR '' = ANY (watching)
-  ORDER BY e.seq;
+  PERFORM {{schema}}.send_task_events(array_agg({{schema}}.task_event(e.kind, t.queue, t.id, t.type, e.attempt, now_at, e.error, e.progress)
+                                                ORDER BY e.seq))
+  FROM jsonb_to_recordset(ended) AS e(seq bigint, kind text, attempt integer, error text, progress jsonb, queue text, id text, type text)
+  CROSS JOIN LATERAL (SELECT e.queue, e.id, e.type WHERE e.queue IS NOT NULL
+                      UNION ALL
+                      SELECT i.queue, i.id, i.type FROM {{schema}}.task_inputs i WHERE e.queue IS NULL AND i.seq = e.seq) t
+  WHERE t.queue = ANY (watching) OR '' = ANY (watching)
+  HAVING count(*) > 0;
 END
 $$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.send_events(jsonb, timestamptz) FROM PUBLIC;
@@ -222,39 +252,35 @@ BEGIN
   IF logs IS NOT NULL THEN
     PERFORM {{schema}}.append_task_logs(logs, v_now);
   END IF;
-  IF NOT coalesce(true = ANY(keeps), false) THEN
-    -- No task kept (retention 0, the common case): a plain fenced DELETE, each row
-    -- written once. An awaited task is left to the path below.
+  IF NOT coalesce(true = ANY(keeps), false) AND cardinality(v_watching) = 0 THEN
+    -- No task kept (retention 0, the common case) and nobody watching: a plain fenced
+    -- DELETE, each row written once. An awaited task is left to the path below.
     RETURN QUERY
     WITH deleted AS (
       DELETE FROM {{schema}}.task_states s
       WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int] AND NOT s.awaited
-      RETURNING s.seq, s.retried
+      RETURNING s.seq
     ),
     inputs AS (
       DELETE FROM {{schema}}.task_inputs i WHERE i.seq = ANY(ARRAY(SELECT d.seq FROM deleted d))
-      RETURNING i.seq, i.queue, i.id, i.type, i.unique_key
+      RETURNING i.queue, i.id, i.unique_key
     ),
     unlocked AS (
       DELETE FROM {{schema}}.unique_locks l USING inputs f
       WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
-    ),
-    events AS (
-      SELECT {{schema}}.task_event('completed', f.queue, f.id, f.type, d.retried + 1, v_now, NULL, NULL)
-      FROM inputs f JOIN deleted d ON d.seq = f.seq
-      WHERE cardinality(v_watching) > 0 AND (f.queue = ANY (v_watching) OR '' = ANY (v_watching))
     )
-    SELECT d.seq FROM deleted d WHERE (SELECT count(*) FROM events) >= 0;
+    SELECT d.seq FROM deleted d;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n = cardinality(seqs) THEN
       RETURN;
     END IF;
   END IF;
   WITH h AS MATERIALIZED (
-    SELECT s.seq, keeps[(v_at ->> s.seq::text)::int] OR s.awaited AS keep, s.awaited, s.retried, s.lease_owner, s.started_at
-    FROM {{schema}}.task_states s
+    SELECT s.seq, keeps[(v_at ->> s.seq::text)::int] OR s.awaited AS keep, s.awaited, s.retried, s.lease_owner, s.started_at,
+           i.queue, i.id, i.type
+    FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i ON i.seq = s.seq
     WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
-    ORDER BY s.seq FOR UPDATE
+    ORDER BY s.seq FOR UPDATE OF s
   ),
   deleted AS (
     DELETE FROM {{schema}}.task_states s WHERE s.seq = ANY(ARRAY(SELECT h.seq FROM h WHERE NOT h.keep))
@@ -283,8 +309,10 @@ BEGIN
            WHERE i.seq = ANY(ARRAY(SELECT k.seq FROM kept k)) AND i.unique_key IS NOT NULL) f
     WHERE l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
   )
+  -- queue, id and type: the events of the tasks deleted here, whose inputs send_events() no longer finds.
   SELECT jsonb_agg(jsonb_build_object('seq', h.seq, 'run', k.runs, 'attempt', h.retried + 1, 'server', h.lease_owner,
-                                      'started_at', h.started_at, 'outcome', 'completed', 'kind', 'completed', 'kept', k.seq IS NOT NULL)
+                                      'started_at', h.started_at, 'outcome', 'completed', 'kind', 'completed', 'kept', k.seq IS NOT NULL,
+                                      'queue', h.queue, 'id', h.id, 'type', h.type)
                    ORDER BY h.seq)
   INTO ended
   FROM h LEFT JOIN kept k ON k.seq = h.seq;
@@ -662,12 +690,6 @@ BEGIN
       (extract(epoch FROM i.retention) * 1000::numeric)::float8 AS retention_ms,
       u.lease_token, array_position(queue_names, u.queue) AS ord
     FROM claimed u CROSS JOIN LATERAL (SELECT * FROM {{schema}}.task_inputs i WHERE i.seq = u.seq) i
-  ),
-  -- Inspector.watch(): nothing is read or sent unless a watcher is registered.
-  started AS (
-    SELECT {{schema}}.task_event('started', u.queue, i.id, i.type, u.retried + 1, v_now, NULL, NULL)
-    FROM claimed u CROSS JOIN LATERAL (SELECT i.id, i.type FROM {{schema}}.task_inputs i WHERE i.seq = u.seq) i
-    WHERE cardinality(v_watching) > 0 AND (u.queue = ANY (v_watching) OR '' = ANY (v_watching))
   )
   SELECT me.drawn, me.xid, me.xmin, (SELECT d.gone FROM drawers d), (SELECT count(*) FROM c),
     ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE p.paused AND p.name = ANY(queue_names)),
@@ -676,8 +698,18 @@ BEGIN
     t.seq, t.pending_seq, t.priority, t.queue, t.id, t.type, t.payload, t.payload_bytes, t.headers, t.retried,
     t.max_retry, t.timeout_ms, t.deadline_in_ms, t.retention_ms, t.lease_token
   FROM me LEFT JOIN tasks t ON true
-  WHERE (SELECT count(*) FROM started) >= 0
   ORDER BY t.ord, t.priority DESC, t.pending_seq;
+  -- Inspector.watch()'s 'started' events, in a statement that runs only while someone
+  -- watches (in the claim's own statement, even switched off, they cost its planning about
+  -- 25 µs a call). The rows this claim took: active, of its queues, its owner's, started now.
+  IF cardinality(v_watching) > 0 THEN
+    PERFORM {{schema}}.send_task_events(array_agg({{schema}}.task_event('started', s.queue, i.id, i.type, s.retried + 1, v_now, NULL, NULL)
+                                                  ORDER BY s.seq))
+    FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i ON i.seq = s.seq
+    WHERE s.queue = ANY (queue_names) AND s.state = 'active' AND s.lease_owner = owner AND s.started_at = v_now
+      AND (s.queue = ANY (v_watching) OR '' = ANY (v_watching))
+    HAVING count(*) > 0;
+  END IF;
 END
 $function$;
 REVOKE EXECUTE ON FUNCTION {{schema}}.claim_tasks(queue_names text[], shares integer[], gap_ords integer[], gap_his integer[], gap_los integer[], band_ords integer[], band_priorities integer[], band_floors bigint[], older_than xid8, claim_limit integer, owner text, lease_ms double precision, max_bytes double precision, shift_ms double precision) FROM PUBLIC;
@@ -804,9 +836,11 @@ BEGIN
     ),
     -- Inspector.watch(): nothing is read or sent unless a watcher is registered.
     started AS (
-      SELECT {{schema}}.task_event('started', c.queue, i.id, i.type, c.retried + 1, now_at, NULL, NULL)
+      SELECT {{schema}}.send_task_events(array_agg({{schema}}.task_event('started', c.queue, i.id, i.type, c.retried + 1, now_at, NULL, NULL)
+                                                   ORDER BY c.seq))
       FROM claimed c CROSS JOIN LATERAL (SELECT i.id, i.type FROM {{schema}}.task_inputs i WHERE i.seq = c.seq) i
       WHERE cardinality(v_watching) > 0 AND (c.queue = ANY (v_watching) OR '' = ANY (v_watching))
+      HAVING count(*) > 0
     )
     SELECT c.queue, c.seq, c.pending_seq, c.priority, t.id, t.type, t.payload, t.payload_bytes, t.headers,
            c.retried, t.max_retry, (extract(epoch FROM t.timeout) * 1000)::float8,

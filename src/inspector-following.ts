@@ -40,19 +40,25 @@ const MAX_BUFFERED_EVENTS = 10_000;
 const KINDS: readonly TaskEvent['kind'][] = ['started', 'completed', 'failed', 'archived', 'progress'];
 
 /**
- * An event as a notification carried it, or undefined when it is not one
- * (anyone who can connect may notify the channel: the shape is checked, and
- * the event remains what the notification says).
+ * The events a notification carries (a JSON array of them: the servers send a
+ * claim's or a completion batch's events together), leaving out whatever is
+ * not one. Anyone who can connect may notify the channel: the shape is
+ * checked, and an event remains only what the notification says.
  */
-export function parseEvent(payload: string): TaskEvent | undefined {
-  let e: Record<string, unknown>;
+export function parseEvents(payload: string): TaskEvent[] {
+  let list: unknown;
   try {
-    e = JSON.parse(payload) as Record<string, unknown>;
+    list = JSON.parse(payload);
   } catch {
-    return undefined;
+    return [];
   }
+  if (!Array.isArray(list)) return [];
+  return list.map(toEvent).filter((e) => e !== undefined);
+}
+
+function toEvent(e: unknown): TaskEvent | undefined {
   if (typeof e !== 'object' || e === null) return undefined;
-  const { kind, queue, id, type, attempt, at, error, progress } = e;
+  const { kind, queue, id, type, attempt, at, error, progress } = e as Record<string, unknown>;
   if (!KINDS.includes(kind as TaskEvent['kind']) || typeof queue !== 'string' || typeof id !== 'string' || typeof type !== 'string') return undefined;
   const when = typeof at === 'string' ? new Date(at) : undefined;
   if (typeof attempt !== 'number' || when === undefined || Number.isNaN(when.getTime())) return undefined;
@@ -85,11 +91,12 @@ export async function* watch(db: Db, opts: unknown): AsyncGenerator<TaskEvent, v
   let dropped = 0;
   const notifier = createNotifier(db, logger);
   notifier.on(db.channels.events, (payload) => {
-    const event = parseEvent(payload);
-    if (event === undefined || (queue !== null && event.queue !== queue)) return;
-    if (events.push(event) > MAX_BUFFERED_EVENTS) {
-      events.shift();
-      if (dropped++ === 0) logger.warn({ max: MAX_BUFFERED_EVENTS }, 'watch: events come faster than they are read; the oldest are dropped');
+    for (const event of parseEvents(payload)) {
+      if (queue !== null && event.queue !== queue) continue;
+      if (events.push(event) > MAX_BUFFERED_EVENTS) {
+        events.shift();
+        if (dropped++ === 0) logger.warn({ max: MAX_BUFFERED_EVENTS }, 'watch: events come faster than they are read; the oldest are dropped');
+      }
     }
     wake?.();
   });

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import pg from 'pg';
 import { SkipRetry, Task, ValidationError, type TaskEvent } from '../src/index.js';
-import { parseEvent } from '../src/inspector-following.js';
+import { parseEvents } from '../src/inspector-following.js';
 import { deferred, setupDb, test, waitFor } from './helpers.js';
 
 const { db, client, inspector, startServer } = setupDb('t_watch', {
@@ -83,26 +83,56 @@ describe('watch', () => {
     }
   });
 
-  test('a notification that is not an event is not one', async () => {
-    for (const bad of [
-      '',
-      'x',
-      '[]',
-      'null',
-      '{"kind":"started"}',
-      '{"kind":"nope","queue":"q","id":"i","type":"t","attempt":1,"at":"2026-01-01T00:00:00Z"}',
-    ]) {
-      assert.equal(parseEvent(bad), undefined, bad);
+  test('a notification carries an array of events; what is not an event is left out', async () => {
+    const failed = { kind: 'failed', queue: 'q', id: 'i', type: 't', attempt: 2, at: '2026-01-01T00:00:00Z', error: 'e' };
+    for (const bad of ['', 'x', '[]', 'null', '{}', JSON.stringify(failed), '[{"kind":"started"}]', '[null, 1, "x"]']) {
+      assert.deepEqual(parseEvents(bad), [], bad);
     }
-    assert.deepEqual(parseEvent('{"kind":"failed","queue":"q","id":"i","type":"t","attempt":2,"at":"2026-01-01T00:00:00Z","error":"e"}'), {
-      kind: 'failed',
-      queue: 'q',
-      id: 'i',
-      type: 't',
-      attempt: 2,
-      at: new Date('2026-01-01T00:00:00Z'),
-      error: 'e',
+    assert.deepEqual(parseEvents(JSON.stringify([{ ...failed, kind: 'nope' }, failed, { ...failed, attempt: '2' }])), [{ ...failed, at: new Date(failed.at) }]);
+  });
+
+  test('a batch of events wider than one notification arrives whole and in order, each notification under 8,000 bytes', async () => {
+    const listener = new pg.Client({ connectionString: db.connectionString });
+    await listener.connect();
+    const sizes: number[] = [];
+    listener.on('notification', (n) => sizes.push(Buffer.byteLength(n.payload ?? '')));
+    await listener.query(`LISTEN "${db.schema}_events"`);
+    try {
+      // 40 events of about 3.5 KB: an id of 128 characters, a type of 100 two-byte characters, an error
+      // of 2,000 three-byte characters, cut to its first 1,000.
+      const send = () =>
+        db.query(`SELECT {{schema}}.send_task_events(ARRAY(
+          SELECT {{schema}}.task_event('failed', 'watched', lpad(g::text, 128, 'x'), repeat('é', 100), 1, now(), repeat('€', 2000), NULL)
+          FROM generate_series(1, 40) g ORDER BY g))`);
+      const events = await collect(
+        { queue: 'watched' },
+        (es) => es.length === 40,
+        () => void send(),
+      );
+      assert.deepEqual(
+        events.map((e) => e.id),
+        Array.from({ length: 40 }, (_, i) => String(i + 1).padStart(128, 'x')),
+      );
+      assert.ok(events.every((e) => e.error === '€'.repeat(1000) && e.type === 'é'.repeat(100)));
+      await listener.query('SELECT 1');
+      assert.ok(sizes.length > 1 && sizes.length < 40, `${sizes.length} notifications`);
+      assert.ok(Math.max(...sizes) <= 8000, `the largest: ${Math.max(...sizes)} bytes`);
+    } finally {
+      await listener.end();
+    }
+  });
+
+  test('a watched task that fails with an error of 2,000 four-byte characters fails as any other; its event carries the first 1,000', async () => {
+    await startServer(async () => {
+      throw new SkipRetry('😀'.repeat(2000));
     });
+    const events = await collect(
+      { queue: 'watched' },
+      (es) => es.some((e) => e.kind === 'archived'),
+      () => void client.enqueue(new Task('fails', null), { queue: 'watched', taskId: 'wide' }),
+    );
+    assert.equal(events.find((e) => e.kind === 'archived')?.error, '😀'.repeat(1000));
+    assert.equal((await inspector.getTaskInfo('watched', 'wide')).state, 'archived');
   });
 
   test('bad options: a ValidationError naming the option', async () => {
