@@ -92,25 +92,26 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.task_event(text, text, text, text, integer
 
 -- Sends events (task_event()'s, in order) on <schema>_events as JSON arrays,
 -- as few notifications as NOTIFY's 8,000-byte payload allows: one per claim or
--- completion batch, not one per task (a notification per task, each queued,
--- delivered and parsed, cost a watched drain a fifth of its speed). Called
--- only with events to send, and only while someone watches.
+-- completion batch rather than one per task, each queued, delivered and parsed
+-- by every watcher. Called only with events to send, and only while someone
+-- watches; only by the owner's functions, whose search_path is pinned (a SET of
+-- its own would cost each call).
 CREATE FUNCTION {{schema}}.send_task_events(events json[]) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   channel constant text := {{schema}}.task_channel('_events');
   chunk text := '';
   e text;
 BEGIN
   FOREACH e IN ARRAY events::text[] LOOP
-    IF chunk <> '' AND octet_length(chunk) + octet_length(e) > 7900 THEN
-      PERFORM pg_notify(channel, '[' || chunk || ']');
+    IF chunk <> '' AND pg_catalog.octet_length(chunk) + pg_catalog.octet_length(e) > 7900 THEN
+      PERFORM pg_catalog.pg_notify(channel, '[' || chunk || ']');
       chunk := '';
     END IF;
     chunk := CASE WHEN chunk = '' THEN e ELSE chunk || ',' || e END;
   END LOOP;
   IF chunk <> '' THEN
-    PERFORM pg_notify(channel, '[' || chunk || ']');
+    PERFORM pg_catalog.pg_notify(channel, '[' || chunk || ']');
   END IF;
 END
 $$;
@@ -247,6 +248,8 @@ DECLARE
   -- claim, planned anew each time, cost 150 µs): while none is, nothing below reads or sends an event.
   v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
   n integer;
+  done bigint[];
+  events json[];
   ended jsonb;
 BEGIN
   IF logs IS NOT NULL THEN
@@ -271,9 +274,35 @@ BEGIN
     )
     SELECT d.seq FROM deleted d;
     GET DIAGNOSTICS n = ROW_COUNT;
-    IF n = cardinality(seqs) THEN
-      RETURN;
+  ELSIF NOT coalesce(true = ANY(keeps), false) THEN
+    -- The same while someone watches, with the 'completed' events of the tasks it deletes
+    -- (a statement of its own: in the one above, even switched off, they cost its planning).
+    WITH deleted AS (
+      DELETE FROM {{schema}}.task_states s
+      WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int] AND NOT s.awaited
+      RETURNING s.seq, s.retried
+    ),
+    inputs AS (
+      DELETE FROM {{schema}}.task_inputs i WHERE i.seq = ANY(ARRAY(SELECT d.seq FROM deleted d))
+      RETURNING i.seq, i.queue, i.id, i.type, i.unique_key
+    ),
+    unlocked AS (
+      DELETE FROM {{schema}}.unique_locks l USING inputs f
+      WHERE f.unique_key IS NOT NULL AND l.queue = f.queue AND l.key = f.unique_key AND l.task_id = f.id
+    )
+    SELECT coalesce(array_agg(d.seq), '{}'),
+           array_agg({{schema}}.task_event('completed', f.queue, f.id, f.type, d.retried + 1, v_now, NULL, NULL) ORDER BY d.seq)
+             FILTER (WHERE f.queue = ANY (v_watching) OR '' = ANY (v_watching))
+    INTO done, events
+    FROM deleted d JOIN inputs f ON f.seq = d.seq;
+    IF events IS NOT NULL THEN
+      PERFORM {{schema}}.send_task_events(events);
     END IF;
+    RETURN QUERY SELECT unnest(done);
+    n := cardinality(done);
+  END IF;
+  IF n = cardinality(seqs) THEN
+    RETURN;
   END IF;
   WITH h AS MATERIALIZED (
     SELECT s.seq, keeps[(v_at ->> s.seq::text)::int] OR s.awaited AS keep, s.awaited, s.retried, s.lease_owner, s.started_at,

@@ -22,29 +22,27 @@ export const STATES = ['active', 'pending', 'waiting', 'aggregating', 'scheduled
 /** What `--json` prints for an action the Inspector answers with nothing (void). */
 export const OK = { ok: true } as const;
 
-/** Runs `fn` with an Inspector on the configured database and schema, and closes it. */
-export async function withInspector<T>(ctx: CliContext, fn: (inspector: Inspector) => Promise<T>): Promise<T> {
-  const conn = ctx.connection();
-  const { Inspector } = await import('../inspector.js');
-  const inspector = new Inspector(conn);
+/** Runs `fn` with what `open` makes on the configured database and schema, and closes it. */
+async function withOpened<R extends { close(): Promise<void> }, T>(
+  ctx: CliContext,
+  open: (conn: ReturnType<CliContext['connection']>) => Promise<R>,
+  fn: (opened: R) => Promise<T>,
+): Promise<T> {
+  const opened = await open(ctx.connection());
   try {
-    return await fn(inspector);
+    return await fn(opened);
   } finally {
-    await inspector.close().catch(() => {});
+    await opened.close().catch(() => {});
   }
 }
 
-/** Runs `fn` with a Client on the configured database and schema (as withInspector), and closes it. */
-export async function withClient<T>(ctx: CliContext, fn: (client: Client) => Promise<T>): Promise<T> {
-  const conn = ctx.connection();
-  const { Client } = await import('../client.js');
-  const client = new Client(conn);
-  try {
-    return await fn(client);
-  } finally {
-    await client.close().catch(() => {});
-  }
-}
+/** Runs `fn` with an Inspector on the configured database and schema, and closes it. */
+export const withInspector = <T>(ctx: CliContext, fn: (inspector: Inspector) => Promise<T>): Promise<T> =>
+  withOpened(ctx, async (conn) => new (await import('../inspector.js')).Inspector(conn), fn);
+
+/** Runs `fn` with a Client on the configured database and schema, and closes it. */
+export const withClient = <T>(ctx: CliContext, fn: (client: Client) => Promise<T>): Promise<T> =>
+  withOpened(ctx, async (conn) => new (await import('../client.js')).Client(conn), fn);
 
 /**
  * An option parser for a duration as `queue limit --rate` and cron's `@every`
