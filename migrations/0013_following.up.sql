@@ -94,10 +94,9 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.task_event(text, text, text, text, integer
 -- as few notifications as NOTIFY's 8,000-byte payload allows: one per claim or
 -- completion batch rather than one per task, each queued, delivered and parsed
 -- by every watcher. Called only with events to send, and only while someone
--- watches; only by the owner's functions, whose search_path is pinned (a SET of
--- its own would cost each call).
+-- watches, by the owner's functions.
 CREATE FUNCTION {{schema}}.send_task_events(events json[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   channel constant text := {{schema}}.task_channel('_events');
   chunk text := '';

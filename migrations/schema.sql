@@ -1963,6 +1963,7 @@ REVOKE EXECUTE ON FUNCTION {{schema}}.send_events(ended jsonb, now_at timestamp 
 CREATE OR REPLACE FUNCTION {{schema}}.send_task_events(events json[])
  RETURNS void
  LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
   channel constant text := {{schema}}.task_channel('_events');
