@@ -56,9 +56,13 @@ export function parseEvents(payload: string): TaskEvent[] {
   return list.map(toEvent).filter((e) => e !== undefined);
 }
 
+/** An event's fields in the order of its array form (0016); schemas before it send objects. */
+const EVENT_FIELDS = ['kind', 'queue', 'id', 'type', 'attempt', 'at', 'error', 'progress'] as const;
+
 function toEvent(e: unknown): TaskEvent | undefined {
   if (typeof e !== 'object' || e === null) return undefined;
-  const { kind, queue, id, type, attempt, at, error, progress } = e as Record<string, unknown>;
+  const fields: readonly unknown[] = Array.isArray(e) ? (e as unknown[]) : EVENT_FIELDS.map((name) => (e as Record<string, unknown>)[name]);
+  const [kind, queue, id, type, attempt, at, error, progress] = fields;
   if (!KINDS.includes(kind as TaskEvent['kind']) || typeof queue !== 'string' || typeof id !== 'string' || typeof type !== 'string') return undefined;
   const when = typeof at === 'string' ? new Date(at) : undefined;
   if (typeof attempt !== 'number' || when === undefined || Number.isNaN(when.getTime())) return undefined;

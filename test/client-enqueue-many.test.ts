@@ -4,6 +4,7 @@
  */
 import { describe } from 'node:test';
 import assert from 'node:assert/strict';
+import pg from 'pg';
 import { DuplicateTaskError, Task, TaskIdConflictError, ValidationError, type EnqueueOptions } from '../src/index.js';
 import { caught, test } from './helpers.js';
 import { setupClient } from './client-kit.js';
@@ -153,5 +154,50 @@ describe('enqueueMany', () => {
     assert.equal((e2 as ValidationError).field, 'processAt');
     const e3 = await allOrNothing([new Task('aon:ok', null, { queue: 'aon_new_3' })], ValidationError, { maxRetries: 3 } as any);
     assert.equal((e3 as ValidationError).field, 'options.maxRetries');
+  });
+});
+
+describe('what an enqueue reads', () => {
+  /** In a session of its own (a backend's counts not yet flushed show in pg_stat_xact_* too), the enqueues' seq scans of the task tables. */
+  async function seqScans(calls: object[][]): Promise<[string, string][]> {
+    const conn = new pg.Client({ connectionString: db.connectionString });
+    await conn.connect();
+    try {
+      await conn.query('BEGIN');
+      for (const rows of calls) await conn.query(`SELECT * FROM "${db.schema}".enqueue_tasks($1::json, now(), false)`, [JSON.stringify(rows)]);
+      // pg_stat_xact_user_tables: this transaction's own scans, counted as they run.
+      const { rows } = await conn.query<{ name: string; n: string }>(
+        `SELECT relname AS name, seq_scan::text AS n FROM pg_stat_xact_user_tables
+         WHERE schemaname = $1 AND relname IN ('task_states', 'task_inputs', 'unique_locks') ORDER BY 1`,
+        [db.schema],
+      );
+      return rows.map((r) => [r.name, r.n]);
+    } finally {
+      await conn.query('ROLLBACK');
+      await conn.end();
+    }
+  }
+  const none = [
+    ['task_inputs', '0'],
+    ['task_states', '0'],
+    ['unique_locks', '0'],
+  ];
+  const row = { q: 'scan', t: 'scan:t', m: 1, to: 1000 };
+
+  test('no table is read whole: the stored tasks and unique locks only by key, with or without a unique key or a dependency', async () => {
+    // A generic plan read task_states from its start (a hash join) at every enqueue: through
+    // every dead row a held transaction kept there (W8, issue 30).
+    await client.enqueueMany(Array.from({ length: 50 }, (_, i) => new Task('scan:seed', { i }, { queue: 'scan' })));
+    // Planned in a new session on tables never analyzed (as on a new schema): a plain enqueue reads none.
+    assert.deepEqual(await seqScans([[{ ...row, i: 'scan-0' }]]), none);
+    // With enough rows, analyzed, that reading a table whole is not the planner's cheapest choice:
+    // no kind of enqueue reads one whole.
+    await client.enqueueMany(Array.from({ length: 5_000 }, (_, i) => new Task('scan:seed', { i }, { queue: 'scan', unique: 60_000 })));
+    await client.enqueue(new Task('scan:dep', null), { queue: 'scan', taskId: 'scan-dep' });
+    await db.query('ANALYZE {{schema}}.task_states; ANALYZE {{schema}}.task_inputs; ANALYZE {{schema}}.unique_locks');
+    assert.deepEqual(
+      await seqScans([[{ ...row, i: 'scan-1' }], [{ ...row, i: 'scan-2', u: 'k', ut: 60_000 }], [{ ...row, i: 'scan-3', dp: [['scan', 'scan-dep']] }]]),
+      none,
+    );
   });
 });

@@ -163,25 +163,25 @@ describe('NOTIFY', () => {
 describe('durability of an acknowledged enqueue', () => {
   test("a Client's own pool commits with synchronous_commit on whatever PGOPTIONS says (and keeps the rest of it); a pool of yours keeps its settings", async () => {
     // A trigger notes the settings of the session that inserts each task: the enqueue's own.
-    await db.query(`CREATE TABLE {{schema}}.commit_settings (id text, synchronous_commit text, work_mem text);
+    await db.query(`CREATE TABLE {{schema}}.commit_settings (id text, synchronous_commit text, lock_timeout text);
       CREATE FUNCTION {{schema}}.note_commit_settings() RETURNS trigger LANGUAGE plpgsql AS $$
       BEGIN
-        INSERT INTO ${`"${db.schema}"`}.commit_settings VALUES (NEW.id, current_setting('synchronous_commit'), current_setting('work_mem'));
+        INSERT INTO ${`"${db.schema}"`}.commit_settings VALUES (NEW.id, current_setting('synchronous_commit'), current_setting('lock_timeout'));
         RETURN NEW;
       END $$;
       CREATE TRIGGER note_commit_settings AFTER INSERT ON {{schema}}.task_inputs FOR EACH ROW EXECUTE FUNCTION {{schema}}.note_commit_settings()`);
     const saved = process.env.PGOPTIONS;
-    process.env.PGOPTIONS = '-c synchronous_commit=off -c work_mem=12345kB';
+    process.env.PGOPTIONS = '-c synchronous_commit=off -c lock_timeout=12345ms';
     const own = new Client({ connectionString: db.connectionString, schema: db.schema });
     const yours = new pg.Pool({ connectionString: db.connectionString, max: 1 });
     const onYours = new Client({ pool: yours, schema: db.schema });
     try {
       const a = await own.enqueue(new Task('durable:own'));
       const b = await onYours.enqueue(new Task('durable:yours'));
-      const rows = await db.query<{ id: string; synchronous_commit: string; work_mem: string }>('SELECT * FROM {{schema}}.commit_settings');
+      const rows = await db.query<{ id: string; synchronous_commit: string; lock_timeout: string }>('SELECT * FROM {{schema}}.commit_settings');
       const by = new Map(rows.map((r) => [r.id, r]));
       assert.equal(by.get(a.id)?.synchronous_commit, 'on', "the Client's own session waits for the WAL flush");
-      assert.equal(by.get(a.id)?.work_mem, '12345kB', 'the rest of PGOPTIONS is kept');
+      assert.equal(by.get(a.id)?.lock_timeout, '12345ms', 'the rest of PGOPTIONS is kept');
       assert.equal(by.get(b.id)?.synchronous_commit, 'off', 'a pool of yours keeps its own settings');
     } finally {
       if (saved === undefined) delete process.env.PGOPTIONS;

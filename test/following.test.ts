@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
+import pg from 'pg';
 import { LeaseExpiredError, Snooze, SkipRetry, Task, ValidationError, type TaskContext } from '../src/index.js';
 import { MAX_ATTEMPTS_KEPT, MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_LINES, MAX_PROGRESS_BYTES, logLine, progressJson } from '../src/model/following.js';
 import { caught, deferred, exited, setupDb, spawnFixture, test, waitFor } from './helpers.js';
@@ -206,6 +207,52 @@ describe('progress and logs', () => {
     await client.enqueue(new Task('t', null), { taskId: 'hb' });
     await waitFor(async () => (await inspector.getTaskLogs('default', 'hb')).length === 1, 20_000, 'the line, before the task ends');
     hold.resolve();
+  });
+
+  test('the last lines, taken by a heartbeat as the handler returned, are kept: the completion waits for that heartbeat', async () => {
+    // Another session holds task_logs, so that the heartbeat carrying the line is held up
+    // before its statement reads the task; without the wait, the completion would commit
+    // first and the heartbeat, finding the task no longer active, would drop the line.
+    const locker = new pg.Client({ connectionString: db.connectionString });
+    await locker.connect();
+    try {
+      const [running, log, finish] = [deferred(), deferred(), deferred()];
+      await startServer(
+        async (_task, ctx) => {
+          running.resolve();
+          await log.promise;
+          ctx.log('last');
+          await finish.promise;
+        },
+        { heartbeatInterval: 50, leaseDuration: 10_000 },
+      );
+      await client.enqueue(new Task('t', null), { taskId: 'hb-last', retention: 60_000 });
+      await running.promise;
+      await locker.query('BEGIN');
+      await locker.query(`LOCK TABLE ${db.schema}.task_logs IN EXCLUSIVE MODE`);
+      log.resolve();
+      // (pg_stat_activity may show a session's previous statement: its prepared ones are parsed ahead.)
+      const heldUp = `SELECT 1 FROM pg_locks WHERE relation = '${db.schema}.task_logs'::regclass AND NOT granted`;
+      await waitFor(async () => (await locker.query(heldUp)).rowCount === 1, 20_000, 'a heartbeat held up by the lock');
+      finish.resolve();
+      const completedMeanwhile = await waitFor(
+        async () => (await inspector.getTaskInfo('default', 'hb-last')).state === 'completed',
+        500,
+        'completed while the heartbeat was held up',
+      ).then(
+        () => true,
+        () => false,
+      );
+      assert.equal(completedMeanwhile, false, 'the completion waited for the heartbeat that carried the last line');
+      await locker.query('COMMIT');
+      await until('default', 'hb-last', 'completed');
+      assert.deepEqual(
+        (await inspector.getTaskLogs('default', 'hb-last')).map((l) => l.message),
+        ['last'],
+      );
+    } finally {
+      await locker.end();
+    }
   });
 
   test('bad values: a ValidationError naming the field, nothing written; a lost lease refuses both', async () => {

@@ -85,6 +85,9 @@ export const MIGRATIONS = [
   '0011_clock_seam',
   '0012_transitions',
   '0013_following',
+  '0014_hot_path_v3',
+  '0015_bulk_enqueue',
+  '0016_watch_events',
 ];
 
 /**

@@ -170,4 +170,17 @@ describe('database clock (tests move it instead of sleeping)', () => {
     // Real time still counts: a timer of 1 ms fires without an advance.
     await new Promise<void>((resolve) => clock.setTimeout(resolve, 1));
   });
+
+  test('timers due in one millisecond share a Node timer: each fires once, a cancelled one never, the others still', async () => {
+    const clock = new DatabaseClock();
+    // A claim's leases: one due time, one Node timer, each fired once, a cancelled one never.
+    const fired: number[] = [];
+    const timers = Array.from({ length: 100 }, (_, i) => clock.setTimeout(() => fired.push(i), 5));
+    timers[7]!.cancel();
+    await new Promise<void>((resolve) => clock.setTimeout(resolve, 20));
+    assert.deepEqual(
+      fired,
+      [...Array(100).keys()].filter((i) => i !== 7),
+    );
+  });
 });

@@ -97,6 +97,48 @@ describe('fencing', () => {
   });
 });
 
+describe('heartbeat', () => {
+  test('an extension never waits for a row lock: a row another transaction holds is busy, neither extended nor lost', { timeout: 30_000 }, async () => {
+    await reset();
+    await client.enqueueMany([new Task('h', null, { taskId: 'free' }), new Task('h', null, { taskId: 'held' })]);
+    const rows = await claim(broker, ['default'], 10, 'server-a', 30_000);
+    const lease = (id: string) => {
+      const r = rows.find((x) => x.id === id)!;
+      return { queue: 'default', id, seq: r.seq, token: r.lease_token };
+    };
+    const before = (await taskRow('held')).lease_expires_at;
+    // Another transaction holds one row (a completion batch under way, an admin's write).
+    const holder = await broker.pool.connect();
+    // The extension's session may not wait for a lock: waiting for the held row would be an error, not a delay.
+    const pool = noLockWaitPool();
+    const noWait = new Db({ pool, schema: db.schema });
+    try {
+      await holder.query('BEGIN');
+      await holder.query(`SELECT 1 FROM "${db.schema}".task_states WHERE seq = $1 FOR UPDATE`, [lease('held').seq]);
+      const extended = await extendLeases(noWait, [lease('free'), lease('held')], 60_000);
+      assert.deepEqual(
+        extended.map((e) => [e.lease.id, e.cancelRequested]),
+        [
+          ['free', false],
+          ['held', null],
+        ],
+      );
+      await holder.query('COMMIT');
+    } finally {
+      holder.release();
+      await noWait.close();
+      await pool.end();
+    }
+    assert.deepEqual((await taskRow('held')).lease_expires_at, before, 'the held row was not extended');
+    // Once the lock is gone, the next extension takes it as any other.
+    assert.deepEqual(
+      (await extendLeases(broker, [lease('held')], 60_000)).map((e) => e.cancelRequested),
+      [false],
+    );
+    assert.ok((await taskRow('held')).lease_expires_at > before);
+  });
+});
+
 describe('recoverer', () => {
   test('boundaries: just past the cutoff is recovered, just short of it is not', { timeout: 30_000 }, async () => {
     await reset();

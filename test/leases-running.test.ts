@@ -286,10 +286,13 @@ describe('ctx.transaction', () => {
   test('a user error inside the transaction rolls it back and fails the task', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('charge'), { maxRetry: 0 });
+    // A lease of 5 s: inside ctx.transaction the heartbeats skip the task (its row is locked), so with the file's
+    // 1 s lease (trusted 667 ms) a loaded machine's slow transaction gave the lease up before the failure was written.
     const server = await startServer(
       recordsEffect('a', () => {
         throw new Error('card declined');
       }),
+      { leaseDuration: 5000, heartbeatInterval: 500 },
     );
     await waitFor(async () => (await taskRow(info.id))?.state === 'archived');
     assert.equal((await taskRow(info.id)).error_msg, 'card declined');

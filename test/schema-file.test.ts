@@ -91,3 +91,12 @@ test('every place in the pending order is drawn by task_position(), which takes 
     'tasks_write',
   ]);
 });
+
+test('a function planned once (a generic plan) never compiles with JIT', () => {
+  // A generic plan's estimates (a CTE's guessed 1,000 rows, a disabled join's price) can pass
+  // jit_above_cost, and every call then compiled: 1 s a claim, 80 ms an enqueue (0014, 0015).
+  const generic = functions.filter(([, text]) => /SET plan_cache_mode TO 'force_generic_plan'/.test(text)).map(([name]) => name);
+  assert.ok(generic.includes('claim_tasks') && generic.includes('enqueue_tasks'), `found: ${generic.join(', ')}`);
+  const compiling = functions.filter(([name, text]) => generic.includes(name) && !/SET jit TO 'off'/.test(text)).map(([name]) => name);
+  assert.deepEqual(compiling, []);
+});

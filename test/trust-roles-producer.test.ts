@@ -107,6 +107,24 @@ describe('a producer writes tasks only through the library', () => {
       );
       assert.equal(e2.column, column);
     }
+    // enqueue_tasks() checks each row as it reads it, in the statement that writes them (0015):
+    // a bad third row, after two good ones (one holding a unique key), leaves nothing either.
+    const locksBefore = (await db.query('SELECT count(*)::int AS n FROM {{schema}}.unique_locks'))[0]!.n as number;
+    const mixed = JSON.stringify([
+      { ...row, i: 'ok1', u: 'k1', ut: 60_000 },
+      { ...row, i: 'ok2' },
+      { ...row, i: 'bad3', pr: 1000 },
+    ]);
+    const e3 = await refused(as('producer', 'SELECT * FROM {{S}}.enqueue_tasks($1::json, now(), false)', [mixed]), 'a bad third row', '22023');
+    assert.equal(e3.column, 'priority');
+    // With dependencies, the rows are checked before their dependencies are read from them.
+    const deps = JSON.stringify([
+      { ...row, i: 'ok4', dp: [['tenant', 'dep']] },
+      { ...row, i: 'bad5', dp: { not: 'an array' } },
+    ]);
+    const e4 = await refused(as('producer', 'SELECT * FROM {{S}}.enqueue_tasks($1::json, now(), false)', [deps]), 'dependsOn not an array', '22023');
+    assert.equal(e4.column, 'dependsOn');
+    assert.equal((await db.query('SELECT count(*)::int AS n FROM {{schema}}.unique_locks'))[0]!.n, locksBefore, 'no unique lock left');
     assert.equal((await db.query('SELECT count(*)::int AS n FROM {{schema}}.tasks'))[0]!.n, before, 'nothing written');
     // The review's replace: another tenant's scheduled task rewritten with a control-character type.
     const tasks = JSON.stringify([{ i: 'dep', q: 'tenant', t: '\u001b]0;x\u0007', m: 1_000_000, to: -5, pr: 100 }]);

@@ -85,7 +85,8 @@ describe("a worker writes tasks only through the owner's functions", () => {
       concurrency: 4,
       taskCheckInterval: 50,
       delayedTaskCheckInterval: 50,
-      leaseDuration: 600,
+      // Trusted 1 s after each extension: a loaded CI machine stalled 400 ms (a 600 ms lease) often enough to lose it.
+      leaseDuration: 1500,
       heartbeatInterval: 50,
       shutdownTimeout: 300,
       retryDelay: () => 10,
@@ -104,7 +105,7 @@ describe("a worker writes tasks only through the owner's functions", () => {
         }
         if (ctx.taskId === 'hold') {
           holding.resolve();
-          // Past two lease lengths: only the heartbeats keep it, until shutdown gives it back.
+          // Past its lease length: only the heartbeats keep it, until shutdown gives it back.
           await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve));
           throw ctx.signal.reason;
         }
@@ -115,7 +116,7 @@ describe("a worker writes tasks only through the owner's functions", () => {
       await producer.enqueueMany(['kept', 'fails', 'snoozes', 'tx', 'hold'].map((id) => new Task('w', null, { queue: 'work', taskId: id, retention: 60_000 })));
       await holding.promise;
       await waitFor(async () => (await db.query("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'completed'"))[0]!.n === 4, 20_000);
-      await new Promise((resolve) => setTimeout(resolve, 1300));
+      await new Promise((resolve) => setTimeout(resolve, 1700));
       assert.equal((await db.query("SELECT state FROM {{schema}}.tasks WHERE id = 'hold'"))[0]!.state, 'active', 'heartbeats kept the lease');
     } finally {
       await server.shutdown();
@@ -137,13 +138,20 @@ describe("a worker writes tasks only through the owner's functions", () => {
       `SELECT i.id, array_agg(a.outcome ORDER BY a.run) AS outcomes FROM {{schema}}.task_attempts a JOIN {{schema}}.task_inputs i USING (seq)
        GROUP BY i.id ORDER BY i.id`,
     );
-    assert.deepEqual(attempts, [
-      { id: 'fails', outcomes: ['failed', 'completed'] },
-      { id: 'hold', outcomes: ['shutdown'] },
-      { id: 'kept', outcomes: ['completed'] },
-      { id: 'snoozes', outcomes: ['snoozed', 'completed'] },
-      { id: 'tx', outcomes: ['completed'] },
-    ]);
+    // 'hold' may also have been given back once before it ran (a shutdown run too): claimed
+    // ahead of a free slot, its lease's trust can run out on a loaded machine before it starts.
+    const hold = attempts.find((a) => a.id === 'hold')!;
+    assert.ok(hold.outcomes.length >= 1 && hold.outcomes.every((o) => o === 'shutdown'), `hold: ${hold.outcomes.join(', ')}`);
+    assert.deepEqual(
+      attempts.map((a) => (a.id === 'hold' ? { ...a, outcomes: ['shutdown'] } : a)),
+      [
+        { id: 'fails', outcomes: ['failed', 'completed'] },
+        { id: 'hold', outcomes: ['shutdown'] },
+        { id: 'kept', outcomes: ['completed'] },
+        { id: 'snoozes', outcomes: ['snoozed', 'completed'] },
+        { id: 'tx', outcomes: ['completed'] },
+      ],
+    );
     const kept = await db.query(
       "SELECT t.progress, (SELECT array_agg(l.message ORDER BY l.line) FROM {{schema}}.task_logs l WHERE l.seq = t.seq) AS lines FROM {{schema}}.tasks t WHERE t.id = 'kept'",
     );

@@ -84,11 +84,44 @@ describe('watch', () => {
   });
 
   test('a notification carries an array of events; what is not an event is left out', async () => {
+    // An event is an array since 0016, an object before it (a schema migrated down): both are read.
     const failed = { kind: 'failed', queue: 'q', id: 'i', type: 't', attempt: 2, at: '2026-01-01T00:00:00Z', error: 'e' };
-    for (const bad of ['', 'x', '[]', 'null', '{}', JSON.stringify(failed), '[{"kind":"started"}]', '[null, 1, "x"]']) {
+    const asArray = ['failed', 'q', 'i', 't', 2, '2026-01-01T00:00:00Z', 'e', null];
+    const started = ['started', 'q', 'j', 't', 1, '2026-01-01T00:00:01Z'];
+    for (const bad of [
+      '',
+      'x',
+      '[]',
+      'null',
+      '{}',
+      JSON.stringify(failed),
+      JSON.stringify(asArray),
+      '[{"kind":"started"}]',
+      '[null, 1, "x"]',
+      '[[]]',
+      '[["started"]]',
+    ]) {
       assert.deepEqual(parseEvents(bad), [], bad);
     }
-    assert.deepEqual(parseEvents(JSON.stringify([{ ...failed, kind: 'nope' }, failed, { ...failed, attempt: '2' }])), [{ ...failed, at: new Date(failed.at) }]);
+    const expected = { ...failed, at: new Date(failed.at) };
+    assert.deepEqual(parseEvents(JSON.stringify([{ ...failed, kind: 'nope' }, failed, { ...failed, attempt: '2' }])), [expected]);
+    assert.deepEqual(
+      parseEvents(
+        JSON.stringify([
+          ['nope', ...asArray.slice(1)],
+          asArray,
+          started,
+          [...started.slice(0, 4), '1', started[5]],
+          [...started.slice(0, 5), 'not a time'],
+          [...started, null, { done: 3 }],
+        ]),
+      ),
+      [
+        expected,
+        { kind: 'started', queue: 'q', id: 'j', type: 't', attempt: 1, at: new Date('2026-01-01T00:00:01Z') },
+        { kind: 'started', queue: 'q', id: 'j', type: 't', attempt: 1, at: new Date('2026-01-01T00:00:01Z'), progress: { done: 3 } },
+      ],
+    );
   });
 
   test('a batch of events wider than one notification arrives whole and in order, each notification under 8,000 bytes', async () => {

@@ -113,7 +113,8 @@ export async function claimFrom(
     undefined,
     'claim',
   );
-  const first = result[0]!;
+  // The claim's own fields ride on one row of their own, whose seq is null.
+  const first = result.find((r) => r.seq === null)!;
   const mark = {
     drawn: BigInt(first.drawn),
     xid: BigInt(first.xid),

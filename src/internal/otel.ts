@@ -94,10 +94,11 @@ function activeTracer(otel: Otel): Api.Tracer | undefined {
 
 /**
  * @internal `traced(t)` when tracing is on, else `untraced()`. The first call waits
- * for the API's import; the later ones decide at once.
+ * for the API's import; the later ones decide at once, and call straight
+ * through (no async frame of its own: this runs once per task).
  */
-export async function withTracing<T>(untraced: () => Promise<T>, traced: (t: Tracing) => Promise<T>): Promise<T> {
-  if (api === undefined) await load();
+export function withTracing<T>(untraced: () => Promise<T>, traced: (t: Tracing) => Promise<T>): Promise<T> {
+  if (api === undefined) return load().then(() => withTracing(untraced, traced));
   const tracer = api ? activeTracer(api) : undefined;
   return tracer ? traced({ otel: api!, tracer }) : untraced();
 }

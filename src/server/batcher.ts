@@ -4,10 +4,20 @@
  * statement per batch; when idle an item is flushed on the next turn of the
  * event loop, so it adds no latency.
  */
+
+/** The items of one flush and the promise its callers share (one per batch, not one per item: this runs for every task). */
+interface Batch<T, R> {
+  items: T[];
+  done: Promise<R>;
+  resolve: (r: R) => void;
+  reject: (e: unknown) => void;
+}
+
 export class Batcher<T, R> {
   readonly #flush: (items: T[]) => Promise<R>;
   readonly #maxBatch: number;
-  #pending: { item: T; resolve: (r: R) => void; reject: (e: unknown) => void }[] = [];
+  /** Waiting for a flush, in order; only the last one takes new items. */
+  #pending: Batch<T, R>[] = [];
   #flushing = false;
   #scheduled = false;
   #idle: (() => void)[] = [];
@@ -19,10 +29,22 @@ export class Batcher<T, R> {
 
   /** Resolves with the result of the flush that carried `item`. */
   add(item: T): Promise<R> {
-    return new Promise<R>((resolve, reject) => {
-      this.#pending.push({ item, resolve, reject });
-      this.#schedule();
-    });
+    let batch = this.#pending.at(-1);
+    if (batch === undefined || batch.items.length >= this.#maxBatch) {
+      let resolve!: (r: R) => void;
+      let reject!: (e: unknown) => void;
+      const done = new Promise<R>((res, rej) => {
+        resolve = res;
+        reject = rej;
+      });
+      // A batch whose flush failed rejects every caller's await; none is left unhandled.
+      done.catch(() => {});
+      batch = { items: [], done, resolve, reject };
+      this.#pending.push(batch);
+    }
+    batch.items.push(item);
+    this.#schedule();
+    return batch.done;
   }
 
   /** Resolves once every added item was flushed. */
@@ -43,13 +65,11 @@ export class Batcher<T, R> {
   async #run(): Promise<void> {
     if (this.#flushing) return;
     this.#flushing = true;
-    while (this.#pending.length > 0) {
-      const batch = this.#pending.splice(0, this.#maxBatch);
+    for (let batch = this.#pending.shift(); batch !== undefined; batch = this.#pending.shift()) {
       try {
-        const result = await this.#flush(batch.map((b) => b.item));
-        for (const b of batch) b.resolve(result);
+        batch.resolve(await this.#flush(batch.items));
       } catch (err) {
-        for (const b of batch) b.reject(err);
+        batch.reject(err);
       }
     }
     this.#flushing = false;

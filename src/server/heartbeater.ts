@@ -116,9 +116,11 @@ export class Heartbeater {
       const sentAt = this.#db.clock.now();
       // Each lease's log lines ride along; a beat that fails puts them back for the next write.
       const items = held.map((lease) => ({ ...leaseKey(lease), lines: lease.takeLogs(), lease }));
-      let extended: { lease: (typeof items)[number]; cancelRequested: boolean }[];
+      let extended: { lease: (typeof items)[number]; cancelRequested: boolean | null }[];
+      const write = extendLeases(this.#db, items, this.#leaseDuration);
+      for (const item of items) if (item.lines !== undefined) item.lease.carriesLogs(write);
       try {
-        extended = await extendLeases(this.#db, items, this.#leaseDuration);
+        extended = await write;
       } catch (err) {
         for (const item of items) item.lease.putBackLogs(item.lines);
         throw err;
@@ -131,6 +133,8 @@ export class Heartbeater {
           if (lease.missed()) lost++;
           continue;
         }
+        // Its row is locked by another transaction: neither extended nor lost; its trust keeps running.
+        if (cancelRequested === null) continue;
         lease.extended(sentAt);
         if (cancelRequested) lease.abort(new TaskCanceledError());
       }

@@ -47,6 +47,8 @@ export class Lease implements LeaseKey {
   readonly #clock: DatabaseClock;
   /** ctx.log()'s lines that no write has carried yet; made at the first line (most handlers log none). */
   #logs: LogBuffer | undefined;
+  /** Settles once every write that carries lines of this lease and leaves the task active has ended. */
+  #linesLanding: Promise<void> | undefined;
 
   /** `claimSentAt`: when the claim was sent, on `clock` (its now()). */
   constructor(key: LeaseKey, trustMs: number, claimSentAt: number, clock: DatabaseClock) {
@@ -82,6 +84,30 @@ export class Lease implements LeaseKey {
   /** The lines for the write about to be sent; undefined when there are none. */
   takeLogs(): LogLines | undefined {
     return this.#logs?.take();
+  }
+
+  /**
+   * `write` carries lines takeLogs() gave it and leaves the task active (a
+   * heartbeat, ctx.progress(), ctx.writeResult()): the write that ends the
+   * attempt waits for it (linesLanding). The database keeps the lines of an
+   * active task only, and a heartbeat that took the last lines just before
+   * the handler returned could otherwise reach it after the completion.
+   */
+  carriesLogs(write: Promise<unknown>): void {
+    const ended = write.then(
+      () => {},
+      () => {},
+    );
+    const earlier = this.#linesLanding;
+    const landing: Promise<void> = (earlier ? Promise.all([earlier, ended]) : ended).then(() => {
+      if (this.#linesLanding === landing) this.#linesLanding = undefined;
+    });
+    this.#linesLanding = landing;
+  }
+
+  /** Settles when the writes carriesLogs() was given have ended; undefined when none is under way (the common case: no await). */
+  get linesLanding(): Promise<void> | undefined {
+    return this.#linesLanding;
   }
 
   /** Lines a failed write took: sent again with the next one. */

@@ -102,6 +102,9 @@ export class Outcomes {
         this.#logger.error({ err }, 'errorHandler threw');
       }
     }
+    // The writes that carry earlier lines land first (see Lease.carriesLogs).
+    const landing = lease.linesLanding;
+    if (landing) await landing;
     if (lease.lost) {
       this.#counters.leasesLost++;
       this.#logger.warn({ task: taskFields(row) }, 'lease lost; the outcome of this attempt is dropped');
@@ -123,7 +126,8 @@ export class Outcomes {
     }
     if (!error || isRevokeTask(error)) {
       // RevokeTask is asynq's markAsDone: counted as processed, deleted even with retention.
-      const item = { ...leaseKey(lease), lines, keep: !error && row.retention_ms > 0 };
+      // Spelt out rather than spread from leaseKey(): this runs for every task.
+      const item: Completion = { queue: lease.queue, id: lease.id, seq: lease.seq, token: lease.token, lines, keep: !error && row.retention_ms > 0 };
       if (await this.#write(lease, 'complete', () => this.#completer.add(item))) {
         this.#stats.processed(queue);
       }

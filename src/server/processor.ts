@@ -51,6 +51,9 @@ export interface ProcessorConfig extends OutcomePolicies {
   heartbeatInterval: number;
 }
 
+/** A handler that returned: one outcome shared by every such run. */
+const SUCCEEDED: Outcome = Object.freeze({ error: null });
+
 export class Processor {
   /** Leases of the tasks this server runs (held or running), and their counters. */
   readonly #leases: LeaseTable;
@@ -298,18 +301,27 @@ export class Processor {
     return timers;
   }
 
-  /** Runs the handler; resolves with its outcome, or as soon as the signal aborts (asynq does not wait either). */
+  /**
+   * Runs the handler; resolves with its outcome, or as soon as the signal aborts (asynq
+   * does not wait either). Called once per task, so the handler runs at once, with no
+   * promise chain before it.
+   */
   #invoke(task: Task, ctx: TaskContext, lease: Lease): Promise<Outcome> {
     if (lease.abortReason) return Promise.resolve({ error: lease.abortReason });
     return new Promise<Outcome>((resolve) => {
       lease.onAbort((reason) => resolve({ error: reason }));
-      Promise.resolve()
-        .then(() => this.#handler(task, ctx))
-        .then(
-          () => resolve({ error: null }),
-          (thrown: unknown) => resolve({ error: coerceError(thrown) }),
-        )
-        .finally(() => lease.onAbort(undefined));
+      const settle = (outcome: Outcome) => {
+        lease.onAbort(undefined);
+        resolve(outcome);
+      };
+      const failed = (thrown: unknown) => settle({ error: coerceError(thrown) });
+      let running: unknown;
+      try {
+        running = this.#handler(task, ctx);
+      } catch (thrown) {
+        return failed(thrown);
+      }
+      Promise.resolve(running).then(() => settle(SUCCEEDED), failed);
     });
   }
 

@@ -1,0 +1,344 @@
+-- pgasynq 0016: Inspector.watch()'s events, cheaper to send while someone watches.
+-- {{schema}} is replaced by the quoted schema name before this file runs.
+--
+-- * An event is a JSON array, [kind, queue, id, type, attempt, at] (then error and
+--   progress when it has either), instead of an object stripped of its nulls: a
+--   third of the bytes, and 2.5 µs a row to build instead of 9.5 (json_strip_nulls
+--   parsed every object again). Built per task in the claim and the completion batch,
+--   this was most of what one watcher cost a drain. Inspector.watch() reads both forms.
+-- * The claim's 'started' events come from its own RETURNING rows. 0013 sent them from
+--   a second statement, run only while someone watches, that found the rows the claim
+--   had just taken (its queues' active rows of its owner, started now) and read their
+--   inputs again. 0013 kept them out of the claim because there, planned anew on every
+--   call, even switched off they cost each claim 25 µs of planning; since 0014 the
+--   claim is planned once per session, and a one-time filter switches them off while
+--   none watches.
+-- * fail_tasks() and snooze_tasks() lock their rows in seq order before they update
+--   them, as extend_leases(), requeue_tasks() and a completion already do: a heartbeat
+--   and a failure batch of one server deadlocked in the fault suite (F17).
+-- * A heartbeat (extend_leases()) never waits for a row lock: a row another transaction
+--   holds is reported busy, neither extended nor lost. It was one side of every deadlock
+--   F17 found, against completion batches too (their primary key scans lock in seq order,
+--   but not under every plan).
+CREATE OR REPLACE FUNCTION {{schema}}.task_event(kind text, queue text, id text, type text, attempt integer, at timestamptz, error text, progress jsonb)
+RETURNS json
+-- A plain SQL function (no SET, no SECURITY DEFINER, every call qualified), so that the
+-- statements that build events per row inline it.
+LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN error IS NULL AND progress IS NULL
+    THEN pg_catalog.json_build_array(kind, queue, id, type, attempt, at)
+    ELSE pg_catalog.json_build_array(kind, queue, id, type, attempt, at, pg_catalog.left(error, 1000), progress) END
+$$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.claim_tasks(queue_names text[], shares integer[], gap_ords integer[], gap_his integer[], gap_los integer[], band_ords integer[], band_priorities integer[], band_floors bigint[], older_than xid8, claim_limit integer, owner text, lease_ms double precision, max_bytes double precision, shift_ms double precision)
+ RETURNS TABLE(drawn bigint, xid xid8, xmin xid8, drawers_gone boolean, locked bigint, paused text[], limited text[], seq bigint, pending_seq bigint, priority smallint, queue text, id text, type text, payload jsonb, payload_bytes bytea, headers jsonb, retried integer, max_retry integer, timeout_ms double precision, deadline_in_ms double precision, retention_ms double precision, lease_token uuid)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  -- The queues a live watcher covers ('' for a watcher of every queue: no queue is named ''),
+  -- read once per call in this function's own cached plan (a call of an SQL function per
+  -- claim, planned anew each time, cost 150 µs): while none is, nothing below reads or sends an event.
+  v_watching text[] := ARRAY(SELECT DISTINCT coalesce(w.queue, '') FROM {{schema}}.watchers w WHERE w.expires_at > v_now);
+BEGIN
+  PERFORM {{schema}}.check_claim_bounds(claim_limit, lease_ms);
+  RETURN QUERY
+  WITH RECURSIVE mark AS MATERIALIZED (
+    -- A sequence that has handed out nothing yet has drawn nothing.
+    SELECT CASE WHEN q.is_called THEN q.last_value ELSE q.last_value - 1 END AS drawn FROM {{schema}}.task_seq q
+  ),
+  me AS MATERIALIZED (
+    -- The transaction id is taken after the sequence was read (see server/cursor.ts).
+    SELECT m.drawn, pg_current_xact_id() AS xid, pg_snapshot_xmin(pg_current_snapshot()) AS xmin FROM mark m
+  ),
+  -- Drawing a position locks task_seq until the transaction ends: when no holder of
+  -- that lock in this database is older than older_than, every position drawn before
+  -- older_than's claim is committed or gone. Unlike xmin, a long transaction elsewhere
+  -- in the cluster does not hold this up. Live state, not the snapshot: a later
+  -- claim's snapshot is the first that surely sees those commits.
+  drawers AS MATERIALIZED (
+    SELECT NOT EXISTS (
+      SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'relation' AND l.granted
+        AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+        AND l.relation = '{{schema}}.task_seq'::regclass
+        -- A prepared transaction has no backend; a holder without an id has written nothing.
+        AND (a.pid IS NULL OR age(a.backend_xid) > age(older_than::xid))
+    ) AS gone
+    WHERE older_than IS NOT NULL
+  ),
+  q AS MATERIALIZED (
+    SELECT u.name, u.share, u.ord
+    FROM ROWS FROM (unnest(queue_names), unnest(shares)) WITH ORDINALITY AS u(name, share, ord)
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.queues p WHERE p.name = u.name
+                      AND (p.paused OR p.concurrency IS NOT NULL OR p.key_concurrency IS NOT NULL OR p.rate_limit IS NOT NULL))
+  ),
+  -- The bands of each gap between the known ones, highest first: one index descent
+  -- each, and one more that ends the gap.
+  found(ord, name, lo, priority) AS (
+    SELECT g.ord, q.name, g.lo, (
+      SELECT s.priority FROM {{schema}}.task_states s
+      WHERE s.queue = q.name AND s.state = 'pending' AND s.priority < g.hi AND s.priority > g.lo
+      ORDER BY s.priority DESC LIMIT 1)
+    FROM ROWS FROM (unnest(gap_ords), unnest(gap_his), unnest(gap_los)) AS g(ord, hi, lo) JOIN q ON q.ord = g.ord
+    UNION ALL
+    SELECT f.ord, f.name, f.lo, (
+      SELECT s.priority FROM {{schema}}.task_states s
+      WHERE s.queue = f.name AND s.state = 'pending' AND s.priority < f.priority AND s.priority > f.lo
+      ORDER BY s.priority DESC LIMIT 1)
+    FROM found f WHERE f.priority IS NOT NULL
+  ),
+  -- Every band to scan, in the claim's order: by queue, highest priority first.
+  bands AS MATERIALIZED (
+    SELECT b.ord, q.name, b.priority, b.floor FROM (
+      SELECT k.ord, k.priority, k.floor
+      FROM ROWS FROM (unnest(band_ords), unnest(band_priorities), unnest(band_floors)) AS k(ord, priority, floor)
+      UNION ALL
+      -- Below every position: from the head of the band.
+      SELECT f.ord, f.priority, -4611686018427387904::bigint FROM found f WHERE f.priority IS NOT NULL
+    ) b JOIN q ON q.ord = b.ord
+    ORDER BY b.ord, b.priority DESC
+  ),
+  -- Each queue's share first (the weights' proportions within one claim)…
+  shared AS (
+    SELECT c.* FROM q CROSS JOIN LATERAL (
+      SELECT x.* FROM bands b CROSS JOIN LATERAL (
+        SELECT s.ctid, s.seq, s.queue, s.priority, s.pending_seq FROM {{schema}}.task_states s
+        WHERE s.queue = b.name AND s.state = 'pending' AND s.priority = b.priority AND s.pending_seq > b.floor
+          -- Referenced here so that the mark is taken before the first row is locked
+          -- (a row lock assigns the transaction id).
+          AND (SELECT me.xid FROM me) IS NOT NULL
+        ORDER BY s.pending_seq
+        LIMIT q.share FOR UPDATE SKIP LOCKED
+      ) x
+      WHERE b.ord = q.ord
+      LIMIT q.share
+    ) c
+  ),
+  -- …then what the shares left, from the bands in order, so no slot stays idle while
+  -- a queue has tasks. The outer LIMIT stops the scans as soon as enough rows are
+  -- locked; the bands are read in the order they were materialized in (an ORDER BY
+  -- here would sort, so lock, every band's rows first).
+  more AS (
+    SELECT m.* FROM bands b CROSS JOIN LATERAL (
+      SELECT s.ctid, s.seq, s.queue, s.priority, s.pending_seq FROM {{schema}}.task_states s
+      WHERE s.queue = b.name AND s.state = 'pending' AND s.priority = b.priority AND s.pending_seq > b.floor
+        AND s.ctid <> ALL(ARRAY(SELECT h.ctid FROM shared h))
+      ORDER BY s.pending_seq
+      LIMIT claim_limit FOR UPDATE SKIP LOCKED
+    ) m
+    WHERE (SELECT count(*) FROM shared) < claim_limit
+    LIMIT greatest(claim_limit::bigint - (SELECT count(*) FROM shared), 0)
+  ),
+  c AS (SELECT * FROM shared UNION ALL SELECT * FROM more),
+  -- The locked rows in the claim's order, with their inputs (read here once) and the
+  -- running sum of their bytes (payload as JSON text or bytea, and headers, as a client
+  -- receives them). The inner join leaves out a state row without inputs: it is not
+  -- claimed. (LIMIT 1 keeps the lookup a primary key probe per row: a join planned on
+  -- the CTE's guessed size may hash the whole table.)
+  sized AS (
+    SELECT c.ctid, x.*, row_number() OVER w AS n, sum(x.bytes) OVER w AS upto,
+      array_position(queue_names, c.queue) AS ord
+    FROM c CROSS JOIN LATERAL (
+      SELECT i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, i.max_retry, i.timeout, i.deadline, i.retention,
+             coalesce(octet_length(i.payload_bytes), octet_length(i.payload::text), 0)::float8
+             + octet_length(i.headers::text)::float8 AS bytes
+      FROM {{schema}}.task_inputs i WHERE i.seq = c.seq LIMIT 1) x
+    WINDOW w AS (ORDER BY array_position(queue_names, c.queue), c.priority DESC, c.pending_seq ROWS UNBOUNDED PRECEDING)
+  ),
+  -- The rows taken are updated through a join on ctid (a TID probe per row, never a
+  -- join planned on a CTE's guessed size): nothing can move a row this statement holds
+  -- locked, and a primary key descent per row was a quarter of the claim. The join
+  -- carries each row's inputs to RETURNING, so they are read once. (A pending row that
+  -- another transaction rewrote after this statement's snapshot is locked in its new
+  -- version, which this UPDATE cannot see: it stays pending for the next claim.)
+  -- pending_seq stays on the active row (only pending rows are indexed by it), so
+  -- the claim order can be returned.
+  claimed AS (
+    UPDATE {{schema}}.task_states s
+    SET state = 'active', lease_owner = owner, lease_token = gen_random_uuid(),
+        lease_expires_at = v_now + lease_ms * interval '1 millisecond', started_at = v_now, run_at = NULL,
+        cancel_requested = false, updated_at = v_now
+    FROM sized z
+    WHERE s.ctid = z.ctid AND (z.n = 1 OR z.upto <= max_bytes)
+    RETURNING z.ord, s.seq, s.pending_seq, s.priority, z.queue, z.id, z.type, z.payload, z.payload_bytes, z.headers,
+      s.retried, z.max_retry,
+      (extract(epoch FROM z.timeout) * 1000::numeric)::float8 AS timeout_ms,
+      (extract(epoch FROM z.deadline - v_now) * 1000::numeric)::float8 AS deadline_in_ms,
+      (extract(epoch FROM z.retention) * 1000::numeric)::float8 AS retention_ms,
+      s.lease_token
+  ),
+  -- Inspector.watch()'s 'started' events, sent from the rows the claim took while someone
+  -- watches their queues. Planned once with the rest (the claim's plan is generic), and
+  -- switched off by a one-time filter, this costs nothing while none watches.
+  started AS (
+    SELECT {{schema}}.send_task_events(array_agg({{schema}}.task_event('started', t.queue, t.id, t.type, t.retried + 1, v_now, NULL, NULL)
+                                                 ORDER BY t.seq)) AS sent
+    FROM claimed t
+    WHERE cardinality(v_watching) > 0 AND (t.queue = ANY (v_watching) OR '' = ANY (v_watching))
+    HAVING count(*) > 0
+  )
+  -- What the claim says of itself comes once, on a row of its own ahead of the tasks
+  -- (its seq is null): repeated on every row, its arrays were parsed once per task.
+  SELECT me.drawn, me.xid, me.xmin, (SELECT d.gone FROM drawers d), (SELECT count(*) FROM c),
+    ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE p.paused AND p.name = ANY(queue_names)),
+    ARRAY(SELECT p.name FROM {{schema}}.queues p WHERE NOT p.paused AND p.name = ANY(queue_names)
+          AND (p.concurrency IS NOT NULL OR p.key_concurrency IS NOT NULL OR p.rate_limit IS NOT NULL)),
+    NULL::bigint, NULL::bigint, NULL::smallint, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::bytea, NULL::jsonb,
+    NULL::integer, NULL::integer, NULL::float8, NULL::float8, NULL::float8, NULL::uuid
+  -- Joined here so that the events are sent (a CTE nothing reads does not run).
+  FROM me LEFT JOIN started ON true
+  UNION ALL
+  (SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    t.seq, t.pending_seq, t.priority, t.queue, t.id, t.type, t.payload, t.payload_bytes, t.headers, t.retried,
+    t.max_retry, t.timeout_ms, t.deadline_in_ms, t.retention_ms, t.lease_token
+  FROM claimed t
+  ORDER BY t.ord, t.priority DESC, t.pending_seq);
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.claim_tasks(queue_names text[], shares integer[], gap_ords integer[], gap_his integer[], gap_los integer[], band_ords integer[], band_priorities integer[], band_floors bigint[], older_than xid8, claim_limit integer, owner text, lease_ms double precision, max_bytes double precision, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.fail_tasks(seqs bigint[], tokens uuid[], archives boolean[], counts boolean[], delays_ms double precision[], errors text[], outcomes text[], logs jsonb, shift_ms double precision)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(archives), cardinality(counts), cardinality(delays_ms), cardinality(errors),
+                                       cardinality(outcomes));
+  ended jsonb;
+BEGIN
+  PERFORM {{schema}}.check_delays(delays_ms);
+  IF NOT outcomes <@ ARRAY['failed', 'timeout', 'canceled'] THEN
+    RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', MESSAGE = 'pgasynq: invalid outcomes: each must be failed, timeout or canceled', COLUMN = 'outcomes';
+  END IF;
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
+  WITH failed AS (
+    UPDATE {{schema}}.task_states s
+    SET state = CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN 'archived' ELSE 'retry' END,
+        retried = s.retried + CASE WHEN counts[(v_at ->> s.seq::text)::int] AND NOT archives[(v_at ->> s.seq::text)::int] THEN 1 ELSE 0 END,
+        run_at = v_now + CASE WHEN archives[(v_at ->> s.seq::text)::int] THEN interval '0'
+                              ELSE delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond' END,
+        error_msg = errors[(v_at ->> s.seq::text)::int], last_failed_at = v_now,
+        runs = s.runs + 1, has_history = true, updated_at = v_now
+    -- o: the row as it was (the run's server, start and attempt), which SET and RETURNING no longer show,
+    -- locked in seq order first, as extend_leases(), requeue_tasks() and a completion's primary key scan lock
+    -- theirs: the UPDATE alone locked in its join's order, and a heartbeat and a failure batch of one server
+    -- deadlocked on two rows whose order on disk was not their seq order (F17).
+    FROM (SELECT o.seq, o.retried, o.lease_owner, o.started_at FROM {{schema}}.task_states o
+          WHERE o.seq = ANY(seqs) AND o.state = 'active' AND o.lease_token = tokens[(v_at ->> o.seq::text)::int]
+          ORDER BY o.seq FOR UPDATE) o
+    WHERE s.seq = o.seq AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    RETURNING s.seq, s.queue, s.state, s.runs, o.retried, o.lease_owner, o.started_at, s.error_msg, outcomes[(v_at ->> s.seq::text)::int] AS outcome
+  ),
+  notified AS (
+    SELECT pg_notify({{schema}}.task_channel('_delayed'), f.queue) FROM (SELECT DISTINCT queue FROM failed WHERE state = 'retry') f
+  )
+  SELECT jsonb_agg(jsonb_build_object('seq', f.seq, 'run', f.runs, 'attempt', f.retried + 1, 'server', f.lease_owner,
+                                      'started_at', f.started_at, 'outcome', f.outcome, 'error', f.error_msg,
+                                      'kind', CASE WHEN f.state = 'archived' THEN 'archived' ELSE 'failed' END)
+                   ORDER BY f.seq)
+  INTO ended
+  FROM failed f WHERE (SELECT count(*) FROM notified) >= 0;
+  PERFORM {{schema}}.record_attempts(ended, v_now);
+  PERFORM {{schema}}.send_events(ended, v_now);
+  RETURN QUERY SELECT (e ->> 'seq')::bigint FROM jsonb_array_elements(coalesce(ended, '[]')) e;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.fail_tasks(seqs bigint[], tokens uuid[], archives boolean[], counts boolean[], delays_ms double precision[], errors text[], outcomes text[], logs jsonb, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.snooze_tasks(seqs bigint[], tokens uuid[], delays_ms double precision[], logs jsonb, shift_ms double precision)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens, cardinality(delays_ms));
+  ended jsonb;
+BEGIN
+  PERFORM {{schema}}.check_delays(delays_ms);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
+  WITH snoozed AS (
+    UPDATE {{schema}}.task_states s
+    SET state = 'scheduled', run_at = v_now + delays_ms[(v_at ->> s.seq::text)::int] * interval '1 millisecond',
+        runs = s.runs + 1, has_history = true, updated_at = v_now
+    -- Locked in seq order first, as fail_tasks() locks its rows (see there).
+    FROM (SELECT o.seq, o.retried, o.lease_owner, o.started_at FROM {{schema}}.task_states o
+          WHERE o.seq = ANY(seqs) AND o.state = 'active' AND o.lease_token = tokens[(v_at ->> o.seq::text)::int]
+          ORDER BY o.seq FOR UPDATE) o
+    WHERE s.seq = o.seq AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    RETURNING s.seq, s.queue, s.runs, o.retried, o.lease_owner, o.started_at
+  ),
+  notified AS (
+    SELECT pg_notify({{schema}}.task_channel('_delayed'), z.queue) FROM (SELECT DISTINCT queue FROM snoozed) z
+  )
+  SELECT jsonb_agg(jsonb_build_object('seq', z.seq, 'run', z.runs, 'attempt', z.retried + 1, 'server', z.lease_owner,
+                                      'started_at', z.started_at, 'outcome', 'snoozed') ORDER BY z.seq)
+  INTO ended
+  FROM snoozed z WHERE (SELECT count(*) FROM notified) >= 0;
+  PERFORM {{schema}}.record_attempts(ended, v_now);
+  RETURN QUERY SELECT (e ->> 'seq')::bigint FROM jsonb_array_elements(coalesce(ended, '[]')) e;
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.snooze_tasks(seqs bigint[], tokens uuid[], delays_ms double precision[], logs jsonb, shift_ms double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {{schema}}.extend_leases(seqs bigint[], tokens uuid[], lease_ms double precision, logs jsonb, shift_ms double precision)
+ RETURNS TABLE(task_seq bigint, cancel_requested boolean)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+  v_now timestamptz := {{schema}}.task_clock(shift_ms);
+  v_at jsonb := {{schema}}.lease_batch(seqs, tokens);
+BEGIN
+  PERFORM {{schema}}.check_claim_bounds(0, lease_ms);
+  IF logs IS NOT NULL THEN
+    PERFORM {{schema}}.append_task_logs(logs, v_now);
+  END IF;
+  -- A heartbeat never waits for a row lock: the rows another transaction holds (the
+  -- server's own completion or failure batch, an admin's write) are skipped this beat and
+  -- reported busy (cancel_requested null), neither extended nor lost; the worker's trust
+  -- in them keeps running from their last extension. Waiting, the heartbeat was one side
+  -- of every deadlock the fault suite found (F17: against a completion batch and against a
+  -- failure batch of the same server, which lock their rows in their own scans' order).
+  RETURN QUERY
+  WITH locked AS MATERIALIZED (
+    SELECT s.seq FROM {{schema}}.task_states s
+    WHERE s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+      AND s.lease_expires_at > v_now
+    ORDER BY s.seq FOR UPDATE SKIP LOCKED
+  ),
+  extended AS (
+    UPDATE {{schema}}.task_states s SET lease_expires_at = v_now + lease_ms * interval '1 millisecond'
+    WHERE s.seq = ANY(ARRAY(SELECT l.seq FROM locked l)) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+      AND s.lease_expires_at > v_now
+    RETURNING s.seq, s.cancel_requested
+  )
+  SELECT e.seq, e.cancel_requested FROM extended e
+  UNION ALL
+  -- Read only when some lease was not locked (skipped, or gone): most beats lock them all.
+  SELECT s.seq, NULL::boolean FROM {{schema}}.task_states s
+  WHERE (SELECT count(*) FROM locked) < cardinality(seqs)
+    AND s.seq = ANY(seqs) AND s.state = 'active' AND s.lease_token = tokens[(v_at ->> s.seq::text)::int]
+    AND s.lease_expires_at > v_now AND s.seq <> ALL(ARRAY(SELECT l.seq FROM locked l));
+END
+$function$;
+REVOKE EXECUTE ON FUNCTION {{schema}}.extend_leases(seqs bigint[], tokens uuid[], lease_ms double precision, logs jsonb, shift_ms double precision) FROM PUBLIC;
