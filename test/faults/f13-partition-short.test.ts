@@ -43,6 +43,12 @@ const CUT_MS = 0.5 * L;
 const CUTS = 6;
 const EVERY_MS = 6500;
 const TRUST_S = (L - 1000) / 1000;
+/**
+ * The gap is read from heartbeat_at, stamped when an extension runs; the worker's trust counts from when it
+ * sent it. On a loaded machine the last extension before a cut may run late, and the gap the database shows
+ * is then shorter than the one the worker lived through by that delay.
+ */
+const GAP_UNDERSTATED_S = 0.2;
 
 let ns: Netns | undefined;
 after(() => ns?.destroy());
@@ -99,8 +105,12 @@ faultTest(
     }[] = [];
     await sleep(2000);
     for (let k = 0; k < CUTS; k++) {
+      // A cut means something only while w1 holds tasks: on a loaded machine it may briefly hold none.
+      const holding = async () =>
+        (await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w1.serverId])).n;
+      let held = 0;
+      await waitFor(async () => (held = await holding()) > 0, 10_000, `w1 to hold a task before cut ${k + 1}`, 50);
       const before = counters();
-      const held = (await h.one<{ n: number }>("SELECT count(*)::int AS n FROM {{schema}}.tasks WHERE state = 'active' AND lease_owner = $1", [w1.serverId])).n;
       const at = (performance.now() - t0) / 1000;
       netns.cut();
       const cutDb = await h.dbNow();
@@ -157,7 +167,7 @@ faultTest(
     // (rescues land up to L + C + R after the loss, possibly in the next cut's window: compared over the whole run).
     const rescuedTotal = h.metricSum('recovered') + h.metricSum('archivedByRecoverer');
     const lostTotal = h.metricSum('leasesLost');
-    const lostInsideTrust = cuts.filter((x) => x.gapS < TRUST_S).reduce((n, x) => n + x.heartbeatLeasesLost, 0);
+    const lostInsideTrust = cuts.filter((x) => x.gapS < TRUST_S - GAP_UNDERSTATED_S).reduce((n, x) => n + x.heartbeatLeasesLost, 0);
     const falseRescues = Math.max(0, rescuedTotal - lostTotal) + lostInsideTrust;
     const fig = report(h, c, 'F13 partition-short', {
       heartbeat_gap_max_s: Math.round(gapMax * 100) / 100,
@@ -185,14 +195,10 @@ faultTest(
           : 'every heartbeat gap stayed inside the trust window: no lease lost, no rescue'),
     });
     writeFileSync(join(h.logDir, 'figures.jsonl'), `${JSON.stringify(fig)}\n`);
-    assert.ok(
-      cuts.every((x) => x.held > 0),
-      `w1 held tasks at every cut (${cuts.map((x) => x.held).join('/')})`,
-    );
     assert.equal(overlaps, 0, 'no task started elsewhere while w1 still ran it');
     for (const x of cuts) {
       assert.ok(x.gapS >= CUT_MS / 1000 - 0.2, `the cut at ${x.at} s showed in the heartbeats (gap ${x.gapS} s)`);
-      if (x.gapS < TRUST_S) {
+      if (x.gapS < TRUST_S - GAP_UNDERSTATED_S) {
         assert.equal(
           x.heartbeatLeasesLost,
           0,

@@ -53,10 +53,13 @@ const stream = run({ files, concurrency: 1, timeout: PER_TEST_TIMEOUT_MS });
 stream.on('test:pass', (d: { details?: { type?: string } }) => {
   if (d.details?.type !== 'suite') passed++;
 });
-stream.on('test:fail', (d: { name: string; file?: string; details?: { type?: string } }) => {
+// A failure's reason is repeated at the end, beside its name: CI's log keeps only the tail.
+stream.on('test:fail', (d: { name: string; file?: string; details?: { type?: string; error?: Error } }) => {
   if (d.details?.type === 'suite') return;
   failed++;
-  failures.push(`${d.file ? relative(process.cwd(), d.file) : '?'}: ${d.name}`);
+  const error = d.details?.error;
+  const reason = error?.cause instanceof Error ? error.cause.message : (error?.message ?? '');
+  failures.push(`${d.file ? relative(process.cwd(), d.file) : '?'}: ${d.name}\n  ${reason.split('\n').slice(0, 6).join('\n  ')}`);
 });
 for await (const chunk of stream.compose(new spec())) process.stdout.write(chunk);
 
