@@ -28,7 +28,7 @@ import { fileURLToPath } from 'node:url';
 import { ALIASES, SYSTEMS, type SystemName } from './adapters/index.js';
 import { PRODUCTION_SETTINGS, readSettings, startBenchCluster, type BenchCluster } from './lib/cluster.js';
 import { REDIS_URL, now, parseArgs } from './lib/common.js';
-import { WORKLOADS, buildPlan, type Case } from './lib/plan.js';
+import { W8_HOLDS, WORKLOADS, buildPlan, type Case } from './lib/plan.js';
 import { formatValue, markdown, tabulate, w8Windows, type Measurement } from './lib/report.js';
 import { ensureDependencies, snapshotSource, versions } from './lib/source.js';
 
@@ -39,7 +39,8 @@ const USAGE = `usage: npm run bench -- [--workloads W1,W2,…] [--systems ${SYST
   --workloads     which workloads (default: all of ${WORKLOADS.join(',')})
   --systems       which systems (default: each workload's default set; see bench/README.md)
   --reps          repetitions of every measurement (default 3, --quick 1; W7 runs once, W8 and WAL see below)
-  --w8-reps       repetitions of W8 (default 1: 4 min per system; systems alternate)
+  --w8-reps       repetitions of W8 (default 1: 4 min per hold and system; systems alternate)
+  --w8-holds      which of W8's holds: snapshot, xid, readers (default all three; see workloads/w8-snapshot.ts)
   --wal-reps      repetitions of WAL (default 1)
   --quick         every size ÷ 10 (and shorter W4 spreads, W8 40 s), for development
   --database-url  measure on this database instead of a throwaway cluster (so does DATABASE_URL
@@ -63,6 +64,11 @@ const positive = (flag: string, def: number): number => {
 const reps = positive('reps', quick ? 1 : 3);
 const w8Reps = positive('w8-reps', 1);
 const walReps = positive('wal-reps', 1);
+const w8Holds = list(
+  args['w8-holds'],
+  W8_HOLDS.map(([h]) => h),
+  (h) => h.toLowerCase(),
+);
 const workloads = list(args.workloads, WORKLOADS, (w) => w.toUpperCase());
 const chosenSystems = args.systems ? list(args.systems, SYSTEMS, (s) => ALIASES[s.toLowerCase()] ?? s.toLowerCase()) : undefined;
 
@@ -187,7 +193,7 @@ function settingsLine(): string {
 
 // -------------------------------------------------------------------- main
 
-const cases = buildPlan({ quick, workloads, chosenSystems, w8Reps, walReps });
+const cases = buildPlan({ quick, workloads, chosenSystems, w8Reps, walReps, w8Holds });
 if (cases.length === 0) fail('nothing to run: no workload supports the chosen systems');
 const total = cases.reduce((n, c) => n + c.systems.length * (c.reps ?? reps), 0);
 /** The server's settings as it reports them (SHOW), whoever started it. */

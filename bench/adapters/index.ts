@@ -5,6 +5,7 @@ export const SYSTEMS = [
   'pgasynq',
   'pgasynq-tuned',
   'pgasynq-watched',
+  'pgasynq-durable',
   'floor',
   'graphile',
   'graphile-default',
@@ -42,6 +43,8 @@ export async function load(name: SystemName): Promise<Adapter> {
     }
     case 'pgasynq-watched':
       return await (await import('./pgasynq.js')).create(undefined, true);
+    case 'pgasynq-durable':
+      return await (await import('./pgasynq.js')).create(undefined, false, true);
     case 'floor':
       return (await import('./floor.js')).create();
     case 'floor-prefetch':

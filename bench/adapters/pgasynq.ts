@@ -1,9 +1,9 @@
 /**
- * pgasynq from its TypeScript source, run through tsx (no build step): the
- * copy of src/ and migrations/ that run.ts took when the run started
- * (PGASYNQ_SRC names its index.ts), so every measurement of one run measures
- * the same code even while src/ is being edited; the working tree's
- * ../../src/index.ts when PGASYNQ_SRC is unset (measure.ts run by hand, or
+ * pgasynq as a user runs it, compiled: the build of the copy of src/ and
+ * migrations/ that run.ts took when the run started (PGASYNQ_SRC names its
+ * dist/index.js), so every measurement of one run measures the same code
+ * even while src/ is being edited; the working tree's ../../src/index.ts,
+ * through tsx, when PGASYNQ_SRC is unset (measure.ts run by hand, or
  * run.ts --live).
  *
  * Only the public API (Client, Server, Task, migrate from src/index.ts) and
@@ -13,7 +13,10 @@
  * Two systems: `pgasynq` is `new Server({ concurrency })` and nothing else
  * (the defaults a user gets); `pgasynq-tuned` adds `prefetch: 500`, tuned as
  * graphile-worker is (its localQueue of 500 is our prefetch of 500: claims
- * larger than the free slots, held leased until a slot frees).
+ * larger than the free slots, held leased until a slot frees); `pgasynq-durable`
+ * is the default server on a pool of the bench's whose sessions commit as the
+ * cluster does, waiting for the WAL flush, as every peer's do (the server's own
+ * pool commits without waiting: broker/db.ts, asyncCommit).
  */
 import { pathToFileURL } from 'node:url';
 import pg from 'pg';
@@ -25,6 +28,13 @@ import type { Adapter, ClaimObserver, Payload, TaskHandler, Workers } from './ty
 const SCHEMA = 'bench_pgasynq';
 /** pgasynq-tuned's prefetch: graphile-worker's tuned localQueue size. */
 export const TUNED_PREFETCH = 500;
+
+/** A pool like the one pgasynq makes for itself (same size and options), but its sessions keep the cluster's synchronous_commit (on). */
+function durablePool(): pg.Pool {
+  const pool = new pg.Pool({ connectionString: DATABASE_URL, max: 10, keepAlive: true, application_name: 'pgasynq:server' });
+  pool.on('error', () => {});
+  return pool;
+}
 
 /**
  * A pool like the one pgasynq makes for itself (same size and options), whose
@@ -46,7 +56,7 @@ type Pgasynq = typeof import('../../src/index.js');
  * `watched`: an Inspector watches the schema's events while workers run (pgasynq-watched), what one
  * dashboard or `inspector.watch()` costs the servers.
  */
-export async function create(prefetch?: number, watched = false): Promise<Adapter> {
+export async function create(prefetch?: number, watched = false, durable = false): Promise<Adapter> {
   const src = process.env.PGASYNQ_SRC;
   const { Client, Inspector, Server, Task, migrate }: Pgasynq = src ? await import(pathToFileURL(src).href) : await import('../../src/index.js');
   // The admin pool lives from setup() to teardown(): a workload may set up again after a teardown.
@@ -94,8 +104,8 @@ export async function create(prefetch?: number, watched = false): Promise<Adapte
     };
   };
   return {
-    name: prefetch !== undefined ? 'pgasynq-tuned' : watched ? 'pgasynq-watched' : 'pgasynq',
-    label: `pgasynq (${src ? 'src/ as copied at the start of the run' : 'working tree src/'}, via tsx; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'}${watched ? ', one Inspector.watch() running' : ''})`,
+    name: prefetch !== undefined ? 'pgasynq-tuned' : watched ? 'pgasynq-watched' : durable ? 'pgasynq-durable' : 'pgasynq',
+    label: `pgasynq (${src ? 'src/ as copied and compiled at the start of the run' : 'working tree src/, via tsx'}; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'}${watched ? ', one Inspector.watch() running' : ''}${durable ? ", durable commits (synchronous_commit on, a pool of the bench's)" : ''})`,
     schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) {
@@ -116,7 +126,7 @@ export async function create(prefetch?: number, watched = false): Promise<Adapte
     async enqueueAt(payload, at) {
       await client!.enqueue(new Task('noop', payload), { processAt: at });
     },
-    startWorkers: (opts) => start(opts),
+    startWorkers: (opts) => start(durable ? { ...opts, pool: durablePool() } : opts),
     startTimedWorkers: (opts) => start({ ...opts, pool: timedPool(opts.onClaim) }),
     remaining: () => count(admin(), `SELECT count(*) AS n FROM "${SCHEMA}".tasks WHERE state IN ('pending', 'active', 'scheduled', 'retry')`),
     fillFinished: (n) => fillFinished(admin(), SCHEMA, n),

@@ -104,6 +104,30 @@ export async function schemaStats(pool: pg.Pool, schema: string): Promise<Schema
   };
 }
 
+/**
+ * Waits until autovacuum has visited, since `since` (database time), every table of the schema
+ * left with at least `minDead` dead tuples, or `capMs` passed. Returns the seconds waited and the
+ * tables still unvisited (sizes read after this are "after autovacuum has run once").
+ */
+export async function untilAutovacuumed(
+  pool: pg.Pool,
+  schema: string,
+  since: Date,
+  opts: { minDead: number; capMs: number },
+): Promise<{ waitedS: number; unvisited: number }> {
+  const t0 = now();
+  for (;;) {
+    const { rows } = await pool.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM pg_stat_user_tables
+       WHERE schemaname = $1 AND n_dead_tup >= $2 AND coalesce(last_autovacuum, '-infinity') < $3`,
+      [schema, opts.minDead, since],
+    );
+    const unvisited = rows[0]!.n;
+    if (unvisited === 0 || now() - t0 >= opts.capMs) return { waitedS: (now() - t0) / 1000, unvisited };
+    await sleep(2000);
+  }
+}
+
 /** Plain VACUUM of every table in a schema (what autovacuum would give back). */
 export async function vacuumSchema(pool: pg.Pool, schema: string): Promise<void> {
   const { rows } = await pool.query<{ t: string }>(

@@ -6,6 +6,7 @@
  * command line's choices (PlanOptions).
  */
 import { EXTRA, SYSTEMS, type SystemName } from '../adapters/index.js';
+import type { W8Hold } from '../workloads/w8-snapshot.js';
 
 export const WORKLOADS = ['W1', 'W2', 'W3', 'W4', 'W5', 'W6', 'W7', 'W8', 'WAL', 'RT'] as const;
 export type Workload = (typeof WORKLOADS)[number];
@@ -20,7 +21,16 @@ export interface PlanOptions {
   /** --w8-reps, --wal-reps: how many times the long cases run. */
   w8Reps: number;
   walReps: number;
+  /** --w8-holds: which of W8's holds run (w8-snapshot.ts). */
+  w8Holds: readonly W8Hold[];
 }
+
+/** W8's holds, in the order they run, each with its case's key and what the labels say of it. */
+export const W8_HOLDS: readonly (readonly [hold: W8Hold, key: string, what: string])[] = [
+  ['snapshot', 'W8', 'a REPEATABLE READ snapshot'],
+  ['xid', 'W8 xid', 'a writing transaction (an XID)'],
+  ['readers', 'W8 readers', 'four REPEATABLE READ readers re-scanning the schema'],
+];
 
 export interface Row {
   /** Shown in the first column. */
@@ -34,7 +44,7 @@ export interface Row {
 export interface Case {
   workload: Workload;
   key: string;
-  params: Record<string, number>;
+  params: Record<string, number | string>;
   systems: SystemName[];
   rows: Row[];
   timeoutMs: number;
@@ -47,8 +57,8 @@ const ANY = [...SYSTEMS];
 const ALL = SYSTEMS.filter((s) => !EXTRA.includes(s));
 const PG_SYSTEMS = ANY.filter((s) => s !== 'bullmq');
 const FLOORS: SystemName[] = ['floor', 'floor-prefetch'];
-/** Differ from their base system only in the worker's settings: left out of enqueue-only and scheduling workloads by default. */
-const WORKER_VARIANTS: SystemName[] = ['pgasynq-tuned', 'graphile-default'];
+/** Differ from their base system only in the worker's settings (or its commits): left out of enqueue-only and scheduling workloads by default. */
+const WORKER_VARIANTS: SystemName[] = ['pgasynq-tuned', 'pgasynq-durable', 'graphile-default'];
 const without = (xs: readonly SystemName[], drop: readonly SystemName[]) => xs.filter((s) => !drop.includes(s));
 
 /** Which systems a workload runs by default, and which it can run at all. */
@@ -73,7 +83,7 @@ function systemsFor(w: Workload, chosenSystems: readonly SystemName[] | undefine
 }
 
 export function buildPlan(options: PlanOptions): Case[] {
-  const { quick, workloads, chosenSystems, w8Reps, walReps } = options;
+  const { quick, workloads, chosenSystems, w8Reps, walReps, w8Holds } = options;
   const q = (full: number) => (quick ? Math.max(1, Math.round(full / 10)) : full);
   const cases: Case[] = [];
   /** `notByDefault`: systems this case leaves out unless --systems names them. */
@@ -177,7 +187,7 @@ export function buildPlan(options: PlanOptions): Case[] {
   add('W7', {
     key: 'W7',
     params: { total, batch: q(10_000), backlog: q(50_000), concurrency: 100 },
-    timeoutMs: 1_800_000,
+    timeoutMs: 2_000_000,
     reps: 1,
     rows: [
       { label: `W7 after ${fmt(total)} tasks: all tables of the schema (heap+indexes+toast), MB`, metric: 'totalBytes', better: 'lower', unit: 'bytes' },
@@ -186,36 +196,69 @@ export function buildPlan(options: PlanOptions): Case[] {
       { label: `W7 after ${fmt(total)} tasks: toast, FSM, VM, MB`, metric: 'toastBytes', better: 'lower', unit: 'bytes' },
       { label: `W7 after ${fmt(total)} tasks: n_dead_tup`, metric: 'deadTuples', better: 'lower', unit: 'count' },
       { label: `W7 after ${fmt(total)} tasks: n_live_tup`, metric: 'liveTuples', better: 'lower', unit: 'count' },
+      {
+        label: `W7 after ${fmt(total)} tasks, once autovacuum visited every table: all tables, MB`,
+        metric: 'totalBytesAfterAutovacuum',
+        better: 'lower',
+        unit: 'bytes',
+      },
+      {
+        label: `W7 after ${fmt(total)} tasks, once autovacuum visited every table: indexes, MB`,
+        metric: 'indexBytesAfterAutovacuum',
+        better: 'lower',
+        unit: 'bytes',
+      },
+      {
+        label: `W7 after ${fmt(total)} tasks, once autovacuum visited every table: n_dead_tup`,
+        metric: 'deadTuplesAfterAutovacuum',
+        better: 'lower',
+        unit: 'count',
+      },
+      { label: 'W7 wait for autovacuum, s', metric: 'autovacuumWaitS', better: 'lower', unit: 'count' },
+      { label: 'W7 tables with ≥ 1,000 dead tuples autovacuum had not visited then', metric: 'tablesNotAutovacuumed', better: 'lower', unit: 'count' },
       { label: `W7 after ${fmt(total)} tasks, then VACUUM: all tables, MB`, metric: 'totalBytesAfterVacuum', better: 'lower', unit: 'bytes' },
       { label: `W7 after ${fmt(total)} tasks, then VACUUM: indexes, MB`, metric: 'indexBytesAfterVacuum', better: 'lower', unit: 'bytes' },
       { label: `W7 throughput while pushing ${fmt(total)} (c100), tasks/s`, metric: 'perSec', better: 'higher', unit: 'rate' },
     ],
   });
-  // W8: BENCH.md's 4 minutes at 400/s, the snapshot from second 20; --quick: 40 s, from second 5.
-  const w8 = { rate: 400, seconds: quick ? 40 : 240, snapshotAt: quick ? 5 : 20, window: 10, concurrency: 10, producers: 16, drainWait: quick ? 10 : 30 };
-  const before = `before the snapshot (first ${w8.snapshotAt} s)`;
-  add('W8', {
-    key: 'W8',
-    params: w8,
-    timeoutMs: (w8.seconds + w8.drainWait + 180) * 1000,
-    reps: w8Reps,
-    rows: [
-      {
-        label: `W8 ${w8.rate}/s for ${w8.seconds} s, snapshot from ${w8.snapshotAt} s: achieved enqueue rate, tasks/s`,
-        metric: 'achievedRate',
-        better: 'higher',
-        unit: 'rate',
-      },
-      { label: `W8 enqueue→start p50 ${before}, ms`, metric: 'p50Before', better: 'lower', unit: 'ms' },
-      { label: `W8 enqueue→start p50 in the last 30 s, ms`, metric: 'p50Last30', better: 'lower', unit: 'ms' },
-      { label: `W8 p50 last 30 s ÷ p50 ${before}`, metric: 'p50Ratio', better: 'lower', unit: 'ratio' },
-      { label: `W8 enqueue→start p99 ${before}, ms`, metric: 'p99Before', better: 'lower', unit: 'ms' },
-      { label: `W8 enqueue→start p99 in the last 30 s, ms`, metric: 'p99Last30', better: 'lower', unit: 'ms' },
-      { label: `W8 backlog (enqueued, not started) at the end, tasks`, metric: 'backlogEnd', better: 'lower', unit: 'count' },
-      { label: `W8 backlog, max, tasks`, metric: 'backlogMax', better: 'lower', unit: 'count' },
-      { label: `W8 dead tuples in the system's schema at the end`, metric: 'deadTuples', better: 'lower', unit: 'count' },
-    ],
-  });
+  // W8: BENCH.md's 4 minutes at 400/s, the hold from second 20; --quick: 40 s, from second 5. Three holds
+  // (w8-snapshot.ts): a REPEATABLE READ snapshot, a writing transaction, four overlapping readers.
+  for (const [hold, key, what] of W8_HOLDS.filter(([h]) => w8Holds.includes(h))) {
+    const w8 = {
+      hold,
+      rate: 400,
+      seconds: quick ? 40 : 240,
+      snapshotAt: quick ? 5 : 20,
+      window: 10,
+      concurrency: 10,
+      producers: 16,
+      drainWait: quick ? 10 : 30,
+    };
+    const before = `before the hold (first ${w8.snapshotAt} s)`;
+    add('W8', {
+      key,
+      params: w8,
+      timeoutMs: (w8.seconds + w8.drainWait + 180) * 1000,
+      reps: w8Reps,
+      rows: [
+        {
+          label: `${key} ${w8.rate}/s for ${w8.seconds} s, ${what} held from ${w8.snapshotAt} s: achieved enqueue rate, tasks/s`,
+          metric: 'achievedRate',
+          better: 'higher',
+          unit: 'rate',
+        },
+        { label: `${key} enqueue→start p50 ${before}, ms`, metric: 'p50Before', better: 'lower', unit: 'ms' },
+        { label: `${key} enqueue→start p50 in the last 30 s, ms`, metric: 'p50Last30', better: 'lower', unit: 'ms' },
+        { label: `${key} p50 last 30 s ÷ p50 ${before}`, metric: 'p50Ratio', better: 'lower', unit: 'ratio' },
+        { label: `${key} worst 10 s window's p50 ÷ p50 ${before}`, metric: 'worstWindowRatio', better: 'lower', unit: 'ratio' },
+        { label: `${key} enqueue→start p99 ${before}, ms`, metric: 'p99Before', better: 'lower', unit: 'ms' },
+        { label: `${key} enqueue→start p99 in the last 30 s, ms`, metric: 'p99Last30', better: 'lower', unit: 'ms' },
+        { label: `${key} backlog (enqueued, not started) at the end, tasks`, metric: 'backlogEnd', better: 'lower', unit: 'count' },
+        { label: `${key} backlog, max, tasks`, metric: 'backlogMax', better: 'lower', unit: 'count' },
+        { label: `${key} dead tuples in the system's schema at the end`, metric: 'deadTuples', better: 'lower', unit: 'count' },
+      ],
+    });
+  }
   // WAL: n tasks through one bulk enqueue, a claim of all n at once (concurrency n), their completion.
   for (const payload of [0, 1500]) {
     const what = payload ? `${fmt(payload)}-byte JSON` : 'no-op';

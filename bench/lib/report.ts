@@ -14,7 +14,7 @@ export interface Measurement {
   case: string;
   system: SystemName;
   rep: number;
-  params: Record<string, number>;
+  params: Record<string, number | string>;
   startedAt: string;
   seconds: number;
   loadavg1: number;
@@ -97,7 +97,7 @@ export function tabulate(cases: Case[], ms: Measurement[], reps: number): TableR
       ['explainMs', 'claim execution'],
     ] as const) {
       summarize(
-        `W5 ${what} with ${fmt(large.params.finished!)} ÷ with ${fmt(small.params.finished!)} finished rows`,
+        `W5 ${what} with ${fmt(Number(large.params.finished))} ÷ with ${fmt(Number(small.params.finished))} finished rows`,
         'lower',
         'ratio',
         small.systems,
@@ -134,10 +134,13 @@ export function markdown(rows: TableRow[], systems: SystemName[]): string {
   return [head, ...body].join('\n');
 }
 
-/** W8 per window: p50 / p99 ms (backlog at the window's end), median over W8's repetitions. */
+/** W8 per window, one table per hold: p50 / p99 ms (backlog at the window's end), median over W8's repetitions. */
 export function w8Windows(cs: Case[], ms: Measurement[]): string | undefined {
-  const c = cs.find((x) => x.workload === 'W8');
-  if (!c) return undefined;
+  const tables = cs.filter((x) => x.workload === 'W8').map((c) => w8Table(c, ms));
+  return tables.length > 0 ? tables.join('\n\n') : undefined;
+}
+
+function w8Table(c: Case, ms: Measurement[]): string {
   const { seconds, window, snapshotAt } = c.params as { seconds: number; window: number; snapshotAt: number };
   const n = Math.ceil(seconds / window);
   const systems = c.systems;
@@ -153,7 +156,7 @@ export function w8Windows(cs: Case[], ms: Measurement[]): string | undefined {
     if (Number.isNaN(p50)) return '–';
     return `${formatValue(p50, 'ms')} / ${formatValue(get('p99'), 'ms')} (${formatValue(get('backlog'), 'count')})`;
   };
-  const head = `| W8 enqueued during (s) | ${systems.join(' | ')} |\n|---|${systems.map(() => '---:').join('|')}|`;
+  const head = `| ${c.key} enqueued during (s) | ${systems.join(' | ')} |\n|---|${systems.map(() => '---:').join('|')}|`;
   const body = Array.from({ length: n }, (_, w) => {
     const key = `w${String(w).padStart(2, '0')}`;
     const from = w * window;
@@ -161,7 +164,7 @@ export function w8Windows(cs: Case[], ms: Measurement[]): string | undefined {
     return `| ${from}–${Math.min(from + window, seconds)}${mark} | ${systems.map((s) => cell(s, key)).join(' | ')} |`;
   });
   return [
-    `W8 enqueue→start per ${window} s window: p50 / p99 ms (backlog at the window's end); ◆ the snapshot is taken at ${snapshotAt} s.`,
+    `${c.key} enqueue→start per ${window} s window: p50 / p99 ms (backlog at the window's end); ◆ the hold begins at ${snapshotAt} s.`,
     '',
     head,
     ...body,

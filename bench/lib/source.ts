@@ -11,7 +11,7 @@ import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, symlinkSync, write
 import { join } from 'node:path';
 import { REDIS_URL } from './common.js';
 
-/** The copy of src/ a run measures: its index.ts, and what identifies it. */
+/** The build of src/ a run measures: its dist/index.js, and what identifies it. */
 export interface SourceSnapshot {
   index: string;
   commit: string;
@@ -37,7 +37,10 @@ export function ensureDependencies(bench: string, project: string): void {
 /**
  * Copies src/ and migrations/ to bench/.snapshot/<stamp>/ (with a node_modules
  * link to the project's), so that every measurement of this run imports the
- * same pgasynq even if src/ is edited meanwhile. Returns the copy's index.ts
+ * same pgasynq even if src/ is edited meanwhile, and compiles the copy with the
+ * package's own build settings: a user runs the compiled dist/, and so do the
+ * peers (run through tsx, every function the source creates is named at run
+ * time, which cost the drain about a seventh). Returns the build's index.js
  * and what identifies it (HEAD, whether src/ differed from it). `created` is
  * told bench/.snapshot/ as soon as this run owns it, so that an exit removes
  * it even when the copy fails midway.
@@ -51,6 +54,12 @@ export function snapshotSource(stamp: string, bench: string, project: string, cr
   cpSync(join(project, 'src'), join(root, 'src'), { recursive: true });
   cpSync(join(project, 'migrations'), join(root, 'migrations'), { recursive: true });
   symlinkSync(join(project, 'node_modules'), join(root, 'node_modules'), 'dir');
+  for (const f of ['tsconfig.json', 'tsconfig.build.json', 'package.json']) cpSync(join(project, f), join(root, f));
+  // No declarations or source maps: only the JavaScript runs.
+  execFileSync(join(project, 'node_modules', '.bin', 'tsc'), ['-p', join(root, 'tsconfig.build.json'), '--declaration', 'false', '--sourceMap', 'false'], {
+    cwd: root,
+    stdio: 'inherit',
+  });
   const git = (...a: string[]) => {
     try {
       return execFileSync('git', a, { cwd: project, encoding: 'utf8' }).trim();
@@ -60,7 +69,7 @@ export function snapshotSource(stamp: string, bench: string, project: string, cr
   };
   const dirty = git('status', '--porcelain', '--', 'src', 'migrations');
   return {
-    index: join(root, 'src', 'index.ts'),
+    index: join(root, 'dist', 'index.js'),
     commit: git('rev-parse', '--short', 'HEAD'),
     dirty: dirty ? dirty.split('\n').length + ' uncommitted file(s) in src/ or migrations/' : 'clean',
   };
