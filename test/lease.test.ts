@@ -183,4 +183,18 @@ describe('database clock (tests move it instead of sleeping)', () => {
       [...Array(100).keys()].filter((i) => i !== 7),
     );
   });
+
+  test('a timer set after an advance fires in its own real time, never with one set before the advance', async () => {
+    const clock = new DatabaseClock();
+    const early = clock.setTimeout(() => {}, 10_000);
+    clock.advance(9_990);
+    // On the clock, one of these comes due in the very millisecond the 10 s timer does, whose
+    // Node timer fires 10 s from its start: each must fire within its own delay of real time.
+    const fired = await Promise.race([
+      Promise.all(Array.from({ length: 41 }, (_, d) => new Promise<void>((resolve) => clock.setTimeout(resolve, d)))).then(() => true),
+      new Promise<false>((resolve) => setTimeout(() => resolve(false), 2_000)),
+    ]);
+    early.cancel();
+    assert.equal(fired, true, 'every timer of 0–40 ms fired within 2 s');
+  });
 });

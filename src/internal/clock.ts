@@ -15,16 +15,16 @@ export interface ClockTimer {
   cancel(): void;
 }
 
-/** The timers due in one whole millisecond of the clock, and the one Node timer that fires them. */
+/** The timers due in one whole millisecond of real time, and the one Node timer that fires them. */
 interface Bucket {
-  /** The millisecond: every timer in it is due at or before this. */
+  /** The millisecond of performance.now(): every timer in it is due at or before this. */
   due: number;
   handle: NodeJS.Timeout;
   timers: Set<Timer>;
 }
 
 class Timer implements ClockTimer {
-  /** When it comes due on the clock (its bucket is the millisecond this falls in). */
+  /** When it comes due on the clock (advance() fires it once the clock reaches this). */
   readonly due: number;
   readonly #fn: () => void;
   readonly #bucket: Bucket;
@@ -59,11 +59,12 @@ class Timer implements ClockTimer {
 export class DatabaseClock {
   #offsetMs = 0;
   /**
-   * The timers not yet fired or cancelled, by the whole millisecond they are due
-   * in, referenced and unreferenced apart. Node's timers fire on whole
+   * The timers not yet fired or cancelled, by the whole millisecond of real time
+   * they are due in, referenced and unreferenced apart. Node's timers fire on whole
    * milliseconds anyway, and timers set together share one: a claim's leases,
    * the timeouts of the tasks started in one turn. (A Node timer per task was a
-   * tenth of the worker's garbage.)
+   * tenth of the worker's garbage.) Real time, not this clock's: a timer set after
+   * an advance() must not join one set before it, whose Node timer fires later.
    */
   readonly #buckets = [new Map<number, Bucket>(), new Map<number, Bucket>()] as const;
 
@@ -83,18 +84,18 @@ export class DatabaseClock {
    * not keep the process alive.
    */
   setTimeout(fn: () => void, ms: number, unref = false): ClockTimer {
-    const now = this.now();
-    const due = now + Math.max(0, ms);
-    const ms1 = Math.ceil(due);
+    const real = performance.now();
+    const delay = Math.max(0, ms);
+    const ms1 = Math.ceil(real + delay);
     const buckets = this.#buckets[unref ? 1 : 0];
     let bucket = buckets.get(ms1);
     if (bucket === undefined) {
-      const handle = setTimeout(() => this.#fire(buckets, ms1), ms1 - now);
+      const handle = setTimeout(() => this.#fire(buckets, ms1), ms1 - real);
       if (unref) handle.unref();
       bucket = { due: ms1, handle, timers: new Set() };
       buckets.set(ms1, bucket);
     }
-    const timer = new Timer(due, fn, bucket, buckets);
+    const timer = new Timer(real + this.#offsetMs + delay, fn, bucket, buckets);
     bucket.timers.add(timer);
     return timer;
   }
