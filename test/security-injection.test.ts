@@ -144,6 +144,8 @@ describe('SEC2 identifier injection', () => {
       }
       await waitFor(() => seen.length === types.length, 20_000, 'every task handled');
       assert.deepEqual([...seen].sort(), [...types].sort(), 'the handler saw each type verbatim');
+      // A handler returns before its completion batch commits: wait for the batches, not the handlers.
+      await waitFor(async () => (await inspector.getQueueInfo('sec2')).completed === types.length, 20_000, 'every completion committed');
       for (const info of infos) {
         const read = await inspector.getTaskInfo('sec2', info.id);
         assert.equal(read.type, info.type);
