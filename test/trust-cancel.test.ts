@@ -13,6 +13,13 @@ import { deferred, dsnWith, setupDb, test, waitFor } from './helpers.js';
 /** A login with no grants at all: it may connect, and so NOTIFY, and nothing else. */
 const NOBODY = `hc_nobody${(process.env.TEST_SCHEMA_SUFFIX ?? '').replace(/\W/g, '')}`;
 
+/** Drops NOBODY and the grants it holds (DROP OWNED BY revokes those on the database too), if it exists. */
+async function dropNobody(pool: pg.Pool): Promise<void> {
+  if ((await pool.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [NOBODY])).rowCount === 0) return;
+  await pool.query(`DROP OWNED BY ${NOBODY}`);
+  await pool.query(`DROP ROLE ${NOBODY}`);
+}
+
 /** A session of NOBODY's. */
 let nobody: pg.Client;
 
@@ -23,7 +30,8 @@ const {
   startServer: serve,
 } = setupDb('t_trust_cancel', {
   setup: async (db) => {
-    await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
+    // A run that died before its teardown left the role with its grants: DROP ROLE alone would refuse.
+    await dropNobody(db.pool);
     // A password: a server that asks for one (the embedded PostgreSQL) gets it; trust ignores it.
     await db.pool.query(`CREATE ROLE ${NOBODY} LOGIN PASSWORD 'nobody-pw'`);
     const database = new URL(db.connectionString).pathname.slice(1);
@@ -32,9 +40,8 @@ const {
     await nobody.connect();
   },
   teardown: async () => {
-    await nobody.end();
-    await db.pool.query(`DROP OWNED BY ${NOBODY}`).catch(() => {});
-    await db.pool.query(`DROP ROLE IF EXISTS ${NOBODY}`);
+    await nobody?.end();
+    await dropNobody(db.pool);
   },
   // Each test starts from no tasks: one left by an earlier test would hold a slot of the next server.
   resetEach: true,
