@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The package as a user gets it: `npm pack`, the tarball installed into a project made by
 # `npm init -y` and the README's Quick start followed line by line (ESM, `npx pgasynq migrate`),
-# the README's tasks.ts, producer.ts and worker.ts typechecked there (strict, skipLibCheck off)
-# and run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
+# the README's tasks.ts, producer.ts, worker.ts and welcome.test.ts typechecked there (strict,
+# skipLibCheck off) and run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
 # Kysely minor the peer range admits (the newest 0.27, 0.28 and the registry's latest), a project
 # on that Kysely that enqueues in its own Kysely transaction and runs a handler's ctx.transaction
 # typed by its tables (.ci/package/kysely.ts), plus a .cts file under nodenext (.ci/package/check.cts).
@@ -82,6 +82,10 @@ grep -q 'sent a welcome email to ada@example.com' worker.out || { echo 'the work
 grep -q '"level":30' worker.err || { echo 'the worker logged nothing at info'; cat worker.err; exit 1; }
 npx pgasynq stats
 echo "README's producer and worker ran, and the worker shut down gracefully"
+# The README's test file, on pgasynq/testing: a schema of its own on DATABASE_URL, dropped after.
+start=$SECONDS
+./node_modules/.bin/tsx --test welcome.test.ts
+echo "README's welcome.test.ts passed on pgasynq/testing in $((SECONDS - start)) s"
 
 mkdir "$scratch/cjs" && cd "$scratch/cjs"
 npm init -y >/dev/null

@@ -165,3 +165,20 @@ export async function listTaskDependents(
 ): Promise<{ tasks: (TaskRef & { state: TaskState })[]; total: number }> {
   return dependentsOf(internals.db(inspector), v.queueName(queue), v.taskId(id), v.integer(limit, 'limit', 1, MAX_DEPENDENCY_PAGE));
 }
+
+/**
+ * @internal pgasynq/testing's requireEnqueued(): the tasks of `type` in any
+ * state, in `queue` or every queue, oldest first (at most
+ * read.MAX_TASKS_OF_TYPE). ValidationError on a bad type or queue name.
+ */
+export function tasksOfType(inspector: Inspector, type: string, queue?: string): Promise<TaskInfo[]> {
+  return read.listTasksOfType(internals.db(inspector), v.taskType(type), queue === undefined ? undefined : v.queueName(queue));
+}
+
+/**
+ * @internal pgasynq/testing's drain(): the tasks in `queues` (every queue
+ * when null) that a server could run now (read.countRunnableTasks).
+ */
+export function runnableTasks(inspector: Inspector, queues: readonly string[] | null): Promise<number> {
+  return read.countRunnableTasks(internals.db(inspector), queues);
+}

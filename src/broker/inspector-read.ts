@@ -355,3 +355,33 @@ export async function listSchedulerEvents(db: Db, entryId: string, limit: number
     FROM ${db.table('scheduler_events')} WHERE entry_id = ${entryId}
     ORDER BY tick_at DESC LIMIT ${limit} OFFSET ${offset}`);
 }
+
+/** At most this many tasks of one type are read for pgasynq/testing's enqueue assertions. */
+export const MAX_TASKS_OF_TYPE = 1000;
+
+/**
+ * pgasynq/testing's requireEnqueued(): the tasks of `type` in any state, in
+ * `queue` or in every queue, oldest enqueue first, whole rows (payloads
+ * included), at most MAX_TASKS_OF_TYPE.
+ */
+export async function listTasksOfType(db: Db, type: string, queue: string | undefined): Promise<TaskInfo[]> {
+  const rows = (await db.run(sql`
+    SELECT ${taskColumns(db)} FROM ${db.table('tasks')} t
+    WHERE t.type = ${type} AND (${queue ?? null}::text IS NULL OR t.queue = ${queue ?? null})
+    ORDER BY t.seq LIMIT ${MAX_TASKS_OF_TYPE}`)) as unknown as TaskRow[];
+  return rows.map(toTaskInfo);
+}
+
+/**
+ * pgasynq/testing's drain(): how many tasks in `queues` (every queue when
+ * null) a server could still run now: pending, active, or scheduled or
+ * retrying and already due. Waiting, aggregating, archived and completed
+ * tasks, and those due later, are not work left.
+ */
+export async function countRunnableTasks(db: Db, queues: readonly string[] | null): Promise<number> {
+  const [row] = await db.run(sql<{ n: number }>`
+    SELECT pg_catalog.count(*)::int AS n FROM ${db.table('tasks')} t
+    WHERE (${queues}::text[] IS NULL OR t.queue = ANY (${queues}::text[]))
+      AND (t.state IN ('pending', 'active') OR (t.state IN ('scheduled', 'retry') AND t.run_at <= ${db.now()}))`);
+  return row!.n;
+}

@@ -169,6 +169,18 @@ export class TaskFailedError extends PgasynqError {
   }
 }
 
+/** pgasynq/testing's drain(): tasks were still to run when its timeout passed. */
+export class DrainTimeoutError extends PgasynqError {
+  readonly code = 'ERR_DRAIN_TIMEOUT';
+  constructor(
+    /** Tasks pending, active, or due in scheduled or retry when it gave up. */
+    readonly remaining: number,
+    readonly timeoutMs: number,
+  ) {
+    super(`${remaining} task${remaining === 1 ? ' was' : 's were'} still to run after ${timeoutMs} ms`);
+  }
+}
+
 /** Client.waitFor: the task did not finish within the timeout. */
 export class WaitTimeoutError extends PgasynqError {
   readonly code = 'ERR_WAIT_TIMEOUT';

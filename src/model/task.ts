@@ -84,7 +84,7 @@ export const MAX_DEPENDENCIES = 10_000;
 export const DEFAULT_QUEUE = 'default';
 export const DEFAULT_MAX_RETRY = 25;
 export const DEFAULT_TIMEOUT_MS = 30 * 60_000;
-const MAX_RETRY_LIMIT = 1000;
+export const MAX_RETRY_LIMIT = 1000;
 export const MIN_PRIORITY = -100;
 export const MAX_PRIORITY = 100;
 
