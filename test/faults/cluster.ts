@@ -8,10 +8,12 @@
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { chownSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir, userInfo } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
+import { freePort } from '../../src/testing/test-database.js';
+
+export { freePort };
 
 export interface ClusterOptions {
   /** Extra `-c name=value` server settings (max_connections, log_statement, ...). */
@@ -46,17 +48,6 @@ function asPostgres(bin: string, args: string[]): void {
   const [cmd, argv] = root ? ['runuser', ['-u', 'postgres', '--', join(PGBIN, bin), ...args]] : [join(PGBIN, bin), args];
   const run = spawnSync(cmd, argv, { encoding: 'utf8' });
   if (run.status !== 0) throw new Error(`${bin} ${args.join(' ')} failed (${run.status}): ${run.stderr || run.stdout}`);
-}
-
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
 }
 
 /** Creates, configures and starts a cluster; `destroy()` it when done. */
