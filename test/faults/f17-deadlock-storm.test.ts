@@ -282,7 +282,11 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
   const fails: string[] = [];
   if (deadlockDelta !== 0) fails.push(`pg_stat_database counted ${deadlockDelta} deadlocks:\n${deadlockReports.join('\n')}`);
   if (leaked.errorHandler + leaked.admin + leaked.errorLogs > 0) fails.push(`40P01 reached user code: ${JSON.stringify(leaked)}`);
-  const errorLogs = logs.filter((l) => l.level === 'error');
+  // A task whose retries ran out is archived with an error line: an outcome the storm may give
+  // (maxRetry 3 against a planned failure, zombie claims and leases lost to admin actions and a
+  // loaded machine), checked by "every task final" below, not a deadlock's symptom.
+  const retriesSpent = logs.filter((l) => l.level === 'error' && l.msg === 'task archived' && l.obj.reason === 'retries-exhausted').length;
+  const errorLogs = logs.filter((l) => l.level === 'error' && !(l.msg === 'task archived' && l.obj.reason === 'retries-exhausted'));
   if (errorLogs.length > 0) fails.push(`${errorLogs.length} error logs, first: ${errorLogs[0]!.msg} ${String((errorLogs[0]!.obj.err as Error)?.message)}`);
   const cliFailures = cliRuns.filter((r) => r.code !== 0);
   if (cliFailures.length > 0) fails.push(`${cliFailures.length} CLI runs failed, first: ${cliFailures[0]!.args.join(' ')}: ${cliFailures[0]!.stderr}`);
@@ -316,7 +320,7 @@ test('F17: servers, recoverers and admin bulk actions on the same rows: no deadl
     cli_runs: cliRuns.length,
     notes:
       `${SERVERS} servers x 32, recoverInterval 100 ms, deadlock_timeout 100 ms; storm ${STORM_MS / 1000} s (3 admin loops, producer, zombie ${zombied} rows), ` +
-      `drained at ${drainS.toFixed(1)} s (storm ended ${stormS.toFixed(1)} s); completed rows ${fate!.completed}, archived ${fate!.archived}, ` +
+      `drained at ${drainS.toFixed(1)} s (storm ended ${stormS.toFixed(1)} s); completed rows ${fate!.completed}, archived ${fate!.archived} (${retriesSpent} with their retries spent), ` +
       `deleted on completion ${fate!.deleted_done}, deleted by admin/janitor ${fate!.deleted_admin}`,
   });
   assert.deepEqual(fails, []);
