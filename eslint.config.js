@@ -25,8 +25,13 @@ const LAYERS = [
   {
     files: ['src/*.ts'],
     ignores: ['src/index.ts'],
-    forbidden: '^\\./(cli/|dashboard/|index\\.js$)',
-    rule: 'the public fronts (src/*.ts) may import one another, server/, broker/, internal/ and model/, not cli/, dashboard/ or index.ts',
+    forbidden: '^\\./(cli/|dashboard/|testing/|index\\.js$)',
+    rule: 'the public fronts (src/*.ts) may import one another, server/, broker/, internal/ and model/, not cli/, dashboard/, testing/ or index.ts',
+  },
+  {
+    files: ['src/testing/**'],
+    forbidden: '^\\.\\./(cli/|dashboard/|index\\.js$)',
+    rule: 'src/testing/ (pgasynq/testing) may import the public fronts, broker/, server/, internal/ and model/, not cli/, dashboard/ or index.ts',
   },
   {
     files: ['src/dashboard/**'],
@@ -58,7 +63,21 @@ const layerBlocks = LAYERS.map(({ files, ignores, forbidden, rule }) => ({
 
 export default tseslint.config(
   // .ci/package/ is typechecked in the projects package-check.sh makes, where pgasynq resolves.
-  { ignores: ['dist/', 'bench/.snapshot/', 'bench/node_modules/', 'bench/results/', 'node_modules/', '.ci/package/'] },
+  // docs/: the site's dependencies, its build and the reference it generates.
+  {
+    ignores: [
+      'dist/',
+      'bench/.snapshot/',
+      'bench/node_modules/',
+      'bench/results/',
+      'node_modules/',
+      '.ci/package/',
+      'docs/node_modules/',
+      'docs/.vitepress/dist/',
+      'docs/.vitepress/cache/',
+      'docs/reference/',
+    ],
+  },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {
@@ -74,7 +93,7 @@ export default tseslint.config(
   },
   {
     // Plain JavaScript (this file, CI scripts) is not in a tsconfig: no type-aware rules there.
-    files: ['**/*.js', '**/*.mjs'],
+    files: ['**/*.js', '**/*.mjs', 'docs/.vitepress/*.mts'],
     ...tseslint.configs.disableTypeChecked,
     languageOptions: { ...tseslint.configs.disableTypeChecked.languageOptions, globals: { process: 'readonly', console: 'readonly', URL: 'readonly' } },
   },

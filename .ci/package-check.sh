@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The package as a user gets it: `npm pack`, the tarball installed into a project made by
-# `npm init -y` and the README's Quick start followed line by line (ESM, `npx pgasynq migrate`),
-# the README's tasks.ts, producer.ts, worker.ts and welcome.test.ts typechecked there (strict,
-# skipLibCheck off) and run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
+# `npm init -y` and the Getting started page followed line by line (ESM, `npx pgasynq migrate`),
+# every named code block of the README and docs/guide typechecked there (strict, skipLibCheck
+# off), and the README's hello.ts, Getting started's producer.ts and worker.ts and the testing
+# guide's welcome.test.ts run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
 # Kysely minor the peer range admits (the newest 0.27, 0.28 and the registry's latest), a project
 # on that Kysely that enqueues in its own Kysely transaction and runs a handler's ctx.transaction
 # typed by its tables (.ci/package/kysely.ts), plus a .cts file under nodenext (.ci/package/check.cts).
@@ -25,7 +26,7 @@ cleanup() {
 trap cleanup EXIT
 quiet() { npm "$@" --no-audit --no-fund --loglevel=error >/dev/null; }
 typescript="typescript@$(node -p "require('$repo/node_modules/typescript/package.json').version")"
-# The @types/node of the Node this runs on, as the README tells TypeScript users to pick.
+# The @types/node of the Node this runs on, as Getting started tells TypeScript users to pick.
 node_major=$(node -p 'process.versions.node.split(".")[0]')
 types_node="@types/node@$node_major"
 # Every version of @types/node in the current project's node_modules, nested ones included.
@@ -40,6 +41,8 @@ const m = JSON.parse(require('fs').readFileSync(0, 'utf8'));
 for (const key of ['scripts', 'devDependencies']) if (key in m) throw new Error('the packed package.json has ' + key + ': ' + JSON.stringify(m[key]));
 "
 echo "the packed package.json has no scripts and no devDependencies"
+tar -tzf "$tarball" | grep -x 'package/CHANGELOG.md' >/dev/null || { echo "the package lacks CHANGELOG.md"; exit 1; }
+echo "the package ships CHANGELOG.md"
 
 psql "$admin_url" -q -v ON_ERROR_STOP=1 -c "DROP DATABASE IF EXISTS $database" -c "CREATE DATABASE $database" >/dev/null
 
@@ -49,18 +52,18 @@ quiet install "$tarball"
 # A project without @types/node gets none from pgasynq: the TypeScript user picks their Node's.
 [ -z "$(types_node_versions)" ] || { echo "installing pgasynq brought @types/node $(types_node_versions)"; npm ls --all @types/node; exit 1; }
 echo "installing pgasynq installs no @types/node"
-# What the README asks of TypeScript users: @types/node for their Node, and @types/pg.
+# What Getting started asks of TypeScript users: @types/node for their Node, and @types/pg.
 quiet install -D tsx "$typescript" "$types_node" @types/pg
 for v in $(types_node_versions); do
   [[ $v == "$node_major".* ]] || { echo "@types/node $v installed besides the one picked:"; npm ls --all @types/node; exit 1; }
 done
 echo "with $types_node and @types/pg, the only @types/node is the one picked: $(types_node_versions)"
-node "$repo/.ci/readme-files.mjs" "$repo/README.md" .
+node "$repo/.ci/readme-files.mjs" . "$repo/README.md" "$repo"/docs/guide/*.md
 cat > tsconfig.json <<'JSON'
 { "compilerOptions": { "strict": true, "module": "nodenext", "target": "es2022", "skipLibCheck": false, "noEmit": true }, "include": ["*.ts"] }
 JSON
 npx tsc -p .
-echo "README's code typechecks against the package"
+echo "the named code blocks of the README and docs/guide typecheck against the package"
 # Every declaration file shipped, not just those the README reaches: none may refer to a
 # declaration that stripInternal removed.
 cat > tsconfig.dts.json <<'JSON'
@@ -81,11 +84,14 @@ worker=
 grep -q 'sent a welcome email to ada@example.com' worker.out || { echo 'the worker never ran the task'; cat worker.out worker.err; exit 1; }
 grep -q '"level":30' worker.err || { echo 'the worker logged nothing at info'; cat worker.err; exit 1; }
 npx pgasynq stats
-echo "README's producer and worker ran, and the worker shut down gracefully"
-# The README's test file, on pgasynq/testing: a schema of its own on DATABASE_URL, dropped after.
+echo "Getting started's producer and worker ran, and the worker shut down gracefully"
+# The README's worker in 20 lines, in one process.
+./node_modules/.bin/tsx hello.ts | tee hello.out
+grep -q 'completed { sent: true }' hello.out || { echo "hello.ts did not complete its task"; exit 1; }
+# The testing guide's test file, on pgasynq/testing: a schema of its own on DATABASE_URL, dropped after.
 start=$SECONDS
 ./node_modules/.bin/tsx --test welcome.test.ts
-echo "README's welcome.test.ts passed on pgasynq/testing in $((SECONDS - start)) s"
+echo "the testing guide's welcome.test.ts passed on pgasynq/testing in $((SECONDS - start)) s"
 
 mkdir "$scratch/cjs" && cd "$scratch/cjs"
 npm init -y >/dev/null

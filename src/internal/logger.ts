@@ -24,8 +24,8 @@ export interface Logger {
 }
 
 /** Levels of the default logger, from the most to the least verbose. */
-export const LOG_LEVELS = ['debug', 'info', 'warn', 'error'] as const;
-export type LogLevel = (typeof LOG_LEVELS)[number];
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
+export const LOG_LEVELS: readonly LogLevel[] = ['debug', 'info', 'warn', 'error'];
 export const LOG_LEVEL_DEFAULT: LogLevel = 'info';
 
 const noop = (): void => {};
