@@ -50,8 +50,11 @@ export const taskFields = (row: Pick<ClaimedRow, 'id' | 'type' | 'queue' | 'retr
   attempt: attemptOf(row.retried),
 });
 
+/** Whether a failed run sends its task to the archive: SkipRetry, or its retries spent (else to retry). */
+export const archivesTask = (error: Error, retried: number, maxRetry: number): boolean => isSkipRetry(error) || retried >= maxRetry;
+
 /** How a failed run ended, as its attempt record says: a timeout or deadline, a cancellation, or any other error. */
-function failureOutcome(error: Error): Failure['outcome'] {
+export function failureOutcome(error: Error): Failure['outcome'] {
   if (error instanceof TaskTimeoutError) return 'timeout';
   if (error instanceof TaskCanceledError) return 'canceled';
   return 'failed';
@@ -133,7 +136,7 @@ export class Outcomes {
       }
       return;
     }
-    const archive = isSkipRetry(error) || row.retried >= row.max_retry;
+    const archive = archivesTask(error, row.retried, row.max_retry);
     const counts = archive || this.#countsAsFailure(error);
     const delayMs = archive ? 0 : retryDelayFor(this.#cfg.retryDelay, row.retried, error, task, this.#logger);
     const failure: Failure = { ...leaseKey(lease), lines, archive, counts, delayMs, error: lastErrorText(error), outcome: failureOutcome(error) };

@@ -8,13 +8,14 @@
  */
 import type { Kysely, Transaction } from 'kysely';
 import type { Logger } from '../internal/logger.js';
-import { ConfigError, coerceError, InvalidOptionError, isRevokeTask, isSkipRetry, TaskCanceledError, TaskTimeoutError } from '../model/errors.js';
+import { ConfigError, coerceError, InvalidOptionError, isRevokeTask, TaskCanceledError, TaskTimeoutError } from '../model/errors.js';
 import { logLine, progressJson } from '../model/following.js';
 import { encodePayload } from '../model/payload.js';
 import { snoozeOf } from '../model/snooze.js';
 import { DEFAULT_MAX_RETRY, MAX_RETRY_LIMIT, Task } from '../model/task.js';
 import * as v from '../model/validate.js';
 import type { Handler, TaskContext } from '../server/handler.js';
+import { archivesTask, failureOutcome } from '../server/outcomes.js';
 
 export interface RunTaskOptions {
   /** ctx.taskId. @defaultValue 'test-task' */
@@ -167,8 +168,8 @@ function outcomeOf(error: Error | undefined, retryCount: number, maxRetry: numbe
   if (isRevokeTask(error)) return { outcome: 'completed', next: 'revoked', error };
   const snooze = snoozeOf(error);
   if (snooze) return { outcome: 'snoozed', next: 'scheduled', error, snoozeMs: snooze.delayMs };
-  const outcome = error instanceof TaskTimeoutError ? 'timeout' : error instanceof TaskCanceledError ? 'canceled' : 'failed';
-  return { outcome, next: isSkipRetry(error) || retryCount >= maxRetry ? 'archived' : 'retry', error };
+  // The server's own rules (server/outcomes.ts), so that a run here ends as it would there.
+  return { outcome: failureOutcome(error), next: archivesTask(error, retryCount, maxRetry) ? 'archived' : 'retry', error };
 }
 
 /** `fn`'s value, or its throw as a rejection: the context's writes reject as a server's do. */
