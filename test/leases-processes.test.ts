@@ -183,12 +183,14 @@ describe('processes', () => {
 
   /**
    * A worker in `mode` takes a task; a rescuer here completes it once the worker's lease ran out
-   * (while SIGSTOP freezes the worker, when `freeze`); then the worker goes on, and is stopped.
-   * Returns the task, the worker's "finished" event and its metrics.
+   * (while SIGSTOP freezes the worker, a zombie; while the handler blocks its event loop for
+   * 2.5 s, a block); then the worker goes on, and is stopped. Returns the task, the worker's
+   * "finished" event and its metrics.
    */
-  async function rescuedFrom(mode: 'zombie' | 'block', sleepMs: number, freeze: boolean) {
+  async function rescuedFrom(mode: 'zombie' | 'block') {
     await reset();
-    const worker = spawnWorker(mode, { LEASE: '1000', HEARTBEAT: '150', SLEEP: String(sleepMs) });
+    const freeze = mode === 'zombie';
+    const worker = spawnWorker(mode, { LEASE: '1000', HEARTBEAT: '150', SLEEP: '2500' });
     await worker.next('ready');
     const info = await client.enqueue(new Task(mode));
     await worker.next('started');
@@ -205,19 +207,19 @@ describe('processes', () => {
   }
 
   test('zombie: a worker frozen past its lease wakes to find its writes fenced off', { timeout: PROCESS_TEST_MS }, async () => {
-    const { info, finished, metrics } = await rescuedFrom('zombie', 300, true);
+    const { info, finished, metrics } = await rescuedFrom('zombie');
     assert.equal(finished.error, 'LeaseExpiredError', 'the zombie’s transaction is refused');
     console.log(`# zombie: fenced writes rejected = ${metrics.fencedWrites}, leases lost = ${metrics.leasesLost}`);
     const effects = await db.query('SELECT task_id, worker FROM {{schema}}.side_effects');
     assert.deepEqual(effects, [{ task_id: info.id, worker: 'rescuer' }], 'exactly one side effect, the rescuer’s');
-    // Two safe outcomes, depending on which overdue timer fires first after SIGCONT: the
-    // trust timer (the zombie aborts before writing anything), or the handler's own (its
-    // transaction reaches the database and the token rejects it: a fenced write).
+    // Two safe outcomes, depending on what runs first after SIGCONT: the overdue trust timer
+    // (the zombie aborts before writing anything), or the handler's wake-up (its transaction
+    // reaches the database and the token rejects it: a fenced write).
     assert.equal(metrics.leasesLost, 1, 'the zombie knows it lost the lease');
   });
 
   test('a CPU-bound handler that blocks the event loop past its lease loses it; its late transaction is fenced', { timeout: PROCESS_TEST_MS }, async () => {
-    const { finished, metrics } = await rescuedFrom('block', 2500, false);
+    const { finished, metrics } = await rescuedFrom('block');
     assert.equal(finished.error, 'LeaseExpiredError', 'the blocked handler’s late transaction is refused');
     const effects = await db.query('SELECT worker FROM {{schema}}.side_effects');
     assert.deepEqual(effects, [{ worker: 'rescuer' }]);

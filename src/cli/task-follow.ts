@@ -91,6 +91,9 @@ async function follow(ctx: CliContext, queue: string, id: string, tail: number |
       const failure = await Promise.race([end, pause(POLL_MS, stop.signal)]);
       if (failure !== undefined) throw failure.err;
       if (stop.signal.aborted) break;
+      // Whether the wait had ended before this read: only then does the read hold the lines the
+      // task's last write carried. A wait that ends during the read takes one more.
+      const last = ended;
       let cur: TaskLogLine[];
       try {
         cur = await inspector.getTaskLogs(queue, id);
@@ -101,7 +104,7 @@ async function follow(ctx: CliContext, queue: string, id: string, tail: number |
       }
       print(newLines(seen, cur));
       seen = cur;
-      if (ended) break;
+      if (last) break;
     }
   } finally {
     process.off('SIGINT', onSignal);
