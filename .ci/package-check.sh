@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The package as a user gets it: `npm pack`, the tarball installed into a project made by
 # `npm init -y` and the Getting started page followed line by line (ESM, `npx pgasynq migrate`),
-# every named code block of the README and docs/guide typechecked there (strict, skipLibCheck
-# off), and the README's hello.ts, Getting started's producer.ts and worker.ts and the testing
-# guide's welcome.test.ts run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
+# every code block of the README and docs/guide typechecked there (strict, skipLibCheck off; see
+# readme-files.mjs for named blocks, fragments and another package's code), and the README's
+# hello.ts, Getting started's producer.ts and worker.ts and the testing guide's welcome.test.ts
+# run against PostgreSQL; then `require('pgasynq')` from a CommonJS project; then, for each
 # Kysely minor the peer range admits (the newest 0.27, 0.28 and the registry's latest), a project
 # on that Kysely that enqueues in its own Kysely transaction and runs a handler's ctx.transaction
 # typed by its tables (.ci/package/kysely.ts), plus a .cts file under nodenext (.ci/package/check.cts).
@@ -59,11 +60,13 @@ for v in $(types_node_versions); do
 done
 echo "with $types_node and @types/pg, the only @types/node is the one picked: $(types_node_versions)"
 node "$repo/.ci/readme-files.mjs" . "$repo/README.md" "$repo"/docs/guide/*.md
+# What the unnamed fragments take as given (client, ctx, db, …).
+cp "$repo/.ci/package/fragments.d.ts" .
 cat > tsconfig.json <<'JSON'
 { "compilerOptions": { "strict": true, "module": "nodenext", "target": "es2022", "skipLibCheck": false, "noEmit": true }, "include": ["*.ts"] }
 JSON
 npx tsc -p .
-echo "the named code blocks of the README and docs/guide typecheck against the package"
+echo "the code blocks of the README and docs/guide, named files and fragments, typecheck against the package"
 # Every declaration file shipped, not just those the README reaches: none may refer to a
 # declaration that stripInternal removed.
 cat > tsconfig.dts.json <<'JSON'
