@@ -7,14 +7,17 @@ import type { Logger } from './internal/logger.js';
 import { prepareEntry } from './cron-entry.js';
 import { Scheduler, resolveSchedulerOptions, type SchedulerOptions } from './scheduler.js';
 import { Ticker } from './internal/ticker.js';
-import { untilTerminated } from './internal/signals.js';
+import { runUntilTerminated } from './internal/signals.js';
 import type { EnqueueOptions, Task } from './model/task.js';
 import * as v from './model/validate.js';
 
 /** One periodic task as a config provider returns it. */
 export interface PeriodicTaskConfig {
+  /** When to enqueue, as Scheduler.register() takes it. */
   cronspec: string;
+  /** The task to enqueue at each tick. */
   task: Task;
+  /** Enqueue options, as Scheduler.register() takes them. @defaultValue none: the Task's own */
   opts?: EnqueueOptions;
 }
 
@@ -22,7 +25,7 @@ export interface PeriodicTaskConfig {
 export interface PeriodicTaskManagerOptions extends SchedulerOptions {
   /** Returns the periodic tasks wanted now; called at start and every syncInterval. */
   getConfigs: () => Promise<PeriodicTaskConfig[]> | PeriodicTaskConfig[];
-  /** @defaultValue 3 min */
+  /** How often getConfigs is called after start. @defaultValue 3 min */
   syncInterval?: number;
 }
 
@@ -92,9 +95,10 @@ export class PeriodicTaskManager {
 
   /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
   async run(): Promise<void> {
-    await this.start();
-    await untilTerminated();
-    await this.shutdown();
+    await runUntilTerminated(
+      () => this.start(),
+      () => this.shutdown(),
+    );
   }
 
   /** Stops syncing, then shuts the scheduler down. */

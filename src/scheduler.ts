@@ -27,7 +27,7 @@
  * new and active; start and shutdown are each allowed once.
  */
 import { randomUUID } from 'node:crypto';
-import { untilTerminated } from './internal/signals.js';
+import { runUntilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
 import { Db } from './broker/db.js';
 import { CONNECTION_OPTION_KEYS, type ConnectionOptions } from './internal/connection.js';
@@ -189,9 +189,10 @@ export class Scheduler {
 
   /** Starts, then shuts down on SIGTERM or SIGINT; resolves after the shutdown. */
   async run(): Promise<void> {
-    await this.start();
-    await untilTerminated();
-    await this.shutdown();
+    await runUntilTerminated(
+      () => this.start(),
+      () => this.shutdown(),
+    );
   }
 
   /**

@@ -15,7 +15,7 @@
  * Modes: new → active (start) → stopped (stop: no new claims) → closed (shutdown).
  */
 import { randomUUID } from 'node:crypto';
-import { untilTerminated } from './internal/signals.js';
+import { runUntilTerminated } from './internal/signals.js';
 import { hostname } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Db } from './broker/db.js';
@@ -249,9 +249,10 @@ export class Server {
 
   /** Starts, then shuts down gracefully on SIGTERM or SIGINT; resolves after the shutdown. */
   async run<P = unknown>(handler: ServeMux | Handler<P>): Promise<void> {
-    await this.start(handler);
-    await untilTerminated();
-    await this.shutdown();
+    await runUntilTerminated(
+      () => this.start(handler),
+      () => this.shutdown(),
+    );
   }
 
   /** Stops claiming new tasks; running tasks go on. */

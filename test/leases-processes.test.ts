@@ -116,6 +116,17 @@ describe('processes', () => {
     });
   }
 
+  test('a run() that starts after SIGTERM came (a Scheduler after the Server) shuts down at once', { timeout: PROCESS_TEST_MS }, async () => {
+    await reset();
+    const worker = spawnWorker('hang', { RUN: '1', THEN_SCHEDULER: '1' });
+    await worker.next('ready');
+    worker.child.kill('SIGTERM');
+    await worker.next('metrics');
+    await worker.next('scheduler stopped');
+    await exited(worker.child);
+    assert.equal(worker.child.exitCode, 0);
+  });
+
   test(
     'kill -9 mid-task: another server recovers and completes it, after the cutoff and within lease + cutoff + interval',
     { timeout: PROCESS_TEST_MS },

@@ -43,7 +43,7 @@ export function registerDash(program: CliProgram, ctx: CliContext): void {
       const token = opts.token ?? (envToken === undefined || envToken === '' ? undefined : envToken);
       if (token !== undefined && !/^[\x21-\x7e]{1,512}$/.test(token)) throw new UsageError('--token must be 1–512 visible ASCII characters without spaces');
       const { createDashboard } = await import('../dashboard/server.js');
-      const { untilTerminated } = await import('../internal/signals.js');
+      const { runUntilTerminated } = await import('../internal/signals.js');
       const dash = createDashboard({
         ...conn,
         readOnly: opts.readOnly === true,
@@ -52,40 +52,43 @@ export function registerDash(program: CliProgram, ctx: CliContext): void {
         ...(token === undefined ? {} : { token }),
         ...(opts.allowedHosts === undefined ? {} : { allowedHosts: opts.allowedHosts }),
       });
-      // Listen for the signals first, so a Ctrl-C during start-up still closes everything.
-      const terminated = untilTerminated();
+      // runUntilTerminated listens for the signals first, so a Ctrl-C during start-up still closes everything.
       try {
-        // Fail fast (exit 1) when the database cannot be reached or the schema is not migrated.
-        await dash.inspector.queues();
-        const { url, allowedHosts } = await dash.listen(opts.port, opts.host);
-        const metricsUrl = `${url}metrics`;
-        ctx.emit(
-          { url, metricsUrl, readOnly: opts.readOnly === true, tokenRequired: token !== undefined, hidePayloads: opts.hidePayloads === true, allowedHosts },
-          () => [
-            `pgasynq dashboard: ${url}`,
-            `metrics:           ${metricsUrl}`,
-            ...(opts.readOnly ? ['read-only:         actions are hidden and refused'] : []),
-            ...(token !== undefined ? ['token:             required (open /?token=... once, or send Authorization: Bearer ...)'] : []),
-            ...(opts.hidePayloads ? ['payloads:          hidden'] : []),
-            `answers to Host:   ${allowedHosts === '*' ? 'any' : allowedHosts.join(', ')}`,
-            'Ctrl-C to stop.',
-          ],
+        await runUntilTerminated(
+          async () => {
+            // Fail fast (exit 1) when the database cannot be reached or the schema is not migrated.
+            await dash.inspector.queues();
+            const { url, allowedHosts } = await dash.listen(opts.port, opts.host);
+            const metricsUrl = `${url}metrics`;
+            ctx.emit(
+              { url, metricsUrl, readOnly: opts.readOnly === true, tokenRequired: token !== undefined, hidePayloads: opts.hidePayloads === true, allowedHosts },
+              () => [
+                `pgasynq dashboard: ${url}`,
+                `metrics:           ${metricsUrl}`,
+                ...(opts.readOnly ? ['read-only:         actions are hidden and refused'] : []),
+                ...(token !== undefined ? ['token:             required (open /?token=... once, or send Authorization: Bearer ...)'] : []),
+                ...(opts.hidePayloads ? ['payloads:          hidden'] : []),
+                `answers to Host:   ${allowedHosts === '*' ? 'any' : allowedHosts.join(', ')}`,
+                'Ctrl-C to stop.',
+              ],
+            );
+            if (!isLoopback(opts.host) && token === undefined) {
+              ctx.io.err.write(
+                `warning: listening on ${opts.host} without --token: anyone who can reach this port can read your queues${opts.readOnly ? '' : ' and act on them'}\n`,
+              );
+            }
+            if (allowedHosts === '*' && token === undefined) {
+              ctx.io.err.write(
+                'warning: --allowed-hosts * answers to any Host name: a web page you open can read (and act on) this dashboard through DNS rebinding; list the names instead, or set --token\n',
+              );
+            } else if (allowedHosts !== '*' && opts.allowedHosts === undefined && isWildcard(opts.host)) {
+              ctx.io.err.write(
+                `note: listening on every address, but answering only to Host ${allowedHosts.join(', ')} (a defence against DNS rebinding); to open it under another name or address, add --allowed-hosts NAME[,NAME...]\n`,
+              );
+            }
+          },
+          async () => {},
         );
-        if (!isLoopback(opts.host) && token === undefined) {
-          ctx.io.err.write(
-            `warning: listening on ${opts.host} without --token: anyone who can reach this port can read your queues${opts.readOnly ? '' : ' and act on them'}\n`,
-          );
-        }
-        if (allowedHosts === '*' && token === undefined) {
-          ctx.io.err.write(
-            'warning: --allowed-hosts * answers to any Host name: a web page you open can read (and act on) this dashboard through DNS rebinding; list the names instead, or set --token\n',
-          );
-        } else if (allowedHosts !== '*' && opts.allowedHosts === undefined && isWildcard(opts.host)) {
-          ctx.io.err.write(
-            `note: listening on every address, but answering only to Host ${allowedHosts.join(', ')} (a defence against DNS rebinding); to open it under another name or address, add --allowed-hosts NAME[,NAME...]\n`,
-          );
-        }
-        await terminated;
       } finally {
         await dash.close();
       }
