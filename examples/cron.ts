@@ -1,10 +1,15 @@
 /**
- * A cron example: a Scheduler enqueues a heartbeat task every second and a
- * report every minute; a server runs them. Stops after three heartbeats.
+ * A cron example: a Scheduler (in time zone Europe/Berlin) enqueues a
+ * heartbeat task every second ('@every 1s') and a report at second 0 of every
+ * minute (a six-field cron expression, with enqueue options); a server runs
+ * them. The script stops the scheduler and the server and exits after three
+ * heartbeats.
  *
- *   npx tsx examples/cron.ts
+ *   npx tsx examples/cron.ts       # from the repository root
+ *
+ * Runs on an embedded PostgreSQL when DATABASE_URL is unset (see connect.ts).
  */
-import { Scheduler, Server, Task } from '../src/index.js';
+import { Scheduler, Server, Task } from 'pgasynq';
 import { connect } from './connect.js';
 
 const { conn, embedded } = await connect();

@@ -7,13 +7,15 @@
  * part's counts with ctx.dependencyResults(), merges them and prints the top
  * words. The script exits once combine has run.
  *
- *   npx tsx examples/fan-in.ts
+ *   npx tsx examples/fan-in.ts     # from the repository root
+ *
+ * Runs on an embedded PostgreSQL when DATABASE_URL is unset (see connect.ts).
  *
  * (If a part failed for good, combine would be archived with it: that is
  * onDependencyFailure's default, 'archive'; with 'run' it would run on the
  * results of the parts that did complete.)
  */
-import { Client, Server, ServeMux, Task } from '../src/index.js';
+import { Client, Server, ServeMux, Task } from 'pgasynq';
 import { connect } from './connect.js';
 
 const DOCUMENT = `

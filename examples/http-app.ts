@@ -1,15 +1,22 @@
 /**
- * An HTTP app that enqueues inside its own database transaction: POST /orders
- * inserts the order and enqueues its confirmation email in one transaction,
- * so there is never an order without its email, nor an email without its order.
+ * An HTTP app (Express) that enqueues inside its own database transaction:
+ * POST /orders inserts the order and enqueues its confirmation task in one
+ * transaction, so there is never an order without its task, nor a task without
+ * its order. The handler marks the order confirmed in ctx.transaction, which
+ * commits together with the task's completion. The orders table is the app's
+ * own, examples.orders, created on start.
  *
- *   npx tsx examples/http-app.ts            # serves on http://127.0.0.1:3000
- *   npx tsx examples/http-app.ts --smoke    # places 5 orders itself, waits for the emails, exits
+ *   npx tsx examples/http-app.ts            # serves on http://127.0.0.1:3000 until Ctrl-C (SIGINT)
+ *   npx tsx examples/http-app.ts --smoke    # places 5 orders itself, waits for their confirmations, exits
+ *
+ * (From the repository root.) Runs on an embedded PostgreSQL when DATABASE_URL
+ * is unset (see connect.ts); copied into a project, it also needs
+ * `npm install express pg` (and @types/express for tsc).
  */
 import express from 'express';
 import type { AddressInfo } from 'node:net';
 import pg from 'pg';
-import { Client, Server, Task, type EmbeddedClient } from '../src/index.js';
+import { Client, Server, Task, type EmbeddedClient } from 'pgasynq';
 import { connect } from './connect.js';
 
 const { conn, embedded } = await connect();

@@ -1,10 +1,15 @@
 /**
- * A plain worker: a producer enqueues welcome emails and thumbnails, a server
- * with two queues processes them, and the script exits once all are done.
+ * A plain worker: a producer enqueues ten welcome emails into queue "default"
+ * and ten thumbnails into queue "low" in one enqueueMany call; a server serves
+ * both queues (weights 3 and 1) with a ServeMux, a middleware that counts
+ * finished tasks, ctx.logger and ctx.writeResult, and the script exits once
+ * all twenty are done.
  *
- *   npx tsx examples/worker.ts
+ *   npx tsx examples/worker.ts     # from the repository root
+ *
+ * Runs on an embedded PostgreSQL when DATABASE_URL is unset (see connect.ts).
  */
-import { Client, Server, ServeMux, Task } from '../src/index.js';
+import { Client, Server, ServeMux, Task } from 'pgasynq';
 import { connect } from './connect.js';
 
 interface WelcomeEmail {
