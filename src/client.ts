@@ -24,6 +24,7 @@ export type EnqueueCallOptions = EnqueueOptions & {
    * A transaction you hold open (a Kysely Transaction, or a pg client after BEGIN).
    * The task is enqueued if the transaction commits, is gone if it rolls back,
    * and is not visible to workers until the commit.
+   * @defaultValue none: the enqueue commits on its own
    */
   tx?: Transactional;
 };
@@ -62,7 +63,7 @@ export interface ClientOptions extends ConnectionOptions {
 export interface WaitOptions {
   /** Give up after this many ms with WaitTimeoutError. @defaultValue no limit */
   timeout?: number;
-  /** Aborting it rejects the wait with the signal's reason (the task goes on). */
+  /** Aborting it rejects the wait with the signal's reason (the task goes on). @defaultValue none */
   signal?: AbortSignal;
 }
 
@@ -71,6 +72,7 @@ export type EnqueueAndWaitOptions = EnqueueOptions & {
   tx?: never;
   /** waitFor()'s `timeout`. @defaultValue no limit */
   waitTimeout?: number;
+  /** waitFor()'s `signal`: aborting it rejects the wait with its reason (the task goes on). @defaultValue none */
   signal?: AbortSignal;
 };
 

@@ -10,6 +10,7 @@ import * as v from './model/validate.js';
 
 export { DEFAULT_ROLE_PREFIX, ROLE_KINDS, roleNames, type RoleKind } from './model/roles.js';
 
+/** Options of roleSetupSql(). */
 export interface RoleSetupOptions {
   /** The schema the roles are for. @defaultValue 'pgasynq' */
   schema?: string;

@@ -20,10 +20,11 @@ const app = await Application.bootstrapWithPlugins({
   excludePrivate: true,
   treatWarningsAsErrors: true,
   hideGenerator: true,
-  // Sources link to the repository on GitHub, whatever remote this checkout has.
+  // Sources link to the repository on GitHub, whatever remote this checkout has. Without git,
+  // {path} is relative to the entry points' common folder, src/.
   disableGit: true,
   gitRevision: 'main',
-  sourceLinkTemplate: 'https://github.com/pgasynq/pgasynq/blob/{gitRevision}/{path}#L{line}',
+  sourceLinkTemplate: 'https://github.com/pgasynq/pgasynq/blob/{gitRevision}/src/{path}#L{line}',
   entryFileName: 'index',
   sidebar: { pretty: true },
 });
@@ -49,3 +50,7 @@ writeFileSync(
   `# The pgasynq command\n\nEvery command and its flags, as \`--help\` prints them (generated from the CLI's own definitions).\nHow to use them: [the CLI guide](/guide/cli).\n\n${sections.join('\n')}`,
 );
 console.log(`reference: the API of pgasynq and pgasynq/testing, and ${sections.length} CLI commands`);
+
+// The error codes, configuration defaults and SQL objects, as tables (reference-tables.mjs).
+const { writeReferenceTables } = await import('./reference-tables.mjs');
+await writeReferenceTables(project);

@@ -255,10 +255,14 @@ export function serverMetrics(...servers: Server[]): MetricFamily[] {
   ];
 }
 
+/** Options of metricsHandler(): the connection (or an Inspector), and families to add. */
 export interface MetricsHandlerOptions extends ConnectionOptions {
-  /** Families appended to every scrape, e.g. `() => serverMetrics(server)`. */
+  /** Families appended to every scrape, e.g. `() => serverMetrics(server)`. @defaultValue none */
   extra?: () => MetricFamily[] | Promise<MetricFamily[]>;
-  /** Read through this Inspector instead of one of our own (it is then not closed by close()). */
+  /**
+   * Read through this Inspector instead of one of our own (it is then not closed by close()).
+   * @defaultValue none: an Inspector of the handler's own, on the connection options
+   */
   inspector?: Inspector;
 }
 

@@ -44,6 +44,7 @@ export const DASHBOARD_REFRESH_DEFAULT_MS = 5000;
 /** Largest form body an action may send (a selection of 1000 ids fits). */
 const MAX_BODY_BYTES = 1_048_576;
 
+/** Options of createDashboard(): the connection, and what the dashboard shows and allows. */
 export interface DashboardOptions extends ConnectionOptions {
   /** Hide every action and refuse every POST with 403. @defaultValue false */
   readOnly?: boolean;
@@ -71,7 +72,7 @@ export interface DashboardOptions extends ConnectionOptions {
   allowedHosts?: readonly string[] | '*';
   /** Path prefix when the dashboard is mounted below the root of another server ('/admin/queues'). @defaultValue '' */
   basePath?: string;
-  /** Families appended to /metrics, e.g. `() => serverMetrics(server)`. */
+  /** Families appended to /metrics, e.g. `() => serverMetrics(server)`. @defaultValue none */
   metricsExtra?: () => MetricFamily[] | Promise<MetricFamily[]>;
 }
 

@@ -11,11 +11,14 @@ import type { Logger, LogLevel } from './logger.js';
 
 /** Options every class that talks to the database accepts. */
 export interface ConnectionOptions {
-  /** Falls back to DATABASE_URL. */
+  /** Falls back to DATABASE_URL. @defaultValue `process.env.DATABASE_URL` */
   connectionString?: string;
-  /** A pool of yours: borrowed, never ended by pgasynq. */
+  /**
+   * A pool of yours: borrowed, never ended by pgasynq.
+   * @defaultValue none: a pool of pgasynq's own on `connectionString`, ended by close()
+   */
   pool?: pg.Pool;
-  /** @defaultValue 'pgasynq' */
+  /** The schema that holds pgasynq's tables. @defaultValue 'pgasynq' */
   schema?: string;
   /**
    * Any pino-shaped logger (it needs debug, info, warn, error and child), or
@@ -28,7 +31,7 @@ export interface ConnectionOptions {
    * @defaultValue 'info'
    */
   logLevel?: LogLevel;
-  /** An in-process database from createEmbeddedDatabase(), instead of a server. */
+  /** An in-process database from createEmbeddedDatabase(), instead of a server. @defaultValue none */
   embedded?: EmbeddedDatabase;
   /**
    * Plan the hottest statements (claim, enqueue, …) once per connection as

@@ -29,13 +29,21 @@ export class ValidationError extends PgasynqError {
   }
 }
 
-/** Subclasses say which kind of input was refused; all are ValidationErrors. */
+// The subclasses below say which kind of input was refused; all are ValidationErrors.
+
+/** A queue name that is empty, too long, or holds characters a queue name may not. */
 export class InvalidQueueNameError extends ValidationError {}
+/** A task type that is empty, too long, or holds characters a type may not. */
 export class InvalidTaskTypeError extends ValidationError {}
+/** A task id (`taskId`) that is empty, too long, or holds characters an id may not. */
 export class InvalidTaskIdError extends ValidationError {}
+/** A `schema` option that is not a lower-case identifier (`^[a-z_][a-z0-9_]*$`) of at most 55 characters, or starts with `pg_`. */
 export class InvalidSchemaNameError extends ValidationError {}
+/** An option of a task, an enqueue or a configuration that breaks its rule (the message names both). */
 export class InvalidOptionError extends ValidationError {}
+/** A payload, result, progress or header value that is not JSON (a cycle, a BigInt, a lone surrogate, …). */
 export class PayloadSerializationError extends ValidationError {}
+/** A payload (or a batch of them) larger than the client's `maxPayloadBytes`, or headers past their caps. */
 export class PayloadTooLargeError extends ValidationError {}
 /** A bad Server, Client or Scheduler configuration value. */
 export class ConfigError extends ValidationError {}
@@ -70,6 +78,7 @@ export class TaskIdConflictError extends PgasynqError {
   }
 }
 
+/** The queue does not exist in this schema. */
 export class QueueNotFoundError extends PgasynqError {
   readonly code = 'ERR_QUEUE_NOT_FOUND';
   constructor(readonly queue: string) {
@@ -77,6 +86,7 @@ export class QueueNotFoundError extends PgasynqError {
   }
 }
 
+/** No task with this id in the queue (never enqueued, deleted, or completed without retention). */
 export class TaskNotFoundError extends PgasynqError {
   readonly code = 'ERR_TASK_NOT_FOUND';
   constructor(
@@ -87,6 +97,7 @@ export class TaskNotFoundError extends PgasynqError {
   }
 }
 
+/** `Inspector.deleteQueue` without `force` on a queue that still holds tasks. */
 export class QueueNotEmptyError extends PgasynqError {
   readonly code = 'ERR_QUEUE_NOT_EMPTY';
   constructor(readonly queue: string) {

@@ -23,31 +23,39 @@ export interface EnqueueOptions {
   maxRetry?: number;
   /** Task id, unique per queue. @defaultValue a random UUID */
   taskId?: string;
-  /** Time limit of one attempt, from its start. 0: not set. With neither timeout nor deadline: 30 min. */
+  /**
+   * Time limit of one attempt, from its start. 0: not set. With neither timeout nor deadline: 30 min.
+   * @defaultValue 30 min without a deadline; not set with one
+   */
   timeout?: number;
-  /** Time limit across all attempts; in years 0001–9999 UTC. */
+  /** Time limit across all attempts; in years 0001–9999 UTC. @defaultValue none */
   deadline?: Date;
-  /** Hold a uniqueness lock on (queue, type, payload) for this long; 1000 ms to MAX_DURATION_MS (1000 years). */
+  /**
+   * Hold a uniqueness lock on (queue, type, payload) for this long; 1000 ms to MAX_DURATION_MS (1000 years).
+   * @defaultValue none (no lock)
+   */
   unique?: number;
-  /** Process no earlier than this instant; in years 0001–9999 UTC. */
+  /** Process no earlier than this instant; in years 0001–9999 UTC. @defaultValue none (due at once) */
   processAt?: Date;
-  /** Process no earlier than this long from now (database time). */
+  /** Process no earlier than this long from now (database time). @defaultValue none (due at once) */
   processIn?: number;
   /** Keep the task as `completed` this long after success; at most MAX_DURATION_MS (1000 years). @defaultValue 0 (deleted at once) */
   retention?: number;
-  /** Aggregate with the other tasks of this group in the queue. */
+  /** Aggregate with the other tasks of this group in the queue. @defaultValue none */
   group?: string;
   /**
    * Free-form metadata carried with the task; not part of uniqueness. Strings
    * to strings, at most MAX_HEADER_KEYS (1,000) keys and MAX_HEADERS_BYTES
    * (64 KiB) as stored (UTF-8 JSON text), the Task's and the enqueue's merged:
    * a cap of their own, not a share of maxPayloadBytes.
+   * @defaultValue none: the Task's own headers
    */
   headers?: Record<string, string>;
   /**
    * Tasks that must complete first: ids in this task's queue, or `{ queue, id }`
    * anywhere. Each must exist, or be enqueued in the same enqueueMany call.
    * Until the last one completes the task is `waiting`.
+   * @defaultValue none
    */
   dependsOn?: (string | TaskRef)[];
   /**
@@ -74,6 +82,7 @@ export interface EnqueueOptions {
    * What the queue's `keyConcurrency` limit counts by (a tenant, a customer,
    * an API key): at most that many of the queue's tasks with one key are
    * active at once, across all servers. No effect in a queue without it.
+   * @defaultValue none
    */
   concurrencyKey?: string;
 }

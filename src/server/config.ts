@@ -10,6 +10,7 @@ import { resolveLogger, type Logger } from '../internal/logger.js';
 import type { Task } from '../model/task.js';
 import * as v from '../model/validate.js';
 
+/** Options of a Server, each with its default. Durations are milliseconds. */
 export interface ServerConfig extends ConnectionOptions {
   /** Tasks run at once. @defaultValue os.availableParallelism() */
   concurrency?: number;
@@ -34,40 +35,44 @@ export interface ServerConfig extends ConnectionOptions {
   retryDelay?: (retried: number, err: Error, task: Task) => number;
   /** False: the error does not use up a retry (the task is still retried). @defaultValue every error counts */
   isFailure?: (err: Error) => boolean;
-  /** Called for every failed attempt. */
+  /** Called for every failed attempt. @defaultValue none */
   errorHandler?: (err: Error, task: Task) => void;
-  /** Called every healthCheckInterval with the database ping's error, or null. */
+  /** Called every healthCheckInterval with the database ping's error, or null. @defaultValue none */
   healthCheck?: (err: Error | null) => void;
-  /** @defaultValue 15 s */
+  /** How often healthCheck is called. @defaultValue 15 s */
   healthCheckInterval?: number;
   /** How long shutdown waits for running handlers before giving their tasks back. @defaultValue 8 s */
   shutdownTimeout?: number;
   /** Longest sleep of the forwarder between checks for due tasks. @defaultValue 5 s */
   delayedTaskCheckInterval?: number;
-  /** @defaultValue 1 min */
+  /** A group closes when no task joined it for this long; at least 100 ms. @defaultValue 1 min */
   groupGracePeriod?: number;
-  /** 0: no limit. */
+  /** A group closes when its oldest task has waited this long; 0: no limit. @defaultValue 0 */
   groupMaxDelay?: number;
-  /** 0: no limit. */
+  /** A group closes when this many of its tasks wait; 0: no limit. @defaultValue 0 */
   groupMaxSize?: number;
   /**
    * Turns a closed group into one task. It may be async: it runs holding no
    * lock and no connection, and its task commits only together with the
    * removal of exactly these members (if one was moved or deleted meanwhile,
    * the group is aggregated again at the next check).
+   * @defaultValue none: this server aggregates no group
    */
   groupAggregator?: (group: string, tasks: Task[]) => Task | Promise<Task>;
-  /** @defaultValue 8 s */
+  /**
+   * How often the janitor deletes completed tasks past their retention and unique locks past
+   * their TTL, and trims each queue's archive and the daily stats. @defaultValue 8 s
+   */
   janitorInterval?: number;
-  /** @defaultValue 100 */
+  /** The janitor deletes in batches of this many. @defaultValue 100 */
   janitorBatchSize?: number;
   /** Poll for work this often when no notification came. @defaultValue 1 s */
   taskCheckInterval?: number;
   /** How long a claim or a heartbeat holds a task. @defaultValue 30 s */
   leaseDuration?: number;
-  /** Must be below leaseDuration / 2. @defaultValue 5 s */
+  /** Must be below leaseDuration / 2. @defaultValue 5 s, or leaseDuration / 6 when that is shorter */
   heartbeatInterval?: number;
-  /** @defaultValue 1 min */
+  /** How often the recoverer looks for tasks whose lease expired. @defaultValue 1 min */
   recoverInterval?: number;
   /** How long past its expiry a lease must be before it is recovered (skew allowance; 0: none). @defaultValue 30 s */
   recoverCutoff?: number;
