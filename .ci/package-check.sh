@@ -91,6 +91,19 @@ echo "Getting started's producer and worker ran, and the worker shut down gracef
 # The README's worker in 20 lines, in one process.
 ./node_modules/.bin/tsx hello.ts | tee hello.out
 grep -q 'completed { sent: true }' hello.out || { echo "hello.ts did not complete its task"; exit 1; }
+# The guides' programs: the one that ends by itself runs to the end; each worker starts, logs
+# that it started, and shuts down gracefully on SIGTERM (exit 0).
+./node_modules/.bin/tsx from-bullmq.ts
+for program in exactly-once.ts retries.ts production-worker.ts from-graphile-worker.ts from-pg-boss.ts; do
+  ./node_modules/.bin/tsx "$program" >"$program.out" 2>"$program.err" &
+  worker=$!
+  for _ in $(seq 1 120); do grep -q '"msg":"server started"' "$program.err" && break; sleep 0.5; done
+  grep -q '"msg":"server started"' "$program.err" || { echo "$program never started"; cat "$program.out" "$program.err"; exit 1; }
+  kill -TERM "$worker"
+  wait "$worker" || { echo "$program exited with $?"; cat "$program.out" "$program.err"; exit 1; }
+  worker=
+  echo "$program started and shut down gracefully"
+done
 # The testing guide's test file, on pgasynq/testing: a schema of its own on DATABASE_URL, dropped after.
 start=$SECONDS
 ./node_modules/.bin/tsx --test welcome.test.ts

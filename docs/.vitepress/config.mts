@@ -19,12 +19,23 @@ export default defineConfig({
     sidebar: [
       {
         text: 'Introduction',
-        items: [guide('Getting started', 'getting-started'), guide('Concepts', 'concepts'), guide('Coming from asynq', 'coming-from-asynq')],
+        items: [guide('Getting started', 'getting-started'), guide('Concepts', 'concepts'), guide('Examples', 'examples')],
+      },
+      {
+        text: 'Coming from',
+        items: [
+          guide('asynq', 'coming-from-asynq'),
+          guide('BullMQ', 'coming-from-bullmq'),
+          guide('graphile-worker', 'coming-from-graphile-worker'),
+          guide('pg-boss', 'coming-from-pg-boss'),
+        ],
       },
       {
         text: 'Guides',
         items: [
           guide('Transactional enqueue', 'transactional-enqueue'),
+          guide('Exactly-once effects', 'exactly-once'),
+          guide('Retries and errors', 'retries'),
           guide('Server options', 'options'),
           guide('Scheduling and cron', 'scheduling'),
           guide('Groups', 'groups'),
@@ -43,7 +54,8 @@ export default defineConfig({
           guide('The pgasynq command', 'cli'),
           guide('Dashboard and metrics', 'dashboard'),
           guide('Task state in SQL', 'sql'),
-          guide('Deployment', 'deployment'),
+          guide('Running in production', 'production'),
+          guide('Roles and pgbouncer', 'deployment'),
           guide('Upgrading', 'upgrading'),
           guide('Limits and safety', 'limits'),
         ],
@@ -52,6 +64,9 @@ export default defineConfig({
         text: 'Reference',
         items: [
           { text: 'CLI', link: '/reference/cli' },
+          { text: 'Configuration defaults', link: '/reference/configuration' },
+          { text: 'Error codes', link: '/reference/errors' },
+          { text: 'SQL views and functions', link: '/reference/sql' },
           { text: 'API', items: api },
         ],
       },
