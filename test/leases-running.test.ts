@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { LeaseExpiredError, Server, Task } from '../src/index.js';
+import { FailedPreconditionError, LeaseExpiredError, Server, Task } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { completeHeld } from '../src/broker/leases.js';
 import { DatabaseClock } from '../src/internal/clock.js';
@@ -299,4 +299,35 @@ describe('ctx.transaction', () => {
     assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
     await server.shutdown();
   });
+
+  test(
+    'ctx.writeResult and ctx.progress inside the transaction are refused at once (they would wait for its lock), and nothing of it commits',
+    { timeout: 30_000 },
+    async () => {
+      await reset();
+      const info = await client.enqueue(new Task('charge'), { maxRetry: 0, retention: 60_000 });
+      const refused: unknown[] = [];
+      // A lease of 60 s: the write used to wait for the row the transaction holds until PostgreSQL ended the idle transaction.
+      const server = await startServer(
+        async (_t, ctx) => {
+          for (const write of [() => ctx.writeResult({ n: 1 }), () => ctx.progress(50)]) {
+            await ctx
+              .transaction(async (trx) => {
+                await trx.insertInto(`${db.schema}.side_effects`).values({ task_id: ctx.taskId, worker: 'a' }).execute();
+                await write();
+              })
+              .catch((err: unknown) => refused.push(err));
+          }
+          await ctx.writeResult({ n: 2 }); // before a transaction, as the error says
+        },
+        { leaseDuration: 60_000, heartbeatInterval: 1000 },
+      );
+      const row = await taskIn(info.id, 'completed');
+      assert.equal(refused.length, 2);
+      for (const err of refused) assert.ok(err instanceof FailedPreconditionError && /inside ctx.transaction/.test(err.message), String(err));
+      assert.deepEqual(row.result, { n: 2 });
+      assert.equal((await db.query('SELECT * FROM {{schema}}.side_effects')).length, 0);
+      await server.shutdown();
+    },
+  );
 });

@@ -9,6 +9,7 @@ import pg from 'pg';
 import { sql } from 'kysely';
 import {
   ConfigError,
+  FailedPreconditionError,
   InvalidOptionError,
   InvalidTaskTypeError,
   RevokeTask,
@@ -217,6 +218,21 @@ describe('runTask', () => {
       assert.equal(without.outcome, 'failed');
       assert.ok(without.error instanceof ConfigError);
       assert.equal(without.error.field, 'db');
+      // As on a server: writeResult inside the transaction is refused, and the transaction rolls back.
+      const inside = await runTask(
+        async (_task, ctx) => {
+          await ctx.transaction(async (trx) => {
+            await trx.withSchema(t.schema).insertInto('sent').values({ id: ctx.taskId }).execute();
+            await ctx.writeResult(1);
+          });
+        },
+        new Task('t', null),
+        { db: t.kysely, taskId: 's2' },
+      );
+      assert.ok(inside.error instanceof FailedPreconditionError && /inside ctx.transaction/.test(inside.error.message));
+      assert.equal(inside.transactions, 0);
+      assert.equal(inside.result, undefined);
+      assert.deepEqual((await t.pool.query(`SELECT id FROM "${t.schema}".sent`)).rows, [{ id: 's1' }]);
     } finally {
       await t.close();
     }

@@ -14,7 +14,7 @@ import type { ClaimedRow } from '../broker/claim.js';
 import { durableTransaction } from '../broker/transaction.js';
 import type { Logger } from '../internal/logger.js';
 import { attemptOf } from '../model/attempt.js';
-import { LeaseExpiredError } from '../model/errors.js';
+import { FailedPreconditionError, LeaseExpiredError } from '../model/errors.js';
 import { logLine, progressJson } from '../model/following.js';
 import { encodePayload } from '../model/payload.js';
 import type { TaskContext } from './handler.js';
@@ -69,6 +69,9 @@ export class TaskContexts {
   /** A write of the handler's while it runs, with the lease's log lines: refused once the handler was aborted, and fenced. */
   async #fencedWrite(lease: Lease, what: string, write: (l: LeaseKey & WithLines) => Promise<boolean>): Promise<void> {
     if (lease.abortReason) throw lease.abortReason;
+    // It would wait, on another connection, for the task's row that the open ctx.transaction holds,
+    // while that transaction waits for it: until PostgreSQL ends the idle transaction a lease later.
+    if (lease.state === 'transaction') throw writeInTransaction(what === 'result' ? 'writeResult' : 'progress');
     const lines = lease.takeLogs();
     let held: boolean;
     const sent = write({ ...leaseKey(lease), lines });
@@ -122,6 +125,11 @@ export class TaskContexts {
       lease.endTransaction(committed);
     }
   }
+}
+
+/** What ctx.writeResult() or ctx.progress() throws inside ctx.transaction (runTask throws it too). */
+export function writeInTransaction(method: 'writeResult' | 'progress'): FailedPreconditionError {
+  return new FailedPreconditionError(`ctx.${method}() inside ctx.transaction would wait for the task, which the transaction holds: call it before`);
 }
 
 /**

@@ -16,6 +16,7 @@ import { DEFAULT_MAX_RETRY, MAX_RETRY_LIMIT, Task } from '../model/task.js';
 import * as v from '../model/validate.js';
 import type { Handler, TaskContext } from '../server/handler.js';
 import { archivesTask, failureOutcome } from '../server/outcomes.js';
+import { writeInTransaction } from '../server/task-context.js';
 
 export interface RunTaskOptions {
   /** ctx.taskId. @defaultValue 'test-task' */
@@ -100,6 +101,7 @@ export async function runTask<P>(handler: Handler<P>, task: Task<P>, opts: RunTa
   );
 
   const run: TaskRun = { outcome: 'completed', next: 'completed', progress: [], logs: [], logged: [], transactions: 0 };
+  let inTransaction = false;
   const aborter = new AbortController();
   const abort = (reason: Error) => aborter.abort(reason);
   const ctx: TaskContext = {
@@ -113,12 +115,14 @@ export async function runTask<P>(handler: Handler<P>, task: Task<P>, opts: RunTa
     writeResult: (data) =>
       promised(() => {
         checkRunning(aborter.signal);
+        if (inTransaction) throw writeInTransaction('writeResult');
         const encoded = encodePayload(data, 'result');
         run.result = encoded.bytes ?? (encoded.json === null ? null : JSON.parse(encoded.json));
       }),
     progress: (value) =>
       promised(() => {
         checkRunning(aborter.signal);
+        if (inTransaction) throw writeInTransaction('progress');
         run.progress.push(JSON.parse(progressJson(value)) as number | Record<string, unknown>);
       }),
     log: (message) => {
@@ -129,10 +133,15 @@ export async function runTask<P>(handler: Handler<P>, task: Task<P>, opts: RunTa
     transaction: async (fn) => {
       checkRunning(aborter.signal);
       if (db === undefined) throw new ConfigError('db', 'runTask needs a Kysely instance in options.db for ctx.transaction');
-      // eslint-disable-next-line @typescript-eslint/no-explicit-any
-      const value = await db.transaction().execute((trx: Transaction<any>) => fn(trx));
-      run.transactions++;
-      return value;
+      inTransaction = true;
+      try {
+        // eslint-disable-next-line @typescript-eslint/no-explicit-any
+        const value = await db.transaction().execute((trx: Transaction<any>) => fn(trx));
+        run.transactions++;
+        return value;
+      } finally {
+        inTransaction = false;
+      }
     },
   };
 
