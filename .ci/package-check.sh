@@ -94,7 +94,7 @@ grep -q 'completed { sent: true }' hello.out || { echo "hello.ts did not complet
 # The guides' programs: the one that ends by itself runs to the end; each worker starts, logs
 # that it started, and shuts down gracefully on SIGTERM (exit 0).
 ./node_modules/.bin/tsx from-bullmq.ts
-for program in exactly-once.ts retries.ts production-worker.ts from-graphile-worker.ts from-pg-boss.ts; do
+for program in exactly-once.ts retries.ts production-worker.ts from-asynq.ts from-graphile-worker.ts from-pg-boss.ts; do
   ./node_modules/.bin/tsx "$program" >"$program.out" 2>"$program.err" &
   worker=$!
   for _ in $(seq 1 120); do grep -q '"msg":"server started"' "$program.err" && break; sleep 0.5; done
