@@ -202,19 +202,24 @@ describe('processes', () => {
     await reset();
     const freeze = mode === 'zombie';
     const worker = spawnWorker(mode, { LEASE: '1000', HEARTBEAT: '150', SLEEP: '2500' });
-    await worker.next('ready');
-    const info = await client.enqueue(new Task(mode));
-    await worker.next('started');
-    if (freeze) worker.child.kill('SIGSTOP');
-    const rescuer = await startServer(recordsEffect('rescuer'));
-    await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
-    if (freeze) worker.child.kill('SIGCONT');
-    const finished = await worker.next('finished');
-    worker.child.kill('SIGTERM');
-    const metrics = await worker.next('metrics');
-    await exited(worker.child);
-    await rescuer.shutdown();
-    return { info, finished, metrics };
+    try {
+      await worker.next('ready');
+      const info = await client.enqueue(new Task(mode));
+      await worker.next('started');
+      if (freeze) worker.child.kill('SIGSTOP');
+      const rescuer = await startServer(recordsEffect('rescuer'));
+      await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
+      if (freeze) worker.child.kill('SIGCONT');
+      const finished = await worker.next('finished');
+      worker.child.kill('SIGTERM');
+      const metrics = await worker.next('metrics');
+      await exited(worker.child);
+      await rescuer.shutdown();
+      return { info, finished, metrics };
+    } finally {
+      // A failed test must not leave its worker serving this schema: the next test's task would go to it.
+      if (worker.child.exitCode === null && worker.child.signalCode === null) worker.child.kill('SIGKILL');
+    }
   }
 
   test('zombie: a worker frozen past its lease wakes to find its writes fenced off', { timeout: PROCESS_TEST_MS }, async () => {
