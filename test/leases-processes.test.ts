@@ -4,6 +4,9 @@
  * another server recovers what a dead or stalled worker held, fenced.
  */
 import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
 import { describe } from 'node:test';
 import { Task } from '../src/index.js';
 import { DatabaseClock, type ClockTimer } from '../src/internal/clock.js';
@@ -90,6 +93,9 @@ describe('graceful shutdown', () => {
 
 /** How long a test of processes may take. */
 const PROCESS_TEST_MS = 240_000;
+
+/** The state letter of process `pid` in /proc (R running, S sleeping, T stopped, …). */
+const processState = (pid: number) => readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '')[0];
 
 /** A worker process of test/fixtures/worker.ts in `mode` (hang, zombie, block), on this file's schema. */
 const spawnWorker = (mode: string, env: Record<string, string> = {}): Fixture =>
@@ -194,22 +200,25 @@ describe('processes', () => {
 
   /**
    * A worker in `mode` takes a task; a rescuer here completes it once the worker's lease ran out
-   * (while SIGSTOP freezes the worker, a zombie; while the handler blocks its event loop for
-   * 2.5 s, a block); then the worker goes on, and is stopped. Returns the task, the worker's
-   * "finished" event and its metrics.
+   * (while the worker is frozen, a zombie: it sent itself SIGSTOP; while the handler blocks its
+   * event loop, a block); then the worker goes on (SIGCONT; the file that ends the block), and is
+   * stopped. Returns the task, the worker's "finished" event and its metrics.
    */
   async function rescuedFrom(mode: 'zombie' | 'block') {
     await reset();
     const freeze = mode === 'zombie';
-    const worker = spawnWorker(mode, { LEASE: '1000', HEARTBEAT: '150', SLEEP: '2500' });
+    const unblock = join(mkdtempSync(join(tmpdir(), 'pgasynq-block-')), 'unblock');
+    const worker = spawnWorker(mode, { LEASE: '1000', HEARTBEAT: '150', UNBLOCK: unblock });
     try {
       await worker.next('ready');
       const info = await client.enqueue(new Task(mode));
       await worker.next('started');
-      if (freeze) worker.child.kill('SIGSTOP');
+      // The zombie stopped itself as it started: frozen before anything of its could run on.
+      if (freeze) await waitFor(() => processState(worker.child.pid!) === 'T', 10_000, 'the zombie frozen');
       const rescuer = await startServer(recordsEffect('rescuer'));
       await waitFor(async () => (await taskRow(info.id)) === undefined, 10_000, 'the rescuer completes the task');
       if (freeze) worker.child.kill('SIGCONT');
+      else writeFileSync(unblock, '');
       const finished = await worker.next('finished');
       worker.child.kill('SIGTERM');
       const metrics = await worker.next('metrics');
@@ -219,6 +228,7 @@ describe('processes', () => {
     } finally {
       // A failed test must not leave its worker serving this schema: the next test's task would go to it.
       if (worker.child.exitCode === null && worker.child.signalCode === null) worker.child.kill('SIGKILL');
+      rmSync(dirname(unblock), { recursive: true, force: true });
     }
   }
 
