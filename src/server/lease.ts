@@ -12,6 +12,7 @@
  * whether it still does (nor has it the lock before its BEGIN got through).
  *
  *   held ──beginTransaction──▶ transaction ──endTransaction──▶ held | committed
+ *   lost (the trust ran out during the transaction) ──endTransaction(committed)──▶ committed
  *   held ──settle──▶ settled                      (the outcome is being written)
  *   held | transaction | settled ──lose──▶ lost   (heartbeat missed it, trust timer)
  *   any ──release──▶ released                     (the processor is done with it)
@@ -49,6 +50,9 @@ export class Lease implements LeaseKey {
   #logs: LogBuffer | undefined;
   /** Settles once every write that carries lines of this lease and leaves the task active has ended. */
   #linesLanding: Promise<void> | undefined;
+  /** Resolves the promise transactionEnding gave out; undefined while no ctx.transaction is open. */
+  #endTransaction: (() => void) | undefined;
+  #transactionEnding: Promise<void> | undefined;
 
   /** `claimSentAt`: when the claim was sent, on `clock` (its now()). */
   constructor(key: LeaseKey, trustMs: number, claimSentAt: number, clock: DatabaseClock) {
@@ -185,13 +189,27 @@ export class Lease implements LeaseKey {
     if (this.#state === 'settled') throw new FailedPreconditionError('the handler has already returned');
     if (this.#state !== 'held') throw new LeaseExpiredError();
     this.#state = 'transaction';
+    this.#transactionEnding = new Promise((resolve) => (this.#endTransaction = resolve));
   }
 
-  /** ctx.transaction ended: it committed the completion, or it did not (and the lease is still held, unless lost). */
+  /** Settles when the open ctx.transaction ends; undefined when none is open. */
+  get transactionEnding(): Promise<void> | undefined {
+    return this.#transactionEnding;
+  }
+
+  /**
+   * ctx.transaction ended: it committed the completion, or it did not (and the lease is still held,
+   * unless lost). A commit stands even if the trust timer gave the lease up meanwhile (a handler
+   * that blocked its event loop): the transaction held the row locked from its fenced start, so the
+   * commit is the database's word that the lease held to the end.
+   */
   endTransaction(committed: boolean): void {
-    if (this.#state !== 'transaction') return;
-    this.#state = committed ? 'committed' : 'held';
-    if (committed) this.#trustTimer?.cancel();
+    if (committed && (this.#state === 'transaction' || this.#state === 'lost')) {
+      this.#state = 'committed';
+      this.#trustTimer?.cancel();
+    } else if (this.#state === 'transaction') this.#state = 'held';
+    this.#endTransaction?.();
+    this.#endTransaction = this.#transactionEnding = undefined;
   }
 
   /** The handler returned or threw: its outcome is being written. */

@@ -10,7 +10,7 @@ import { complete, fail, requeue, snooze, type Completion, type Failure, type Le
 import type { Db } from '../broker/db.js';
 import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';
-import { isRevokeTask, isSkipRetry, ServerClosedError, TaskCanceledError, TaskTimeoutError } from '../model/errors.js';
+import { isRevokeTask, isSkipRetry, LeaseExpiredError, ServerClosedError, TaskCanceledError, TaskTimeoutError } from '../model/errors.js';
 import { attemptOf, maxAttemptsOf } from '../model/attempt.js';
 import { snoozeOf } from '../model/snooze.js';
 import { errorSummary, lastErrorText, retryDelayFor } from './retry.js';
@@ -24,6 +24,8 @@ export type Outcome = { error: Error | null };
 
 /** The user's policies that decide what a failure means. */
 export interface OutcomePolicies {
+  /** How long an outcome waits for a ctx.transaction still open when the handler was given up on. */
+  leaseDuration: number;
   retryDelay: ((retried: number, err: Error, task: Task) => number) | undefined;
   isFailure: (err: Error) => boolean;
   errorHandler: ((err: Error, task: Task) => void) | undefined;
@@ -89,9 +91,14 @@ export class Outcomes {
    */
   async record(row: ClaimedRow, lease: Lease, task: Task, { error }: Outcome): Promise<void> {
     const { queue } = row;
+    // The handler was given up on (its lease's trust ran out while it blocked or was frozen, a timeout)
+    // with its ctx.transaction open: that transaction's end decides, since its commit completes the task.
+    const ending = lease.transactionEnding;
+    if (ending) await this.#within(ending, this.#cfg.leaseDuration);
     if (lease.state === 'committed') {
       this.#stats.processed(queue);
-      if (error)
+      // Losing the lease's trust during a transaction that then committed is no failure of the handler's.
+      if (error && !(error instanceof LeaseExpiredError && error === lease.abortReason))
         this.#logger.warn({ err: errorSummary(error), task: taskFields(row) }, 'handler failed after its transaction committed; the task stays completed');
       return;
     }
@@ -192,6 +199,17 @@ export class Outcomes {
   fenced(lease: Lease, what: string): void {
     this.#counters.fencedWrites++;
     this.#logger.warn({ task: { id: lease.id, queue: lease.queue }, write: what }, 'fenced write rejected: the lease is no longer held');
+  }
+
+  /** Settles when `promise` does, or after `ms` on the clock, whichever comes first. */
+  #within(promise: Promise<void>, ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = this.#db.clock.setTimeout(resolve, ms);
+      void promise.then(() => {
+        timer.cancel();
+        resolve();
+      });
+    });
   }
 
   /** Resolves once every batched write has been flushed. */
