@@ -249,7 +249,11 @@ export function serverMetrics(...servers: Server[]): MetricFamily[] {
   return [
     fam('pgasynq_tasks_claimed_total', 'Tasks this server claimed.', (c) => c.claimed),
     fam('pgasynq_fenced_writes_total', 'Writes about a task refused because the server no longer held its lease.', (c) => c.fencedWrites),
-    fam('pgasynq_leases_lost_total', 'Leases this server lost while running the task (the handler was aborted).', (c) => c.leasesLost),
+    fam(
+      'pgasynq_leases_lost_total',
+      'Leases this server lost before the outcome of its task was written (the handler aborted, or the outcome dropped): the recoverer takes those tasks.',
+      (c) => c.leasesLost,
+    ),
     fam('pgasynq_recovered_total', "Orphaned tasks this server's recoverer sent back to retry.", (c) => c.recovered),
     fam('pgasynq_recovered_archived_total', "Orphaned tasks this server's recoverer archived (retries spent).", (c) => c.archivedByRecoverer),
   ];

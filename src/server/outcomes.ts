@@ -115,11 +115,7 @@ export class Outcomes {
     // The writes that carry earlier lines land first (see Lease.carriesLogs).
     const landing = lease.linesLanding;
     if (landing) await landing;
-    if (lease.lost) {
-      this.#counters.leasesLost++;
-      this.#logger.warn({ task: taskFields(row) }, 'lease lost; the outcome of this attempt is dropped');
-      return;
-    }
+    if (lease.lost) return this.#dropped(lease, row);
     // The lines ctx.log() kept since the last write go with this one (taken once: a retried write sends them again).
     const lines = lease.takeLogs();
     if (shutdown) {
@@ -188,11 +184,21 @@ export class Outcomes {
         this.fenced(lease, what);
         return false;
       } catch (err) {
-        if (lease.lost) return false;
+        if (lease.lost) {
+          // The trust ran out before the write could land: the recoverer owns the task now.
+          this.#dropped(lease);
+          return false;
+        }
         if (attempt === 0) this.#logger.warn({ err, task: { id: lease.id, queue: lease.queue } }, `${what} failed; retrying while the lease holds`);
         await this.#db.clock.sleep(backoffMs(attempt, 50, 2000));
       }
     }
+  }
+
+  /** Counts and logs a lease lost before its attempt's outcome was written (`row`: when it is at hand, for the attempt number). */
+  #dropped(lease: Lease, row?: ClaimedRow): void {
+    this.#counters.leasesLost++;
+    this.#logger.warn({ task: row ? taskFields(row) : { id: lease.id, queue: lease.queue } }, 'lease lost; the outcome of this attempt is dropped');
   }
 
   /** Counts and logs a fenced write: the lease was gone when it reached the database. */

@@ -157,7 +157,7 @@ faultTest(
     ).n;
     const c = await h.check({ maxRetry: MAX_RETRY });
     // w1's attempts aborted for a lease it stopped trusting, and of those, the ones inside ctx.transaction whose row
-    // lock still let the completion commit (the task was not lost; the leases_lost counter counts them all the same).
+    // lock still let the completion commit (the task was not lost, nor does the leases_lost counter count them).
     const aborted = w1.events.filter((e) => e.event === 'aborted' && e.reason === 'LeaseExpiredError').map((e) => e.attempt as string);
     const committedAnyway = (await h.one<{ n: number }>('SELECT count(*)::int AS n FROM {{schema}}.h_effects WHERE attempt = ANY($1::uuid[])', [aborted])).n;
     const gapMax = Math.max(...cuts.map((x) => x.gapS));
