@@ -22,7 +22,7 @@ import type { StatsCollector } from './stats.js';
 /** How a handler ended: null when it returned. */
 export type Outcome = { error: Error | null };
 
-/** The user's policies that decide what a failure means. */
+/** What of the server's config an outcome reads: the user's policies that decide what a failure means, and a bound on one wait. */
 export interface OutcomePolicies {
   /** How long an outcome waits for a ctx.transaction still open when the handler was given up on. */
   leaseDuration: number;
