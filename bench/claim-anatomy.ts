@@ -1,0 +1,172 @@
+/**
+ * Where a claim's database time goes: a vacuumed backlog of `n` no-op tasks
+ * claimed in claims of `batch` from one session, as a server's claim loop
+ * does (each claim above the floor the last one reached), and the CPU time
+ * that session's backend spent, read from /proc (Linux; the backend runs on
+ * this machine). CPU time, not wall time: on a shared machine a neighbour's
+ * burst moves the wall clock by 20 % from one run to the next, the backend's
+ * own CPU far less. Variants of the claim, alternated run by run, each a
+ * named part taken out of claim_tasks() as migrated (the figure says what
+ * that part costs, not a claim anyone should run):
+ *
+ *   shipped    claim_tasks() as it is
+ *   no-update  the locked rows are read, not updated (no new row version, no index entries)
+ *   no-inputs  the task's inputs are not looked up (constants instead)
+ *   no-active  without the index of active tasks (task_states_active_idx)
+ *   two-partial  without the task state's partial indexes other than the pending and active ones
+ *   no-triggers  task_states' row triggers disabled (their WHEN clauses are read on every update)
+ *   no-checks  without task_states' CHECK constraints
+ *
+ *   node --import tsx bench/claim-anatomy.ts [--n 50000] [--batch 500] [--reps 5] [--variants shipped,no-update,…] [--shared]
+ * --shared: on DATABASE_URL (the machine's shared server) instead of a throwaway cluster.
+ */
+import { readFileSync } from 'node:fs';
+import pg from 'pg';
+import { Client, Task, migrate } from '../src/index.js';
+import { startBenchCluster } from './lib/cluster.js';
+import { DATABASE_URL, median, parseArgs } from './lib/common.js';
+
+const args = parseArgs(process.argv.slice(2));
+const N = Number(args.n ?? 50_000);
+const BATCH = Number(args.batch ?? 500);
+const REPS = Number(args.reps ?? 5);
+const SCHEMA = 'bench_claim_anatomy';
+
+interface Variant {
+  /** A rewrite of claim_tasks()'s definition (pg_get_functiondef), or null for none. */
+  edit: ((def: string) => string) | null;
+  /** SQL run on the new schema before the fill. */
+  before?: string;
+}
+
+const VARIANTS: Record<string, Variant> = {
+  shipped: { edit: null },
+  'no-update': {
+    edit: (def) =>
+      def.replace(
+        /UPDATE (\S+) s\s+SET state = 'active'[\s\S]*?FROM sized z\s+WHERE (s\.ctid = z\.ctid AND \(z\.n = 1 OR z\.upto <= max_bytes\))\s+RETURNING ([\s\S]*?s\.lease_token)\n/,
+        (_all, table: string, where: string, returning: string) => `SELECT ${returning} FROM ${table} s, sized z WHERE ${where}\n`,
+      ),
+  },
+  'no-inputs': {
+    edit: (def) =>
+      def.replace(
+        /FROM c CROSS JOIN LATERAL \(\s*SELECT i\.queue[\s\S]*?LIMIT 1\) x/,
+        `FROM c CROSS JOIN LATERAL (SELECT c.queue, 'x'::text AS id, 'noop'::text AS type, NULL::jsonb AS payload, NULL::bytea AS payload_bytes,
+           '{}'::jsonb AS headers, 25 AS max_retry, interval '30 minutes' AS timeout, NULL::timestamptz AS deadline, interval '0' AS retention,
+           10::float8 AS bytes) x`,
+      ),
+  },
+  'no-active': { edit: null, before: `DROP INDEX ${SCHEMA}.task_states_active_idx` },
+  'two-partial': {
+    edit: null,
+    before: `DO $$ DECLARE i text; BEGIN
+               FOR i IN SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = '${SCHEMA}.task_states'::regclass AND indpred IS NOT NULL
+                 AND indexrelid NOT IN ('${SCHEMA}.task_states_pending_idx'::regclass, '${SCHEMA}.task_states_active_idx'::regclass) LOOP
+                 EXECUTE 'DROP INDEX ' || i;
+               END LOOP; END $$`,
+  },
+  'no-triggers': { edit: null, before: `ALTER TABLE ${SCHEMA}.task_states DISABLE TRIGGER USER` },
+  'no-checks': {
+    edit: null,
+    before: `DO $$ DECLARE c text; BEGIN
+               FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = '${SCHEMA}.task_states'::regclass AND contype = 'c' LOOP
+                 EXECUTE format('ALTER TABLE ${SCHEMA}.task_states DROP CONSTRAINT %I', c);
+               END LOOP; END $$`,
+  },
+};
+const CHOSEN = args.variants?.split(',') ?? Object.keys(VARIANTS);
+for (const v of CHOSEN) if (!(v in VARIANTS)) throw new Error(`unknown variant ${v} (${Object.keys(VARIANTS).join(', ')})`);
+
+/** CPU time (user + system) a process of this machine has used, in ms. */
+function cpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const ticks = Number(fields[11]) + Number(fields[12]); // utime, stime
+  return ticks * 10; // USER_HZ is 100 on Linux
+}
+
+async function prepare(url: string, admin: pg.Pool, variant: Variant): Promise<void> {
+  await admin.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
+  await migrate({ connectionString: url, schema: SCHEMA, logger: false });
+  if (variant.before) await admin.query(variant.before);
+  const client = new Client({ connectionString: url, schema: SCHEMA, logger: false });
+  for (let i = 0; i < N; i += 10_000) {
+    await client.enqueueMany(Array.from({ length: Math.min(10_000, N - i) }, (_, j) => new Task('noop', { i: i + j })));
+  }
+  await client.close();
+  if (variant.edit) {
+    const { rows } = await admin.query<{ def: string }>(`SELECT pg_get_functiondef('${SCHEMA}.claim_tasks'::regproc) AS def`);
+    const edited = variant.edit(rows[0]!.def);
+    if (edited === rows[0]!.def) throw new Error('the variant changed nothing in claim_tasks(): its text has moved on, update the edit');
+    await admin.query(edited);
+  }
+  await admin.query(`VACUUM ANALYZE ${SCHEMA}.task_states, ${SCHEMA}.task_inputs`);
+}
+
+/** Claims the whole backlog from one session; the backend's CPU ms and the wall ms it took. */
+async function claimAll(url: string): Promise<{ cpu: number; wall: number }> {
+  const session = new pg.Client({ connectionString: url, application_name: 'bench:claim-anatomy' });
+  await session.connect();
+  try {
+    await session.query('SET synchronous_commit = off'); // as the Server's own sessions
+    const { rows } = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    const pid = rows[0]!.pid;
+    let floor: string | undefined;
+    let claimed = 0;
+    const cpu0 = cpuMs(pid);
+    const wall0 = performance.now();
+    for (;;) {
+      // The first claim finds the queue's band (one gap over every priority, 101 to -101, as broker/claim.ts
+      // spells it), the later ones start above the floor the last claim reached.
+      const bands = floor === undefined ? [[1], [101], [-101], [], [], []] : [[], [], [], [1], [0], [floor]];
+      const result = await session.query<{ seq: string | null; pending_seq: string }>(
+        `SELECT c.seq::text AS seq, c.pending_seq::text AS pending_seq, c.payload, c.headers, c.timeout_ms, c.lease_token
+         FROM ${SCHEMA}.claim_tasks($1::text[], $2::int[], $3::int[], $4::int[], $5::int[], $6::int[], $7::int[], $8::bigint[],
+                                    NULL::xid8, $9::int, 'bench', 30000::float8, 67108864::float8, 0::float8) c`,
+        [['default'], [BATCH], ...bands, BATCH],
+      );
+      const tasks = result.rows.filter((r) => r.seq !== null);
+      if (tasks.length === 0) break;
+      claimed += tasks.length;
+      for (const t of tasks) if (floor === undefined || BigInt(t.pending_seq) > BigInt(floor)) floor = t.pending_seq;
+    }
+    if (claimed !== N) throw new Error(`claimed ${claimed} of ${N}`);
+    return { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
+  } finally {
+    await session.end();
+  }
+}
+
+const cluster = args.shared === undefined ? await startBenchCluster() : undefined;
+process.on('exit', () => cluster?.destroy());
+const url = cluster?.url ?? DATABASE_URL;
+const admin = new pg.Pool({ connectionString: url, max: 2 });
+const cpu = new Map<string, number[]>(CHOSEN.map((v) => [v, []]));
+const wall = new Map<string, number[]>(CHOSEN.map((v) => [v, []]));
+try {
+  for (let rep = 1; rep <= REPS; rep++) {
+    for (const v of CHOSEN) {
+      await prepare(url, admin, VARIANTS[v]!);
+      const run = await claimAll(url);
+      cpu.get(v)!.push(run.cpu);
+      wall.get(v)!.push(run.wall);
+      console.error(`rep ${rep} ${v}: backend CPU ${run.cpu} ms, wall ${Math.round(run.wall)} ms`);
+    }
+  }
+  await admin.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
+} finally {
+  await admin.end();
+}
+
+const perTask = (ms: number) => ((ms * 1000) / N).toFixed(1);
+const shipped = cpu.has('shipped') ? median(cpu.get('shipped')!) : Number.NaN;
+console.log(
+  `Claims of ${BATCH} over a vacuumed backlog of ${N} no-op tasks, ${REPS} repetitions (medians), ${cluster ? 'throwaway cluster, production settings' : 'shared server'}`,
+);
+console.log('| variant | backend CPU, µs per task | ÷ shipped | wall, µs per task |');
+console.log('|---|---:|---:|---:|');
+for (const v of CHOSEN) {
+  const c = median(cpu.get(v)!);
+  console.log(`| ${v} | ${perTask(c)} | ${(c / shipped).toFixed(2)} | ${perTask(median(wall.get(v)!))} |`);
+}
