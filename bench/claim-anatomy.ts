@@ -6,14 +6,17 @@
  * this machine). CPU time, not wall time: on a shared machine a neighbour's
  * burst moves the wall clock by 20 % from one run to the next, the backend's
  * own CPU far less. Variants of the claim, alternated run by run, each a
- * named part taken out of claim_tasks() as migrated (the figure says what
- * that part costs, not a claim anyone should run):
+ * named part taken out of claim_tasks() or its table as migrated (pk-room:
+ * one setting changed instead); the figure says what that part costs, not
+ * a claim anyone should run:
  *
  *   shipped    claim_tasks() as it is
  *   no-update  the locked rows are read, not updated (no new row version, no index entries)
  *   no-inputs  the task's inputs are not looked up (constants instead)
  *   no-active  without the index of active tasks (task_states_active_idx)
  *   two-partial  without the task state's partial indexes other than the pending and active ones
+ *   pk-room    the task state's primary key built with room for a second entry per task
+ *              (fillfactor 50: a claim's new row version enters it beside the old one)
  *   no-triggers  task_states' row triggers disabled (their WHEN clauses are read on every update)
  *   no-checks  without task_states' CHECK constraints
  *
@@ -66,6 +69,7 @@ const VARIANTS: Record<string, Variant> = {
                  EXECUTE 'DROP INDEX ' || i;
                END LOOP; END $$`,
   },
+  'pk-room': { edit: null, before: `ALTER INDEX ${SCHEMA}.task_states_pkey SET (fillfactor = 50)` },
   'no-triggers': { edit: null, before: `ALTER TABLE ${SCHEMA}.task_states DISABLE TRIGGER USER` },
   'no-checks': {
     edit: null,
