@@ -27,7 +27,7 @@ import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { Client, Task, migrate } from '../src/index.js';
 import { startBenchCluster } from './lib/cluster.js';
-import { DATABASE_URL, median, parseArgs } from './lib/common.js';
+import { DATABASE_URL, dropSchema, median, parseArgs } from './lib/common.js';
 
 const args = parseArgs(process.argv.slice(2));
 const N = Number(args.n ?? 50_000);
@@ -91,7 +91,7 @@ function cpuMs(pid: number): number {
 }
 
 async function prepare(url: string, admin: pg.Pool, variant: Variant): Promise<void> {
-  await admin.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
+  await dropSchema(admin, SCHEMA);
   await migrate({ connectionString: url, schema: SCHEMA, logger: false });
   if (variant.before) await admin.query(variant.before);
   const client = new Client({ connectionString: url, schema: SCHEMA, logger: false });
@@ -158,7 +158,7 @@ try {
       console.error(`rep ${rep} ${v}: backend CPU ${run.cpu} ms, wall ${Math.round(run.wall)} ms`);
     }
   }
-  await admin.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
+  await dropSchema(admin, SCHEMA);
 } finally {
   await admin.end();
 }
