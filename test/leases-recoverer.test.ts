@@ -11,6 +11,7 @@ import { findExpired, recoverLeases } from '../src/broker/maintenance.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
 import { silentLogger } from '../src/internal/logger.js';
+import { claimLimited } from '../src/broker/claim.js';
 import { claim, selectTask } from './broker-helpers.js';
 import { test } from './helpers.js';
 import { leasesFile, noLockWaitPool } from './shared.js';
@@ -40,6 +41,28 @@ describe('lease at claim', () => {
     await requeue(broker, [{ queue: 'default', id: info.id, seq: row.seq, token: r1.lease_token }]);
     const [again] = await claim(broker, ['default'], 10, 'server-b', 30_000);
     assert.notEqual(again?.lease_token, r1.lease_token, 'a new token on every claim');
+  });
+
+  test("the tasks of one claim, plain or limited, each hold a token of their own that fences the others' writes", { timeout: 30_000 }, async () => {
+    await reset();
+    const tasks = await client.enqueueMany(Array.from({ length: 4 }, (_, i) => new Task('c', i)));
+    const limited = await client.enqueueMany(
+      Array.from({ length: 3 }, (_, i) => new Task('c', i)),
+      { queue: 'lim' },
+    );
+    await db.query("UPDATE {{schema}}.queues SET concurrency = 10 WHERE name = 'lim'");
+    const plain = await claim(broker, ['default'], 10, 'server-a', 30_000);
+    const { rows: capped } = await claimLimited(broker, ['lim'], [10], 10, 'server-a', 30_000);
+    assert.deepEqual(plain.map((r) => r.id).sort(), tasks.map((t) => t.id).sort());
+    assert.deepEqual(capped.map((r) => r.id).sort(), limited.map((t) => t.id).sort());
+    const tokens = [...plain, ...capped].map((r) => r.lease_token);
+    assert.equal(new Set(tokens).size, tokens.length, 'no two tasks share a token');
+    for (const r of [...plain, ...capped]) assert.equal((await taskRow(r.id)).lease_token, r.lease_token);
+    // One task's token does not complete another task of the same claim.
+    const [a, b] = plain;
+    assert.deepEqual(await complete(broker, [{ queue: a!.queue, id: a!.id, seq: a!.seq, token: b!.lease_token, keep: false }]), []);
+    assert.equal((await taskRow(a!.id)).state, 'active');
+    assert.equal((await complete(broker, [{ queue: a!.queue, id: a!.id, seq: a!.seq, token: a!.lease_token, keep: false }])).length, 1);
   });
 
   test('an active row without a lease is impossible (CHECK constraint)', { timeout: 30_000 }, async () => {
