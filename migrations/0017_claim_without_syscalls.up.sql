@@ -4,12 +4,12 @@
 -- * A lease token is the claim's random part (one gen_random_uuid() per claim: its
 --   first eight bytes, 60 of them random bits) followed by the task's seq (lease_token()).
 --   Every claim of a task still gets a token of its own, and the tasks of one claim each
---   their own. gen_random_uuid() per row was a tenth of the claim's CPU: OpenSSL asks the
+--   their own. gen_random_uuid() per row was about a tenth of the claim's CPU: OpenSSL asks the
 --   kernel for the process id on every call (to notice a fork).
 -- * claim_tasks() updates the rows it took through their primary key instead of a join on
 --   ctid: every rescan of a TID scan asks the kernel for the table's size (lseek). With
 --   both system calls gone, a claim's backend CPU per task fell by a quarter
---   (bench/claim-anatomy.ts); each alone, by 5-10 %.
+--   (bench/claim-anatomy.ts); alone, the tokens took 5-12 % off, the key nothing measurable.
 CREATE OR REPLACE FUNCTION {{schema}}.lease_token(claim uuid, task_seq bigint)
 RETURNS uuid
 -- A plain SQL function (no SET, no SECURITY DEFINER, every name qualified), so that the
