@@ -62,6 +62,7 @@ describe('heartbeats', () => {
   test('a lease taken away from outside aborts the handler with LeaseExpiredError; its writes are fenced', { timeout: 30_000 }, async () => {
     await reset();
     const info = await client.enqueue(new Task('revoked'));
+    const started = deferred();
     const reason = deferred<unknown>();
     const release = deferred();
     let resultError: unknown;
@@ -70,11 +71,16 @@ describe('heartbeats', () => {
     const server = await startServer(
       async (_t, ctx) => {
         ctx.signal.addEventListener('abort', () => reason.resolve(ctx.signal.reason));
+        started.resolve();
         await release.promise;
         await ctx.writeResult('too late').catch((err) => (resultError = err));
       },
       { recoverCutoff: 60_000 },
     );
+    // The lease is taken once the handler runs: a claim whose reply came past the lease's
+    // trust (a loaded machine) gives its task back unstarted, and the next claim's lease is
+    // the one to take.
+    await started.promise;
     const row = await taskIn(info.id, 'active');
     await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'thief' WHERE id = $1", [info.id]);
     const r = await reason.promise;
