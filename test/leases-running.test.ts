@@ -97,6 +97,37 @@ describe('heartbeats', () => {
     assert.ok(server.metrics().leasesLost >= 1);
     await server.shutdown();
   });
+
+  test('a held task whose lease is taken before it starts never runs, and counts as a lost lease', { timeout: 30_000 }, async () => {
+    await reset();
+    const first = await client.enqueue(new Task('first'));
+    const held = await client.enqueue(new Task('held'));
+    const release = deferred();
+    const ran: string[] = [];
+    // One slot and one task held ahead: the first task runs and blocks the slot, the second waits in the server's hand.
+    const server = await startServer(
+      async (t) => {
+        ran.push(t.type);
+        if (t.type === 'first') await release.promise;
+      },
+      { concurrency: 1, prefetch: 1, leaseDuration: 30_000, recoverCutoff: 60_000 },
+    );
+    await taskIn(first.id, 'active');
+    await taskIn(held.id, 'active');
+    assert.deepEqual(ran, ['first']);
+    await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'thief' WHERE id = $1", [held.id]);
+    // A heartbeat misses the row: the held lease is lost before its task starts.
+    await waitFor(() => server.metrics().fencedWrites >= 1, 10_000, 'a heartbeat missed the taken lease');
+    assert.equal(server.metrics().leasesLost, 0);
+    release.resolve();
+    // The slot frees: the held task is given back, which its new owner's token fences.
+    await waitFor(() => server.metrics().leasesLost === 1, 10_000, 'the held lease counted as lost');
+    assert.deepEqual(ran, ['first']);
+    const row = await taskRow(held.id);
+    assert.equal(row.state, 'active');
+    assert.equal(row.lease_owner, 'thief');
+    await server.shutdown();
+  });
 });
 
 describe('ctx.transaction', () => {

@@ -144,11 +144,15 @@ export class Processor {
    */
   async #giveBack(leases: Lease[]): Promise<void> {
     if (leases.length === 0) return;
+    let notGivenBack = leases.length;
     try {
-      await requeue(this.#db, leases);
+      notGivenBack -= (await requeue(this.#db, leases)).length;
     } catch (err) {
       this.#logger.warn({ err, tasks: leases.length }, 'could not give back held tasks; the recoverer will');
     }
+    // What was not given back is the recoverer's (or another worker's) now: each of those is a
+    // lost lease, so every rescue of a task still matches a lease its worker counts as lost.
+    this.#leases.counters.leasesLost += notGivenBack;
     for (const lease of leases) this.#forget(lease);
   }
 
