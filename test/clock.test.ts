@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, afterEach, before, beforeEach, describe } from 'node:test';
+import { sql } from 'kysely';
 import { Client, Inspector, Scheduler, Task } from '../src/index.js';
 import { Db } from '../src/broker/db.js';
 import { forwardDue, nextDueIn } from '../src/broker/maintenance.js';
@@ -17,7 +18,11 @@ import { silentLogger } from '../src/internal/logger.js';
 import { Janitor } from '../src/server/janitor.js';
 import { Recoverer } from '../src/server/recoverer.js';
 import { StatsCollector } from '../src/server/stats.js';
-import { REPO, resetTables, test, testDb, type TestDb } from './helpers.js';
+import { DATABASE_URL, REPO, resetTables, test, testDb, type TestDb } from './helpers.js';
+
+/** This process's warnings since the file began: no moved clock's setting may cause one (see the last test). */
+const warnings: string[] = [];
+process.on('warning', (w) => warnings.push(w.message));
 
 describe('the clock seam', () => {
   // PostgreSQL's clocks, called or named: what a statement would read past the test's clock.
@@ -343,6 +348,44 @@ describe("a server's forwarder, recoverer and janitor on a moved clock (their ow
     assert.deepEqual(
       (await db.query<{ id: string }>('SELECT id FROM {{schema}}.tasks')).map((r) => r.id),
       ['unique'],
+    );
+  });
+});
+
+describe("a moved clock's session setting", () => {
+  const MINUTE = 60_000;
+  test("goes ahead of a checkout's first statement in each of pg's forms, never beside it", async () => {
+    const clock = new DatabaseClock();
+    const moved = new Db({ connectionString: DATABASE_URL, schema: 't_clock_setting', logger: false, clock });
+    const SHIFT = "SELECT current_setting('pgasynq.clock_shift_ms') AS s";
+    try {
+      clock.advance(MINUTE);
+      // pool.query(): pg checks a client out and queries it with a callback.
+      assert.equal((await moved.pool.query<{ s: string }>(SHIFT)).rows[0]!.s, String(MINUTE));
+      clock.advance(1000);
+      const client = await moved.pool.connect();
+      try {
+        // A checkout's promise form, then a callback on the same checkout.
+        assert.equal((await client.query<{ s: string }>(SHIFT)).rows[0]!.s, String(MINUTE + 1000));
+        const again = await new Promise<string>((resolve, reject) =>
+          client.query<{ s: string }>(SHIFT, (err, r) => (err ? reject(err) : resolve(r.rows[0]!.s))),
+        );
+        assert.equal(again, String(MINUTE + 1000));
+      } finally {
+        client.release();
+      }
+      clock.advance(1000);
+      // Kysely's checkout, as every broker statement runs.
+      assert.equal((await moved.run(sql<{ s: string }>`SELECT current_setting('pgasynq.clock_shift_ms') AS s`))[0]!.s, String(MINUTE + 2000));
+    } finally {
+      await moved.close();
+    }
+    // pg warns (once a process) of a query sent on a client still running one: the setting
+    // must never be that, here or in any moved clock of the tests above.
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.deepEqual(
+      warnings.filter((w) => w.includes('client.query()')),
+      [],
     );
   });
 });
