@@ -47,7 +47,7 @@ const VARIANTS: Record<string, Variant> = {
   'no-update': {
     edit: (def) =>
       def.replace(
-        /UPDATE (\S+) s\s+SET state = 'active'[\s\S]*?FROM sized z\s+WHERE (s\.seq = z\.seq AND \(z\.n = 1 OR z\.upto <= max_bytes\))\s+RETURNING ([\s\S]*?s\.lease_token)\n/,
+        /UPDATE (\S+) s\s+SET state = 'active'[\s\S]*?FROM sized z\s+WHERE (s\.ctid = z\.ctid AND \(z\.n = 1 OR z\.upto <= max_bytes\))\s+RETURNING ([\s\S]*?s\.lease_token)\n/,
         (_all, table: string, where: string, returning: string) => `SELECT ${returning} FROM ${table} s, sized z WHERE ${where}\n`,
       ),
   },

@@ -88,7 +88,7 @@ export const MIGRATIONS = [
   '0014_hot_path_v3',
   '0015_bulk_enqueue',
   '0016_watch_events',
-  '0017_claim_without_syscalls',
+  '0017_claim_lease_tokens',
 ];
 
 /**

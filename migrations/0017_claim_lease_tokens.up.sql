@@ -1,4 +1,4 @@
--- pgasynq 0017: a claim without a system call per task it takes.
+-- pgasynq 0017: lease tokens without a system call per task a claim takes.
 -- {{schema}} is replaced by the quoted schema name before this file runs.
 --
 -- * A lease token is the claim's random part (one gen_random_uuid() per claim: its
@@ -6,10 +6,10 @@
 --   Every claim of a task still gets a token of its own, and the tasks of one claim each
 --   their own. gen_random_uuid() per row was about a tenth of the claim's CPU: OpenSSL asks the
 --   kernel for the process id on every call (to notice a fork).
--- * claim_tasks() updates the rows it took through their primary key instead of a join on
---   ctid: every rescan of a TID scan asks the kernel for the table's size (lseek). With
---   both system calls gone, a claim's backend CPU per task fell by a quarter
---   (bench/claim-anatomy.ts); alone, the tokens took 5-12 % off, the key nothing measurable.
+-- * Left as it was: claim_tasks() updates the rows it took through a join on ctid. Every
+--   rescan of that TID scan asks the kernel for the table's size (an lseek per row), but an
+--   update through the primary key was tried and dropped: behind a transaction held open,
+--   the plan rebuilt after ANALYZE scanned the whole key at every claim (bench/RESULTS.md).
 CREATE OR REPLACE FUNCTION {{schema}}.lease_token(claim uuid, task_seq bigint)
 RETURNS uuid
 -- A plain SQL function (no SET, no SECURITY DEFINER, every name qualified), so that the
@@ -137,7 +137,7 @@ BEGIN
   -- claimed. (LIMIT 1 keeps the lookup a primary key probe per row: a join planned on
   -- the CTE's guessed size may hash the whole table.)
   sized AS (
-    SELECT c.seq, x.*, row_number() OVER w AS n, sum(x.bytes) OVER w AS upto,
+    SELECT c.ctid, x.*, row_number() OVER w AS n, sum(x.bytes) OVER w AS upto,
       array_position(queue_names, c.queue) AS ord
     FROM c CROSS JOIN LATERAL (
       SELECT i.queue, i.id, i.type, i.payload, i.payload_bytes, i.headers, i.max_retry, i.timeout, i.deadline, i.retention,
@@ -146,13 +146,15 @@ BEGIN
       FROM {{schema}}.task_inputs i WHERE i.seq = c.seq LIMIT 1) x
     WINDOW w AS (ORDER BY array_position(queue_names, c.queue), c.priority DESC, c.pending_seq ROWS UNBOUNDED PRECEDING)
   ),
-  -- The rows taken are updated through their primary key, a probe per row (never a
-  -- join planned on a CTE's guessed size). The join carries each row's inputs to
-  -- RETURNING, so they are read once. (A join on ctid reads fewer buffers, but every
-  -- rescan of a TID scan asks the kernel for the table's size: a system call per
-  -- claimed row cost more than the key's descent. A pending row that another
-  -- transaction rewrote after this statement's snapshot is locked in its new version;
-  -- the key leads the UPDATE to that version too, and it is claimed.)
+  -- The rows taken are updated through a join on ctid (a TID probe per row, never a
+  -- join planned on a CTE's guessed size): nothing can move a row this statement holds
+  -- locked. The join carries each row's inputs to RETURNING, so they are read once. (A
+  -- pending row that another transaction rewrote after this statement's snapshot is
+  -- locked in its new version, which this UPDATE cannot see: it stays pending for the
+  -- next claim.) Not through the primary key: once ANALYZE has seen a handful of live
+  -- rows (a transaction held open elsewhere keeps every dead one), a key probe costs the
+  -- planner what a scan of the whole key costs, and the plan rebuilt then scanned every
+  -- entry of the key, dead ones included, at every claim. A TID probe stays cheaper.
   -- pending_seq stays on the active row (only pending rows are indexed by it), so
   -- the claim order can be returned.
   claimed AS (
@@ -161,7 +163,7 @@ BEGIN
         lease_expires_at = v_now + lease_ms * interval '1 millisecond', started_at = v_now, run_at = NULL,
         cancel_requested = false, updated_at = v_now
     FROM sized z
-    WHERE s.seq = z.seq AND (z.n = 1 OR z.upto <= max_bytes)
+    WHERE s.ctid = z.ctid AND (z.n = 1 OR z.upto <= max_bytes)
     RETURNING z.ord, s.seq, s.pending_seq, s.priority, z.queue, z.id, z.type, z.payload, z.payload_bytes, z.headers,
       s.retried, z.max_retry,
       (extract(epoch FROM z.timeout) * 1000::numeric)::float8 AS timeout_ms,
