@@ -8,7 +8,9 @@ import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import pg from 'pg';
 import { Task } from '../src/index.js';
+import { HEAD, type ClaimMark } from '../src/broker/claim.js';
 import { DatabaseClock } from '../src/internal/clock.js';
+import { ClaimCursor, SWEEP_EVERY_MS } from '../src/server/cursor.js';
 import { setupDb, test, waitFor } from './helpers.js';
 
 const { db, client, running, startServer } = setupDb('t_cursor', { resetEach: true, server: { taskCheckInterval: 50, shutdownTimeout: 200 } });
@@ -131,4 +133,71 @@ describe('claim cursor', () => {
       }
     },
   );
+});
+
+describe('claim cursor: a sweep and the floors after it', () => {
+  /** A claim's mark whose snapshot saw every transaction before `xmin` end. */
+  const mark = (drawn: bigint, xid: bigint, xmin: bigint, paused: string[] = []): ClaimMark => ({
+    drawn,
+    xid,
+    xmin,
+    drawersGone: null,
+    paused,
+    limited: [],
+    locked: 0,
+  });
+  const top = (position: bigint) => new Map([['q', new Map([[0, position]])]]);
+  const floorOf = (cursor: ClaimCursor) => cursor.next(['q']).bands.find((b) => b.queue === 'q')?.floor;
+
+  /** A cursor whose band of queue q (priority 0) has risen to 60, and the clock that paces its sweeps. */
+  function risen(): { cursor: ClaimCursor; clock: { at: number; now: () => number } } {
+    const clock = { at: 0, now: () => clock.at };
+    const cursor = new ClaimCursor(clock);
+    assert.deepEqual(cursor.next(['q']).bands, [], 'the sweep at start knows no band');
+    cursor.claimed(mark(100n, 10n, 10n), 10, top(50n), 10, ['q']);
+    assert.equal(floorOf(cursor), HEAD);
+    // This claim's snapshot saw every transaction older than the last claim's end: the floor
+    // rises to the highest position it took.
+    cursor.claimed(mark(200n, 20n, 11n), 10, top(60n), 10, ['q']);
+    assert.equal(floorOf(cursor), '60');
+    return { cursor, clock };
+  }
+
+  test('a sweep that took every task it could starts the next claims from the floors again', () => {
+    const { cursor, clock } = risen();
+    cursor.claimed(mark(300n, 30n, 12n), 10, top(70n), 10, ['q']);
+    clock.at += SWEEP_EVERY_MS;
+    assert.equal(floorOf(cursor), HEAD, 'the sweep starts from the head');
+    // Three of ten: every scan ran out. The transaction of the last mark still runs, so nothing
+    // may rise; the floor from before the sweep holds.
+    cursor.claimed(mark(400n, 40n, 12n), 10, top(80n), 3, ['q']);
+    assert.equal(floorOf(cursor), '60');
+  });
+
+  test('a sweep that took as many as it asked for leaves the next claims at the head', () => {
+    const { cursor, clock } = risen();
+    cursor.claimed(mark(300n, 30n, 12n), 10, top(70n), 10, ['q']);
+    clock.at += SWEEP_EVERY_MS;
+    assert.equal(floorOf(cursor), HEAD);
+    // Ten of ten: tasks may be left below the old floor, for the claims from the head to take.
+    cursor.claimed(mark(400n, 40n, 12n), 10, top(-5n), 10, ['q']);
+    assert.equal(floorOf(cursor), HEAD);
+  });
+
+  test('a sweep restores no floor of a queue it did not scan (paused)', () => {
+    const { cursor, clock } = risen();
+    clock.at += SWEEP_EVERY_MS;
+    assert.equal(floorOf(cursor), HEAD);
+    cursor.claimed(mark(300n, 30n, 12n, ['q']), 10, new Map(), 0, ['q']);
+    assert.equal(floorOf(cursor), HEAD, 'paused: nothing is known of q');
+  });
+
+  test('a claim after a sweep whose claim failed restores nothing', () => {
+    const { cursor, clock } = risen();
+    clock.at += SWEEP_EVERY_MS;
+    assert.equal(floorOf(cursor), HEAD, 'the sweep; its claim fails (no claimed())');
+    assert.equal(floorOf(cursor), HEAD, 'the claim after it starts at the head too');
+    cursor.claimed(mark(300n, 30n, 12n), 10, new Map(), 0, ['q']);
+    assert.equal(floorOf(cursor), HEAD);
+  });
 });

@@ -33,7 +33,11 @@
  * What can still land below a floor — a task given back at shutdown (requeued
  * to the front), a claim that rolled back — is found by a sweep: a claim from
  * the head, every SWEEP_EVERY_MS, at start, after a reconnect and when a
- * server requeues (the sweep channel).
+ * server requeues (the sweep channel). A sweep that ran out of tasks to take
+ * found everything below the floors: the claims after it start from those
+ * floors again. (Behind a held snapshot, each claim from the head steps over
+ * every dead entry since: one per sweep, not the three or four more that a
+ * floor risen anew from the head took.)
  */
 import type { DatabaseClock } from '../internal/clock.js';
 import { HEAD, type Band, type ClaimMark, type ClaimStart } from '../broker/claim.js';
@@ -52,6 +56,8 @@ export class ClaimCursor {
   /** A mark cleared by the lock holders: safe for the next claim. */
   #cleared: bigint | undefined;
   #lastSweep = Number.NEGATIVE_INFINITY;
+  /** While a sweep's claim is out: the floors it started below, per queue and priority. */
+  #sweptFloors: Map<string, Map<number, bigint>> | undefined;
 
   /** `clock`: the server's, whose now() paces the sweeps. */
   constructor(clock: Pick<DatabaseClock, 'now'>) {
@@ -62,6 +68,7 @@ export class ClaimCursor {
   next(queues: readonly string[]): ClaimStart {
     const sweep = this.#clock.now() - this.#lastSweep >= SWEEP_EVERY_MS;
     if (sweep) this.#lastSweep = this.#clock.now();
+    this.#sweptFloors = sweep ? new Map([...this.#floors].map(([queue, floors]) => [queue, new Map(floors)])) : undefined;
     const bands: Band[] = [];
     for (const queue of queues) {
       const floors = this.#floors.get(queue);
@@ -86,6 +93,11 @@ export class ClaimCursor {
    * queue and priority, `count` how many it took in all.
    */
   claimed(mark: ClaimMark, limit: number, taken: ReadonlyMap<string, ReadonlyMap<number, bigint>>, count: number, queues: readonly string[]): void {
+    // Fewer than asked: every band's scan ran out (a sweep's from the head).
+    const exhausted = count < limit;
+    const swept = this.#sweptFloors;
+    this.#sweptFloors = undefined;
+    if (swept !== undefined && exhausted) this.#restore(swept, mark, queues);
     let safe = this.#cleared;
     this.#cleared = undefined;
     if (this.#pending !== undefined) {
@@ -110,9 +122,8 @@ export class ClaimCursor {
       for (const priority of bands.keys()) if (!floors.has(priority)) floors.set(priority, BigInt(HEAD));
     }
     if (safe === undefined) return;
-    // Fewer than asked: every band's scan ran out above its floor. Otherwise only the
-    // bands that gave tasks are known to hold nothing unclaimed below what they gave.
-    const exhausted = count < limit;
+    // Exhausted, every band's scan ran out above its floor. Otherwise only the bands
+    // that gave tasks are known to hold nothing unclaimed below what they gave.
     for (const queue of queues) {
       // A paused or limited queue was not scanned: nothing is known of it.
       if (mark.paused.includes(queue) || mark.limited.includes(queue)) continue;
@@ -124,6 +135,22 @@ export class ClaimCursor {
         const candidate = exhausted ? safe : top === undefined ? undefined : top < safe ? top : safe;
         if (candidate !== undefined && candidate > floor) floors.set(priority, candidate);
       }
+    }
+  }
+
+  /**
+   * A sweep took every task it could lock from the head of each band: what was below the
+   * floors it started under is claimed, so those floors hold again. (Anything that lands
+   * below them later comes with a sweep of its own, as before.)
+   */
+  #restore(swept: ReadonlyMap<string, ReadonlyMap<number, bigint>>, mark: ClaimMark, queues: readonly string[]): void {
+    for (const queue of queues) {
+      // A paused or limited queue was not scanned: nothing is known of it.
+      if (mark.paused.includes(queue) || mark.limited.includes(queue)) continue;
+      const floors = this.#floors.get(queue);
+      const before = swept.get(queue);
+      if (floors === undefined || before === undefined) continue;
+      for (const [priority, floor] of before) if (floor > (floors.get(priority) ?? floor)) floors.set(priority, floor);
     }
   }
 }
