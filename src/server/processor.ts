@@ -18,7 +18,7 @@ import { setImmediate as nextTurn } from 'node:timers/promises';
 import type { Db } from '../broker/db.js';
 import type { ClaimedRow } from '../broker/claim.js';
 import { requeue } from '../broker/leases.js';
-import { ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
+import { LeaseExpiredError, ServerClosedError, TaskTimeoutError, coerceError } from '../model/errors.js';
 import type { ClockTimer } from '../internal/clock.js';
 import { isTransientConnectionError } from '../internal/db-errors.js';
 import { FailureRun, type Logger } from '../internal/logger.js';
@@ -269,7 +269,13 @@ export class Processor {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
     const startedAt = this.#db.clock.now();
-    const outcome = await traceProcess(row, () => this.#invoke(task, this.#contexts.make(row, lease), lease));
+    // The trust may run out between the dispatch and the handler's start (the first task of a
+    // process waits for the tracing module to load): nothing has run then either.
+    let started = false;
+    const outcome = await traceProcess(row, () => {
+      started = !lease.lost;
+      return started ? this.#invoke(task, this.#contexts.make(row, lease), lease) : Promise.resolve({ error: lease.abortReason ?? new LeaseExpiredError() });
+    });
     this.#prefetch.ran(this.#db.clock.now() - startedAt);
     for (const t of timers) t.cancel();
     // The slot is free once the handler settled: a held task starts in it now, and the
@@ -279,6 +285,7 @@ export class Processor {
     lease.settle();
     if (this.#claiming) this.#dispatch();
     this.#poke();
+    if (!started) return this.#giveBack([lease]);
     try {
       await this.#outcomes.record(row, lease, task, outcome);
     } catch (err) {
