@@ -276,7 +276,8 @@ export class Processor {
       started = !lease.lost;
       return started ? this.#invoke(task, this.#contexts.make(row, lease), lease) : Promise.resolve({ error: lease.abortReason ?? new LeaseExpiredError() });
     });
-    this.#prefetch.ran(this.#db.clock.now() - startedAt);
+    // A handler that never ran says nothing of how long handlers run.
+    if (started) this.#prefetch.ran(this.#db.clock.now() - startedAt);
     for (const t of timers) t.cancel();
     // The slot is free once the handler settled: a held task starts in it now, and the
     // next claim overlaps this outcome's write, which still holds (and heartbeats) the
