@@ -20,6 +20,7 @@ import { hostname } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Db } from './broker/db.js';
 import { isTransientConnectionError } from './internal/db-errors.js';
+import { loadTracing } from './internal/otel.js';
 import { createNotifier } from './broker/notifier.js';
 import { missingMigrations } from './broker/migrations.js';
 import { deleteServer, ensureQueues, unservedQueues, type UnservedQueue } from './broker/servers.js';
@@ -148,7 +149,7 @@ export class Server {
     if (this.#status !== 'new') throw new ValidationError('server', `cannot start: it is ${this.#status}`);
     const fn: Handler = handler instanceof ServeMux ? (task, ctx) => handler.processTask(task, ctx) : (handler as Handler);
     if (typeof fn !== 'function') throw new ValidationError('handler', 'must be a ServeMux or a function');
-    const reachable = await this.#checkSchema();
+    const [reachable] = await Promise.all([this.#checkSchema(), loadTracing()]);
     // Looked up before the components start, so start() resolves right after them, as
     // before: run() listens for signals from then on, and a handler may already be running.
     if (reachable) await this.#registerQueues();

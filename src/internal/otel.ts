@@ -1,6 +1,6 @@
 /**
  * OpenTelemetry, when the application uses it. `@opentelemetry/api` is an
- * optional peer dependency: it is imported once, on the first enqueue or run,
+ * optional peer dependency: it is imported once, at a server's start or on the first enqueue,
  * and when it is not installed, or no tracer provider is registered, every
  * hook calls straight through: no span, no header, no attribute object, no
  * warning. A tracing failure never fails an enqueue or a run.
@@ -60,7 +60,11 @@ let api: Otel | null | undefined;
 let loading: Promise<unknown> | undefined;
 let version: string | undefined;
 
-function load(): Promise<unknown> {
+/**
+ * @internal Imports the API once (never rejects). A Server awaits it at start, so
+ * that no lease's trust is spent waiting for the import ahead of its first run.
+ */
+export function loadTracing(): Promise<unknown> {
   return (loading ??= import('@opentelemetry/api').then(
     (m) => {
       version = packageVersion();
@@ -98,7 +102,7 @@ function activeTracer(otel: Otel): Api.Tracer | undefined {
  * through (no async frame of its own: this runs once per task).
  */
 export function withTracing<T>(untraced: () => Promise<T>, traced: (t: Tracing) => Promise<T>): Promise<T> {
-  if (api === undefined) return load().then(() => withTracing(untraced, traced));
+  if (api === undefined) return loadTracing().then(() => withTracing(untraced, traced));
   const tracer = api ? activeTracer(api) : undefined;
   return tracer ? traced({ otel: api!, tracer }) : untraced();
 }
