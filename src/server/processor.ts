@@ -269,8 +269,8 @@ export class Processor {
     const task = Task.restore(row.type, decodePayload(row.payload, row.payload_bytes), row.headers);
     const timers = this.#armTimeouts(row, lease, claimedAt);
     const startedAt = this.#db.clock.now();
-    // The trust may run out between the dispatch and the handler's start (the first task of a
-    // process waits for the tracing module to load): nothing has run then either.
+    // traceProcess() waits for the tracing API's import when it has not loaded (start() loads
+    // it first; this guards the wait): a trust that ran out meanwhile gives the task back unrun.
     let started = false;
     const outcome = await traceProcess(row, () => {
       started = !lease.lost;
