@@ -25,10 +25,12 @@ faultTest(
   'F30 event-loop-blocking-handler: a 2·L synchronous handler; the case is recorded, the effect happens once',
   { schema: 'f30', timeout: 150_000 },
   async (h) => {
-    const w1 = await h.spawnWorker('w1', { concurrency: 4 });
-    h.startSampler();
+    // Enqueued before w1 starts, so that its first claim takes them all and every handler has
+    // started before the first loop blocks the process (one enqueued later would wait for it).
     const blockers: string[] = [];
     for (let i = 0; i < BLOCKERS; i++) blockers.push(await h.enqueue('block', { blockMs: BLOCK_MS }, { maxRetry: MAX_RETRY }));
+    const w1 = await h.spawnWorker('w1', { concurrency: 4 });
+    h.startSampler();
     await waitFor(async () => (await h.openStarts())[w1.tag] === BLOCKERS, 30_000, 'w1 to start the blocking tasks', 20);
     // The rescuer, and tx tasks flowing beside.
     await h.spawnWorker('w2', { concurrency: 4, sleepMin: 100, sleepMax: 300 });
