@@ -19,6 +19,9 @@
  *              (fillfactor 50: a claim's new row version enters it beside the old one)
  *   no-triggers  task_states' row triggers disabled (their WHEN clauses are read on every update)
  *   no-checks  without task_states' CHECK constraints
+ *   lease-table  the state row left as it is: each claimed task's lease inserted in a narrow
+ *              table of its own (its key the task's seq, no other index), and the scans skip a task
+ *              that has one (what a claim would cost if a claim wrote no new task_states row)
  *
  *   node --import tsx bench/claim-anatomy.ts [--n 50000] [--batch 500] [--reps 5] [--variants shipped,no-update,…] [--shared]
  * --shared: on DATABASE_URL (the machine's shared server) instead of a throwaway cluster.
@@ -40,6 +43,16 @@ interface Variant {
   edit: ((def: string) => string) | null;
   /** SQL run on the new schema before the fill. */
   before?: string;
+}
+
+/** The narrow lease table of the lease-table variant, and how its scans skip a leased task. */
+const LEASES = `${SCHEMA}.task_leases`;
+const NOT_LEASED = `NOT EXISTS (SELECT 1 FROM ${LEASES} l WHERE l.seq = s.seq)`;
+
+/** `def` with `pattern` replaced; throws when it is not there (claim_tasks()'s text has moved on). */
+function replaceOrThrow(def: string, pattern: RegExp, by: (...groups: string[]) => string): string {
+  if (!pattern.test(def)) throw new Error(`claim_tasks() no longer matches ${pattern.source.slice(0, 40)}…: update the variant`);
+  return def.replace(pattern, (...m: string[]) => by(...m.slice(1)));
 }
 
 const VARIANTS: Record<string, Variant> = {
@@ -71,6 +84,24 @@ const VARIANTS: Record<string, Variant> = {
   },
   'pk-room': { edit: null, before: `ALTER INDEX ${SCHEMA}.task_states_pkey SET (fillfactor = 50)` },
   'no-triggers': { edit: null, before: `ALTER TABLE ${SCHEMA}.task_states DISABLE TRIGGER USER` },
+  'lease-table': {
+    // No index on the expiry: the table holds only the running tasks, which the recoverer can scan.
+    before: `CREATE TABLE ${LEASES} (seq bigint PRIMARY KEY, lease_token uuid NOT NULL, lease_owner text NOT NULL,
+               lease_expires_at timestamptz NOT NULL, started_at timestamptz NOT NULL)`,
+    edit: (def) =>
+      replaceOrThrow(
+        def.replaceAll('AND s.pending_seq > b.floor', `AND s.pending_seq > b.floor AND ${NOT_LEASED}`),
+        /claimed AS \(\s*UPDATE (\S+) s\s+SET state = 'active'[\s\S]*?FROM sized z\s+WHERE (s\.ctid = z\.ctid AND \(z\.n = 1 OR z\.upto <= max_bytes\))\s+RETURNING ([\s\S]*?)s\.lease_token\n\s*\),/,
+        (table, where, returning) => `leased AS (
+    INSERT INTO ${LEASES} (seq, lease_token, lease_owner, lease_expires_at, started_at)
+    SELECT s.seq, ${SCHEMA}.lease_token(v_leases, s.seq), owner, v_now + lease_ms * interval '1 millisecond', v_now
+    FROM ${table} s, sized z WHERE ${where}
+  ),
+  claimed AS (
+    SELECT ${returning}${SCHEMA}.lease_token(v_leases, s.seq) AS lease_token FROM ${table} s, sized z WHERE ${where}
+  ),`,
+      ),
+  },
   'no-checks': {
     edit: null,
     before: `DO $$ DECLARE c text; BEGIN
