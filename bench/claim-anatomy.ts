@@ -19,14 +19,20 @@
  *              (fillfactor 50: a claim's new row version enters it beside the old one)
  *   no-triggers  task_states' row triggers disabled (their WHEN clauses are read on every update)
  *   no-checks  without task_states' CHECK constraints
+ *   bare-table  no-triggers, no-checks, two-partial and no-active at once
  *   lease-table  the state row left as it is: each claimed task's lease inserted in a narrow
  *              table of its own (its key the task's seq, no other index), and the scans skip a task
  *              that has one (what a claim would cost if a claim wrote no new task_states row)
+ *
+ * And, for scale, `graphile`: graphile-worker 0.18's own claim (the statement its worker
+ * sends for a local queue of `batch`, built by its code), over the same backlog filled with
+ * its `addJobs` and vacuumed, claimed the same way from one session.
  *
  *   node --import tsx bench/claim-anatomy.ts [--n 50000] [--batch 500] [--reps 5] [--variants shipped,no-update,…] [--shared]
  * --shared: on DATABASE_URL (the machine's shared server) instead of a throwaway cluster.
  */
 import { readFileSync } from 'node:fs';
+import { Logger, makeWorkerUtils, runMigrations } from 'graphile-worker';
 import pg from 'pg';
 import { Client, Task, migrate } from '../src/index.js';
 import { startBenchCluster } from './lib/cluster.js';
@@ -110,8 +116,14 @@ const VARIANTS: Record<string, Variant> = {
                END LOOP; END $$`,
   },
 };
-const CHOSEN = args.variants?.split(',') ?? Object.keys(VARIANTS);
-for (const v of CHOSEN) if (!(v in VARIANTS)) throw new Error(`unknown variant ${v} (${Object.keys(VARIANTS).join(', ')})`);
+// Every extra of the table at once: what the update costs on a table with only its key and the pending index.
+VARIANTS['bare-table'] = {
+  edit: null,
+  before: [VARIANTS['no-triggers']!.before!, VARIANTS['no-checks']!.before!, VARIANTS['two-partial']!.before!, VARIANTS['no-active']!.before!].join(';\n'),
+};
+const GRAPHILE = 'graphile';
+const CHOSEN = args.variants?.split(',') ?? [...Object.keys(VARIANTS), GRAPHILE];
+for (const v of CHOSEN) if (!(v in VARIANTS) && v !== GRAPHILE) throw new Error(`unknown variant ${v} (${Object.keys(VARIANTS).join(', ')}, ${GRAPHILE})`);
 
 /** CPU time (user + system) a process of this machine has used, in ms. */
 function cpuMs(pid: number): number {
@@ -173,6 +185,67 @@ async function claimAll(url: string): Promise<{ cpu: number; wall: number }> {
   }
 }
 
+const GRAPHILE_SCHEMA = 'bench_claim_anatomy_graphile';
+const silent = new Logger(() => () => {});
+
+async function prepareGraphile(url: string, admin: pg.Pool): Promise<void> {
+  await dropSchema(admin, GRAPHILE_SCHEMA);
+  await runMigrations({ connectionString: url, schema: GRAPHILE_SCHEMA, logger: silent });
+  const utils = await makeWorkerUtils({ connectionString: url, schema: GRAPHILE_SCHEMA, logger: silent });
+  try {
+    for (let i = 0; i < N; i += 10_000) {
+      await utils.addJobs(Array.from({ length: Math.min(10_000, N - i) }, (_, j) => ({ identifier: 'noop', payload: { i: i + j } })));
+    }
+  } finally {
+    await utils.release();
+  }
+  await admin.query(`VACUUM ANALYZE ${GRAPHILE_SCHEMA}._private_jobs`);
+}
+
+/** graphile-worker's batch claim, from its own code (not among its package's exports, so loaded by path). */
+type BatchGetJobs = (
+  options: unknown,
+  withPgClient: unknown,
+  tasks: Record<string, () => void>,
+  poolId: string,
+  flagsToSkip: null,
+  batchSize: number,
+) => Promise<unknown[]>;
+const { batchGetJobs } = (await import(new URL('./node_modules/graphile-worker/dist/sql/getJobs.js', import.meta.url).href)) as { batchGetJobs: BatchGetJobs };
+
+/** Claims graphile-worker's whole backlog from one session, `BATCH` jobs a statement, as its local queue does. */
+async function claimAllGraphile(url: string): Promise<{ cpu: number; wall: number }> {
+  const session = new pg.Client({ connectionString: url, application_name: 'bench:claim-anatomy' });
+  await session.connect();
+  try {
+    await session.query('SET synchronous_commit = off'); // as pgasynq's claims above: the same commit for both
+    const { rows } = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+    const pid = rows[0]!.pid;
+    const withSession = Object.assign(<T>(cb: (c: pg.Client) => Promise<T>) => cb(session), {
+      withRetries: <T>(cb: (c: pg.Client) => Promise<T>) => cb(session),
+    });
+    const options = {
+      escapedWorkerSchema: `"${GRAPHILE_SCHEMA}"`,
+      workerSchema: GRAPHILE_SCHEMA,
+      resolvedPreset: { worker: { preparedStatements: true, useNodeTime: false } },
+      logger: silent,
+    };
+    const tasks = { noop: () => {} };
+    let claimed = 0;
+    const cpu0 = cpuMs(pid);
+    const wall0 = performance.now();
+    for (;;) {
+      const jobs = await batchGetJobs(options, withSession, tasks, 'bench', null, BATCH);
+      if (jobs.length === 0) break;
+      claimed += jobs.length;
+    }
+    if (claimed !== N) throw new Error(`graphile-worker claimed ${claimed} of ${N}`);
+    return { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
+  } finally {
+    await session.end();
+  }
+}
+
 const cluster = args.shared === undefined ? await startBenchCluster() : undefined;
 process.on('exit', () => cluster?.destroy());
 const url = cluster?.url ?? DATABASE_URL;
@@ -182,14 +255,16 @@ const wall = new Map<string, number[]>(CHOSEN.map((v) => [v, []]));
 try {
   for (let rep = 1; rep <= REPS; rep++) {
     for (const v of CHOSEN) {
-      await prepare(url, admin, VARIANTS[v]!);
-      const run = await claimAll(url);
+      if (v === GRAPHILE) await prepareGraphile(url, admin);
+      else await prepare(url, admin, VARIANTS[v]!);
+      const run = v === GRAPHILE ? await claimAllGraphile(url) : await claimAll(url);
       cpu.get(v)!.push(run.cpu);
       wall.get(v)!.push(run.wall);
       console.error(`rep ${rep} ${v}: backend CPU ${run.cpu} ms, wall ${Math.round(run.wall)} ms`);
     }
   }
   await dropSchema(admin, SCHEMA);
+  await dropSchema(admin, GRAPHILE_SCHEMA);
 } finally {
   await admin.end();
 }
