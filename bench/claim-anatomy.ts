@@ -151,38 +151,47 @@ async function prepare(url: string, admin: pg.Pool, variant: Variant): Promise<v
   await admin.query(`VACUUM ANALYZE ${SCHEMA}.task_states, ${SCHEMA}.task_inputs`);
 }
 
-/** Claims the whole backlog from one session; the backend's CPU ms and the wall ms it took. */
-async function claimAll(url: string): Promise<{ cpu: number; wall: number }> {
+/**
+ * Claims a whole backlog from one session with `claimer(session)`'s batches (each resolves with
+ * how many tasks it took; 0 ends the backlog): the backend's CPU ms and the wall ms it took.
+ * The session commits as the Server's own do (`synchronous_commit = off`), for every system.
+ */
+async function timeClaims(url: string, system: string, claimer: (session: pg.Client) => () => Promise<number>): Promise<{ cpu: number; wall: number }> {
   const session = new pg.Client({ connectionString: url, application_name: 'bench:claim-anatomy' });
   await session.connect();
   try {
-    await session.query('SET synchronous_commit = off'); // as the Server's own sessions
+    await session.query('SET synchronous_commit = off');
     const { rows } = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
     const pid = rows[0]!.pid;
-    let floor: string | undefined;
+    const claimBatch = claimer(session);
     let claimed = 0;
     const cpu0 = cpuMs(pid);
     const wall0 = performance.now();
-    for (;;) {
-      // The first claim finds the queue's band (one gap over every priority, 101 to -101, as broker/claim.ts
-      // spells it), the later ones start above the floor the last claim reached.
-      const bands = floor === undefined ? [[1], [101], [-101], [], [], []] : [[], [], [], [1], [0], [floor]];
-      const result = await session.query<{ seq: string | null; pending_seq: string }>(
-        `SELECT c.seq::text AS seq, c.pending_seq::text AS pending_seq, c.payload, c.headers, c.timeout_ms, c.lease_token
-         FROM ${SCHEMA}.claim_tasks($1::text[], $2::int[], $3::int[], $4::int[], $5::int[], $6::int[], $7::int[], $8::bigint[],
-                                    NULL::xid8, $9::int, 'bench', 30000::float8, 67108864::float8, 0::float8) c`,
-        [['default'], [BATCH], ...bands, BATCH],
-      );
-      const tasks = result.rows.filter((r) => r.seq !== null);
-      if (tasks.length === 0) break;
-      claimed += tasks.length;
-      for (const t of tasks) if (floor === undefined || BigInt(t.pending_seq) > BigInt(floor)) floor = t.pending_seq;
-    }
-    if (claimed !== N) throw new Error(`claimed ${claimed} of ${N}`);
+    for (let n = await claimBatch(); n > 0; n = await claimBatch()) claimed += n;
+    if (claimed !== N) throw new Error(`${system} claimed ${claimed} of ${N}`);
     return { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
   } finally {
     await session.end();
   }
+}
+
+/** pgasynq's claims: each above the floor the last one reached, as the claim loop does. */
+function pgasynqClaimer(session: pg.Client): () => Promise<number> {
+  let floor: string | undefined;
+  return async () => {
+    // The first claim finds the queue's band (one gap over every priority, 101 to -101, as broker/claim.ts
+    // spells it), the later ones start above the floor the last claim reached.
+    const bands = floor === undefined ? [[1], [101], [-101], [], [], []] : [[], [], [], [1], [0], [floor]];
+    const result = await session.query<{ seq: string | null; pending_seq: string }>(
+      `SELECT c.seq::text AS seq, c.pending_seq::text AS pending_seq, c.payload, c.headers, c.timeout_ms, c.lease_token
+       FROM ${SCHEMA}.claim_tasks($1::text[], $2::int[], $3::int[], $4::int[], $5::int[], $6::int[], $7::int[], $8::bigint[],
+                                  NULL::xid8, $9::int, 'bench', 30000::float8, 67108864::float8, 0::float8) c`,
+      [['default'], [BATCH], ...bands, BATCH],
+    );
+    const tasks = result.rows.filter((r) => r.seq !== null);
+    for (const t of tasks) if (floor === undefined || BigInt(t.pending_seq) > BigInt(floor)) floor = t.pending_seq;
+    return tasks.length;
+  };
 }
 
 const GRAPHILE_SCHEMA = 'bench_claim_anatomy_graphile';
@@ -213,37 +222,19 @@ type BatchGetJobs = (
 ) => Promise<unknown[]>;
 const { batchGetJobs } = (await import(new URL('./node_modules/graphile-worker/dist/sql/getJobs.js', import.meta.url).href)) as { batchGetJobs: BatchGetJobs };
 
-/** Claims graphile-worker's whole backlog from one session, `BATCH` jobs a statement, as its local queue does. */
-async function claimAllGraphile(url: string): Promise<{ cpu: number; wall: number }> {
-  const session = new pg.Client({ connectionString: url, application_name: 'bench:claim-anatomy' });
-  await session.connect();
-  try {
-    await session.query('SET synchronous_commit = off'); // as pgasynq's claims above: the same commit for both
-    const { rows } = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
-    const pid = rows[0]!.pid;
-    const withSession = Object.assign(<T>(cb: (c: pg.Client) => Promise<T>) => cb(session), {
-      withRetries: <T>(cb: (c: pg.Client) => Promise<T>) => cb(session),
-    });
-    const options = {
-      escapedWorkerSchema: `"${GRAPHILE_SCHEMA}"`,
-      workerSchema: GRAPHILE_SCHEMA,
-      resolvedPreset: { worker: { preparedStatements: true, useNodeTime: false } },
-      logger: silent,
-    };
-    const tasks = { noop: () => {} };
-    let claimed = 0;
-    const cpu0 = cpuMs(pid);
-    const wall0 = performance.now();
-    for (;;) {
-      const jobs = await batchGetJobs(options, withSession, tasks, 'bench', null, BATCH);
-      if (jobs.length === 0) break;
-      claimed += jobs.length;
-    }
-    if (claimed !== N) throw new Error(`graphile-worker claimed ${claimed} of ${N}`);
-    return { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
-  } finally {
-    await session.end();
-  }
+/** graphile-worker's claims, `BATCH` jobs a statement, as its local queue fetches them. */
+function graphileClaimer(session: pg.Client): () => Promise<number> {
+  const withSession = Object.assign(<T>(cb: (c: pg.Client) => Promise<T>) => cb(session), {
+    withRetries: <T>(cb: (c: pg.Client) => Promise<T>) => cb(session),
+  });
+  const options = {
+    escapedWorkerSchema: `"${GRAPHILE_SCHEMA}"`,
+    workerSchema: GRAPHILE_SCHEMA,
+    resolvedPreset: { worker: { preparedStatements: true, useNodeTime: false } },
+    logger: silent,
+  };
+  const tasks = { noop: () => {} };
+  return async () => (await batchGetJobs(options, withSession, tasks, 'bench', null, BATCH)).length;
 }
 
 const cluster = args.shared === undefined ? await startBenchCluster() : undefined;
@@ -257,7 +248,7 @@ try {
     for (const v of CHOSEN) {
       if (v === GRAPHILE) await prepareGraphile(url, admin);
       else await prepare(url, admin, VARIANTS[v]!);
-      const run = v === GRAPHILE ? await claimAllGraphile(url) : await claimAll(url);
+      const run = await timeClaims(url, v, v === GRAPHILE ? graphileClaimer : pgasynqClaimer);
       cpu.get(v)!.push(run.cpu);
       wall.get(v)!.push(run.wall);
       console.error(`rep ${rep} ${v}: backend CPU ${run.cpu} ms, wall ${Math.round(run.wall)} ms`);
