@@ -23,15 +23,23 @@
  *   lease-table  the state row left as it is: each claimed task's lease inserted in a narrow
  *              table of its own (its key the task's seq, no other index), and the scans skip a task
  *              that has one (what a claim would cost if a claim wrote no new task_states row)
+ *   hot-claim  the update sets only the lease (no indexed column, the state left 'pending'), so it can be
+ *              a HOT update; the scans skip leased rows; no active index, no row triggers
+ *   hot-claim-ff50  hot-claim on a table filled at fillfactor 50 (room on each page for every row's new version)
  *
  * And, for scale, `graphile`: graphile-worker 0.18's own claim (the statement its worker
  * sends for a local queue of `batch`, built by its code), over the same backlog filled with
  * its `addJobs` and vacuumed, claimed the same way from one session.
  *
- *   node --import tsx bench/claim-anatomy.ts [--n 50000] [--batch 500] [--reps 5] [--variants shipped,no-update,…] [--shared]
+ *   node --import tsx bench/claim-anatomy.ts [--n 50000] [--batch 500] [--reps 5] [--variants shipped,no-update,…] [--shared] [--perf DIR]
  * --shared: on DATABASE_URL (the machine's shared server) instead of a throwaway cluster.
+ * --perf DIR: `perf record` on the claiming backend alone, while it claims, into DIR/<variant>-<rep>.data
+ *   (read with `perf report -i FILE --no-children --sort symbol`: where one variant's CPU goes that another's does not).
  */
-import { readFileSync } from 'node:fs';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { once } from 'node:events';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { Logger, makeWorkerUtils, runMigrations } from 'graphile-worker';
 import pg from 'pg';
 import { Client, Task, migrate } from '../src/index.js';
@@ -116,6 +124,23 @@ const VARIANTS: Record<string, Variant> = {
                END LOOP; END $$`,
   },
 };
+/**
+ * A HOT claim: the update writes only the lease, which no index reads (key or predicate), and the
+ * state stays 'pending', so PostgreSQL can put the new version beside the old one with no index
+ * entry (when the page has room); the scans skip a leased row. Without the active tasks' index
+ * (its predicate reads the state and the lease) and the row triggers (the lease release's would
+ * undo such a lease). What a claim could cost if the state a task is in were told by its lease.
+ */
+const hotClaim = (def: string): string =>
+  replaceOrThrow(
+    def.replaceAll('AND s.pending_seq > b.floor', 'AND s.pending_seq > b.floor AND s.lease_token IS NULL'),
+    /SET state = 'active', (lease_owner = owner, lease_token = [^\n]*\n\s*lease_expires_at = [^,]*, started_at = v_now), run_at = NULL,\s*cancel_requested = false, (updated_at = v_now)/,
+    (lease, updated) => `SET ${lease}, ${updated}`,
+  );
+const HOT_TABLE = `DROP INDEX ${SCHEMA}.task_states_active_idx; ALTER TABLE ${SCHEMA}.task_states DISABLE TRIGGER USER`;
+VARIANTS['hot-claim'] = { edit: hotClaim, before: HOT_TABLE };
+// The same with room on every page for each row's second version (the shipped table keeps a fifth free).
+VARIANTS['hot-claim-ff50'] = { edit: hotClaim, before: `${HOT_TABLE}; ALTER TABLE ${SCHEMA}.task_states SET (fillfactor = 50)` };
 // Every extra of the table at once: what the update costs on a table with only its key and the pending index.
 VARIANTS['bare-table'] = {
   edit: null,
@@ -156,7 +181,12 @@ async function prepare(url: string, admin: pg.Pool, variant: Variant): Promise<v
  * how many tasks it took; 0 ends the backlog): the backend's CPU ms and the wall ms it took.
  * The session commits as the Server's own do (`synchronous_commit = off`), for every system.
  */
-async function timeClaims(url: string, system: string, claimer: (session: pg.Client) => () => Promise<number>): Promise<{ cpu: number; wall: number }> {
+async function timeClaims(
+  url: string,
+  system: string,
+  claimer: (session: pg.Client) => () => Promise<number>,
+  profile?: string,
+): Promise<{ cpu: number; wall: number }> {
   const session = new pg.Client({ connectionString: url, application_name: 'bench:claim-anatomy' });
   await session.connect();
   try {
@@ -164,15 +194,46 @@ async function timeClaims(url: string, system: string, claimer: (session: pg.Cli
     const { rows } = await session.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
     const pid = rows[0]!.pid;
     const claimBatch = claimer(session);
+    const perf = profile === undefined ? undefined : await startPerf(pid, profile);
     let claimed = 0;
     const cpu0 = cpuMs(pid);
     const wall0 = performance.now();
     for (let n = await claimBatch(); n > 0; n = await claimBatch()) claimed += n;
+    const run = { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
+    if (perf) await stopPerf(perf);
     if (claimed !== N) throw new Error(`${system} claimed ${claimed} of ${N}`);
-    return { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
+    return run;
   } finally {
     await session.end();
   }
+}
+
+/** `perf record` on one process, with call graphs from the binary's unwind tables (PostgreSQL keeps no frame pointers). */
+async function startPerf(pid: number, file: string): Promise<ChildProcess> {
+  const perf = spawn('perf', ['record', '-q', '-F', '4000', '--call-graph', 'dwarf,16384', '-p', String(pid), '-o', file], { stdio: 'inherit' });
+  // perf attaches asynchronously and says nothing when it has: give it the time it takes here.
+  await Promise.race([sleep(500), once(perf, 'exit').then(() => Promise.reject(new Error(`perf record exited at once (code ${perf.exitCode})`)))]);
+  return perf;
+}
+
+async function stopPerf(perf: ChildProcess): Promise<void> {
+  const exited = once(perf, 'exit');
+  perf.kill('SIGINT');
+  await exited;
+}
+
+/** How many of the claims' updates of task_states were HOT (the claiming session's statistics are flushed as it ends). */
+async function hotShare(admin: pg.Pool): Promise<string> {
+  const read = () =>
+    admin.query<{ upd: string; hot: string }>(
+      `SELECT n_tup_upd AS upd, n_tup_hot_upd AS hot FROM pg_stat_user_tables WHERE relid = '${SCHEMA}.task_states'::regclass`,
+    );
+  let { rows } = await read();
+  for (let i = 0; i < 20 && Number(rows[0]!.upd) < N; i++) {
+    await sleep(100);
+    ({ rows } = await read());
+  }
+  return `, ${rows[0]!.hot} of ${rows[0]!.upd} updates HOT`;
 }
 
 /** pgasynq's claims: each above the floor the last one reached, as the claim loop does. */
@@ -237,6 +298,7 @@ function graphileClaimer(session: pg.Client): () => Promise<number> {
   return async () => (await batchGetJobs(options, withSession, tasks, 'bench', null, BATCH)).length;
 }
 
+if (args.perf !== undefined) mkdirSync(args.perf, { recursive: true });
 const cluster = args.shared === undefined ? await startBenchCluster() : undefined;
 process.on('exit', () => cluster?.destroy());
 const url = cluster?.url ?? DATABASE_URL;
@@ -248,10 +310,11 @@ try {
     for (const v of CHOSEN) {
       if (v === GRAPHILE) await prepareGraphile(url, admin);
       else await prepare(url, admin, VARIANTS[v]!);
-      const run = await timeClaims(url, v, v === GRAPHILE ? graphileClaimer : pgasynqClaimer);
+      const profile = args.perf === undefined ? undefined : `${args.perf}/${v}-${rep}.data`;
+      const run = await timeClaims(url, v, v === GRAPHILE ? graphileClaimer : pgasynqClaimer, profile);
       cpu.get(v)!.push(run.cpu);
       wall.get(v)!.push(run.wall);
-      console.error(`rep ${rep} ${v}: backend CPU ${run.cpu} ms, wall ${Math.round(run.wall)} ms`);
+      console.error(`rep ${rep} ${v}: backend CPU ${run.cpu} ms, wall ${Math.round(run.wall)} ms${v === GRAPHILE ? '' : await hotShare(admin)}`);
     }
   }
   await dropSchema(admin, SCHEMA);
