@@ -6,6 +6,7 @@ export const SYSTEMS = [
   'pgasynq-tuned',
   'pgasynq-watched',
   'pgasynq-durable',
+  'pgasynq-unfollowed',
   'floor',
   'graphile',
   'graphile-default',
@@ -15,7 +16,7 @@ export const SYSTEMS = [
   'floor-prefetch',
 ] as const;
 /** Run only when named in --systems: diagnostics (what one watcher costs, what prefetch buys the floor), not BENCH.md's systems. */
-export const EXTRA: readonly SystemName[] = ['floor-prefetch', 'pgasynq-watched'];
+export const EXTRA: readonly SystemName[] = ['floor-prefetch', 'pgasynq-watched', 'pgasynq-unfollowed'];
 export type SystemName = (typeof SYSTEMS)[number];
 
 /** Other spellings --systems accepts. */
@@ -45,6 +46,8 @@ export async function load(name: SystemName): Promise<Adapter> {
       return await (await import('./pgasynq.js')).create(undefined, true);
     case 'pgasynq-durable':
       return await (await import('./pgasynq.js')).create(undefined, false, true);
+    case 'pgasynq-unfollowed':
+      return await (await import('./pgasynq.js')).create(undefined, false, false, true);
     case 'floor':
       return (await import('./floor.js')).create();
     case 'floor-prefetch':

@@ -23,6 +23,7 @@ import pg from 'pg';
 import { DATABASE_URL, adminPool, count, dropSchema } from '../lib/common.js';
 import { instrumentPool } from '../lib/instrument.js';
 import { fillFinished } from './pgasynq-fill.js';
+import { unfollow } from './pgasynq-unfollowed.js';
 import type { Adapter, ClaimObserver, Payload, TaskHandler, Workers } from './types.js';
 
 const SCHEMA = 'bench_pgasynq';
@@ -56,7 +57,7 @@ type Pgasynq = typeof import('../../src/index.js');
  * `watched`: an Inspector watches the schema's events while workers run (pgasynq-watched), what one
  * dashboard or `inspector.watch()` costs the servers.
  */
-export async function create(prefetch?: number, watched = false, durable = false): Promise<Adapter> {
+export async function create(prefetch?: number, watched = false, durable = false, unfollowed = false): Promise<Adapter> {
   const src = process.env.PGASYNQ_SRC;
   const { Client, Inspector, Server, Task, migrate }: Pgasynq = src ? await import(pathToFileURL(src).href) : await import('../../src/index.js');
   // The admin pool lives from setup() to teardown(): a workload may set up again after a teardown.
@@ -104,13 +105,14 @@ export async function create(prefetch?: number, watched = false, durable = false
     };
   };
   return {
-    name: prefetch !== undefined ? 'pgasynq-tuned' : watched ? 'pgasynq-watched' : durable ? 'pgasynq-durable' : 'pgasynq',
-    label: `pgasynq (${src ? 'src/ as copied and compiled at the start of the run' : 'working tree src/, via tsx'}; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'}${watched ? ', one Inspector.watch() running' : ''}${durable ? ", durable commits (synchronous_commit on, a pool of the bench's)" : ''})`,
+    name: prefetch !== undefined ? 'pgasynq-tuned' : watched ? 'pgasynq-watched' : durable ? 'pgasynq-durable' : unfollowed ? 'pgasynq-unfollowed' : 'pgasynq',
+    label: `pgasynq (${src ? 'src/ as copied and compiled at the start of the run' : 'working tree src/, via tsx'}; ${prefetch !== undefined ? `prefetch ${prefetch}` : 'default settings'}${watched ? ', one Inspector.watch() running' : ''}${durable ? ", durable commits (synchronous_commit on, a pool of the bench's)" : ''}${unfollowed ? ', without the SQL that following and awaiting tasks added to the hot path' : ''})`,
     schema: SCHEMA,
     async setup({ fresh = false } = {}) {
       if (fresh) {
         await dropSchema(admin(), SCHEMA);
         await migrate({ connectionString: DATABASE_URL, schema: SCHEMA });
+        if (unfollowed) await unfollow(admin(), SCHEMA);
       }
       client = new Client({ connectionString: DATABASE_URL, schema: SCHEMA });
     },
