@@ -89,6 +89,7 @@ export const MIGRATIONS = [
   '0015_bulk_enqueue',
   '0016_watch_events',
   '0017_claim_lease_tokens',
+  '0018_event_pieces',
 ];
 
 /**
