@@ -124,68 +124,60 @@ describe('watch', () => {
     );
   });
 
-  test('a batch of events wider than one notification arrives whole and in order, each notification under 8,000 bytes', async () => {
+  /** Sends the events `rows` selects in one send_task_events() call; the events a watcher gets, and each notification's size. */
+  async function sendBatch(rows: string, count: number): Promise<{ events: TaskEvent[]; sizes: number[] }> {
     const listener = new pg.Client({ connectionString: db.connectionString });
     await listener.connect();
     const sizes: number[] = [];
     listener.on('notification', (n) => sizes.push(Buffer.byteLength(n.payload ?? '')));
     await listener.query(`LISTEN "${db.schema}_events"`);
     try {
-      // 40 events of about 3.5 KB: an id of 128 characters, a type of 100 two-byte characters, an error
-      // of 2,000 three-byte characters, cut to its first 1,000.
-      const send = () =>
-        db.query(`SELECT {{schema}}.send_task_events(ARRAY(
-          SELECT {{schema}}.task_event('failed', 'watched', lpad(g::text, 128, 'x'), repeat('é', 100), 1, now(), repeat('€', 2000), NULL)
-          FROM generate_series(1, 40) g ORDER BY g))`);
       const events = await collect(
         { queue: 'watched' },
-        (es) => es.length === 40,
-        () => void send(),
+        (es) => es.length === count,
+        () => void db.query(`SELECT {{schema}}.send_task_events(ARRAY(${rows}))`),
       );
-      assert.deepEqual(
-        events.map((e) => e.id),
-        Array.from({ length: 40 }, (_, i) => String(i + 1).padStart(128, 'x')),
-      );
-      assert.ok(events.every((e) => e.error === '€'.repeat(1000) && e.type === 'é'.repeat(100)));
+      // Every notification of the batch has reached the listener too once this round trip is back.
       await listener.query('SELECT 1');
-      assert.ok(sizes.length > 1 && sizes.length < 40, `${sizes.length} notifications`);
-      assert.ok(Math.max(...sizes) <= 8000, `the largest: ${Math.max(...sizes)} bytes`);
+      return { events, sizes };
     } finally {
       await listener.end();
     }
+  }
+
+  test('a batch of events wider than one notification arrives whole and in order, each notification under 8,000 bytes', async () => {
+    // 40 events of about 3.5 KB: an id of 128 characters, a type of 100 two-byte characters, an error
+    // of 2,000 three-byte characters, cut to its first 1,000.
+    const { events, sizes } = await sendBatch(
+      `SELECT {{schema}}.task_event('failed', 'watched', lpad(g::text, 128, 'x'), repeat('é', 100), 1, now(), repeat('€', 2000), NULL)
+       FROM generate_series(1, 40) g ORDER BY g`,
+      40,
+    );
+    assert.deepEqual(
+      events.map((e) => e.id),
+      Array.from({ length: 40 }, (_, i) => String(i + 1).padStart(128, 'x')),
+    );
+    assert.ok(events.every((e) => e.error === '€'.repeat(1000) && e.type === 'é'.repeat(100)));
+    assert.ok(sizes.length > 1 && sizes.length < 40, `${sizes.length} notifications`);
+    assert.ok(Math.max(...sizes) <= 8000, `the largest: ${Math.max(...sizes)} bytes`);
   });
 
   test('short and long events mixed in one batch arrive whole and in order, each notification under 8,000 bytes', async () => {
-    const listener = new pg.Client({ connectionString: db.connectionString });
-    await listener.connect();
-    const sizes: number[] = [];
-    listener.on('notification', (n) => sizes.push(Buffer.byteLength(n.payload ?? '')));
-    await listener.query(`LISTEN "${db.schema}_events"`);
-    try {
-      // 300 events of about 90 bytes, 10 of about 3.5 KB, 300 short ones again: the pieces are sized on
-      // the batch's average, so the long ones' piece must be cut again.
-      const send = () =>
-        db.query(`SELECT {{schema}}.send_task_events(ARRAY(
-          SELECT {{schema}}.task_event('failed', 'watched', g::text, 't', 1, now(),
-                                       CASE WHEN g BETWEEN 301 AND 310 THEN repeat('€', 1000) END, NULL)
-          FROM generate_series(1, 610) g ORDER BY g))`);
-      const events = await collect(
-        { queue: 'watched' },
-        (es) => es.length === 610,
-        () => void send(),
-      );
-      assert.deepEqual(
-        events.map((e) => e.id),
-        Array.from({ length: 610 }, (_, i) => String(i + 1)),
-      );
-      assert.ok(events.every((e, i) => (i >= 300 && i < 310 ? e.error === '€'.repeat(1000) : e.error === undefined)));
-      await listener.query('SELECT 1');
-      assert.ok(Math.max(...sizes) <= 8000, `the largest: ${Math.max(...sizes)} bytes`);
-      // The short events share their notifications: 600 of them come in a few dozen at most.
-      assert.ok(sizes.length <= 40, `${sizes.length} notifications`);
-    } finally {
-      await listener.end();
-    }
+    // 300 events of about 90 bytes, 10 of about 3.5 KB, 300 short ones again: the pieces are sized on
+    // the batch's average, so the long ones' piece must be cut again.
+    const { events, sizes } = await sendBatch(
+      `SELECT {{schema}}.task_event('failed', 'watched', g::text, 't', 1, now(), CASE WHEN g BETWEEN 301 AND 310 THEN repeat('€', 1000) END, NULL)
+       FROM generate_series(1, 610) g ORDER BY g`,
+      610,
+    );
+    assert.deepEqual(
+      events.map((e) => e.id),
+      Array.from({ length: 610 }, (_, i) => String(i + 1)),
+    );
+    assert.ok(events.every((e, i) => (i >= 300 && i < 310 ? e.error === '€'.repeat(1000) : e.error === undefined)));
+    assert.ok(Math.max(...sizes) <= 8000, `the largest: ${Math.max(...sizes)} bytes`);
+    // The short events share their notifications: 600 of them come in a few dozen at most.
+    assert.ok(sizes.length <= 40, `${sizes.length} notifications`);
   });
 
   test('a watched task that fails with an error of 2,000 four-byte characters fails as any other; its event carries the first 1,000', async () => {
