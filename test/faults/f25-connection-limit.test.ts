@@ -30,7 +30,14 @@ import { ORACLE_BOUND_S, recordFigures, sleep } from './harness.js';
 import { faultTest } from './kit.js';
 import { poll } from './samplers.js';
 
-const MAX_RETRY = 3;
+/**
+ * A refused connection inside ctx.transaction fails the attempt, as any handler error
+ * (test/faults/RESULTS.md). Up to a quarter of the attempts fail so here on a loaded machine
+ * (178 of about 780 in one CI run): with 3 retries, a task failing all four attempts is then
+ * to be expected now and then (that run archived one), with 8 it is about 1e-6 per task. What
+ * this test is about (no crash loop, nothing lost, a few log lines) does not depend on it.
+ */
+const MAX_RETRY = 8;
 /** The failure logs a worker keeps about its connections: the Db's and the listener's. */
 const LOG_RUNS = 2;
 const WORKERS = 8;
