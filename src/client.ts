@@ -160,24 +160,23 @@ export class Client {
 
   /**
    * Enqueues a task and waits for it (waitFor()): one call for a request
-   * that needs the result. The task is marked awaited in the enqueue's own
-   * transaction, so even a task completed at once is kept (at least 60 s, its
-   * retention if longer) for the wait to read. Takes no `tx`: a task in your
-   * open transaction could not run before you commit.
+   * that needs the result. The task is marked awaited as it is inserted, so
+   * even a task completed at once is kept (at least 60 s, its retention if
+   * longer) for the wait to read. Takes no `tx`: a task in your open
+   * transaction could not run before you commit.
    */
   async enqueueAndWait(task: Task, opts: EnqueueAndWaitOptions = {}): Promise<TaskInfo> {
     const { waitTimeout, signal, ...rest } = v.plainObject(opts, 'options') as EnqueueAndWaitOptions;
     if ('tx' in rest) throw new InvalidOptionError('tx', 'cannot be used with enqueueAndWait: the task could not run before your transaction commits');
     const [timeoutMs, s] = waitOptions(waitTimeout, signal, 'waitTimeout');
-    const record = toRecord(task, validateOptions(rest), undefined, this.#maxPayloadBytes);
+    const record: TaskRecord = { ...toRecord(task, validateOptions(rest), undefined, this.#maxPayloadBytes), awaited: true };
     checkCallSize([record], 'task');
     this.#checkOpen();
-    const info = await transaction(this.#db, async (trx) => {
-      const [inserted] = (await this.#insert([record], trx)) as [TaskInfo];
-      await awaitTasks(this.#db, [inserted], trx);
-      return inserted;
-    });
-    return this.#waits.wait(info.queue, info.id, timeoutMs, s);
+    // One statement; a replace (which may update a task already there, not insert it) marks it in the same transaction.
+    const enqueue = record.replace
+      ? () => transaction(this.#db, async (trx) => awaitTasks(this.#db, await insertOrReplace(this.#db, [record], trx), trx))
+      : () => insertWithDependencies(this.#db, [record]);
+    return this.#waits.wait(record.queue, record.id, timeoutMs, s, enqueue);
   }
 
   /** Tasks with dependencies or to replace take a transaction of their own (or the caller's); the others one statement. */

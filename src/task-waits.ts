@@ -26,6 +26,10 @@ const LINGER_MS = 30_000;
 interface Wait {
   queue: string;
   id: string;
+  /** False while its task is being enqueued (enqueueAndWait): not read until it is in. */
+  enqueued: boolean;
+  /** A check passed it over while it was being enqueued: check again once it is in. */
+  passedOver: boolean;
   /** Settles the wait when the task has finished (or is gone); false while it has not. */
   settle(state: AwaitedTask): boolean;
   /** Ends the wait with `err`. */
@@ -49,8 +53,14 @@ export class TaskWaits {
     this.#logger = logger;
   }
 
-  /** Resolves with the task's TaskInfo once it completed; rejects as Client.waitFor documents. */
-  wait(queue: string, id: string, timeoutMs: number | undefined, signal: AbortSignal | undefined): Promise<TaskInfo> {
+  /**
+   * Resolves with the task's TaskInfo once it completed; rejects as
+   * Client.waitFor documents. With `enqueue` (enqueueAndWait), the wait starts
+   * listening first, then enqueues the task (marked awaited) and reads nothing
+   * until the task is in: a completion can only follow the enqueue, so the done
+   * channel, heard from before it, tells of it, and no first read is needed.
+   */
+  wait(queue: string, id: string, timeoutMs: number | undefined, signal: AbortSignal | undefined, enqueue?: () => Promise<unknown>): Promise<TaskInfo> {
     signal?.throwIfAborted();
     let first = true;
     return new Promise<TaskInfo>((resolve, reject) => {
@@ -72,6 +82,8 @@ export class TaskWaits {
       const wait: Wait = {
         queue,
         id,
+        enqueued: enqueue === undefined,
+        passedOver: false,
         fail,
         settle: (s) => {
           const queueGone = first && !s.queueFound;
@@ -98,10 +110,9 @@ export class TaskWaits {
       this.#waits.add(wait);
       signal?.addEventListener('abort', onAbort, { once: true });
       if (timeoutMs !== undefined) timer = this.#db.clock.setTimeout(() => fail(new WaitTimeoutError(queue, id, timeoutMs)), timeoutMs);
-      // Listening before the first look: a task that finishes right after it is heard of.
-      this.#listen()
-        .then(() => this.#check())
-        .catch(fail);
+      // Listening before the first look (or the enqueue): a task that finishes right after it is heard of.
+      const listening = this.#listen();
+      (enqueue === undefined ? listening.then(() => this.#check()) : listening.then(enqueue).then(() => this.#enqueued(wait))).catch(fail);
     });
   }
 
@@ -115,7 +126,11 @@ export class TaskWaits {
       try {
         do {
           this.#again = false;
-          const waits = [...this.#waits];
+          const waits: Wait[] = [];
+          for (const w of this.#waits) {
+            if (w.enqueued) waits.push(w);
+            else w.passedOver = true;
+          }
           const states = await awaitTasks(this.#db, waits);
           waits.forEach((w, i) => w.settle(states[i]!));
         } while (this.#again && this.#waits.size > 0);
@@ -125,6 +140,14 @@ export class TaskWaits {
       }
     })();
     return this.#checking;
+  }
+
+  /** The wait's task is in: read it now if a wake passed it over meanwhile, else at the next wake. */
+  #enqueued(wait: Wait): Promise<void> | undefined {
+    wait.enqueued = true;
+    if (wait.passedOver) return this.#check();
+    if (this.#poll === undefined) this.#schedulePoll();
+    return undefined;
   }
 
   #schedulePoll(): void {

@@ -90,6 +90,7 @@ export const MIGRATIONS = [
   '0016_watch_events',
   '0017_claim_lease_tokens',
   '0018_event_pieces',
+  '0019_awaited_enqueue',
 ];
 
 /**

@@ -12,6 +12,7 @@ import {
   Task,
   TaskCanceledError,
   TaskFailedError,
+  TaskIdConflictError,
   TaskNotFoundError,
   ValidationError,
   WaitTimeoutError,
@@ -136,6 +137,69 @@ describe('waitFor and enqueueAndWait', () => {
       await watcher.close();
       await pool.end();
     }
+  });
+
+  test('enqueueAndWait enqueues its task awaited in the one statement: a row sent with "aw" true is awaited, any other value is not, nor a task archived at once', async () => {
+    const enqueue = (rows: object[]) => db.query(`SELECT * FROM {{schema}}.enqueue_tasks($1::json, now(), false)`, [JSON.stringify(rows)]);
+    const row = (i: string, more: object = {}) => ({ i, q: 'default', t: 't', m: 0, to: 0, ...more });
+    await enqueue([row('aw-true', { aw: true }), row('aw-none'), row('aw-string', { aw: 'yes' }), row('aw-number', { aw: 1 }), row('aw-null', { aw: null })]);
+    await enqueue([row('failed-dep', { aw: true, dp: [['default', 'aw-true']], of: 'archive' })]);
+    await inspector.archiveTask('default', 'aw-none');
+    await enqueue([row('archived-at-once', { aw: true, dp: [['default', 'aw-none']] })]);
+    const awaited = await db.query('SELECT i.id, s.state, s.awaited FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i USING (seq) ORDER BY s.seq');
+    assert.deepEqual(
+      awaited.map((r: { id: string; state: string; awaited: boolean }) => [r.id, r.state, r.awaited]),
+      [
+        ['aw-true', 'pending', true],
+        ['aw-none', 'archived', false],
+        ['aw-string', 'pending', false],
+        ['aw-number', 'pending', false],
+        ['aw-null', 'pending', false],
+        ['failed-dep', 'waiting', true],
+        ['archived-at-once', 'archived', false],
+      ],
+    );
+  });
+
+  test('enqueueAndWait does not read its task before the enqueue returned: a wake while the insert waits on a lock leaves it waiting, and it resolves', async () => {
+    await startServer(async () => 'done');
+    // Another transaction holds the id, uncommitted: the enqueue waits for it on the unique index.
+    const holder = await db.pool.connect();
+    try {
+      await holder.query('BEGIN');
+      await client.enqueue(new Task('held', null), { taskId: 'blocked', tx: holder });
+      const waiting = client.enqueueAndWait(new Task('mine', null), { taskId: 'blocked', waitTimeout: 10_000 }).catch((e: unknown) => e);
+      await waitFor(async () => (await db.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%enqueue_tasks%'`)).length > 0);
+      // A done notification (anyone may send one) wakes the waits while the task is not in:
+      // read then, it would be "no such task".
+      await db.query(`SELECT pg_notify($1, '0')`, [`${db.schema}_done`]);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      await holder.query('ROLLBACK');
+      const done = await waiting;
+      assert.ok(!(done instanceof Error), String(done));
+      assert.equal((done as { state: string }).state, 'completed');
+      assert.equal((done as { type: string }).type, 'mine');
+    } finally {
+      holder.release();
+    }
+  });
+
+  test('enqueueAndWait: an enqueue refused rejects with its error and leaves no wait; an aborted signal enqueues nothing; replace and dependencies are awaited too', async () => {
+    await client.enqueue(new Task('first', null), { taskId: 'taken', processIn: 3_600_000 });
+    await assert.rejects(client.enqueueAndWait(new Task('second', null), { taskId: 'taken' }), TaskIdConflictError);
+    await assert.rejects(client.enqueueAndWait(new Task('t', null), { dependsOn: [{ queue: 'default', id: 'missing' }] }), TaskNotFoundError);
+    const abort = new AbortController();
+    abort.abort(new Error('gave up'));
+    await assert.rejects(client.enqueueAndWait(new Task('t', null), { taskId: 'never-sent', signal: abort.signal }), /gave up/);
+    assert.deepEqual(
+      (await db.query('SELECT i.id FROM {{schema}}.task_inputs i ORDER BY seq')).map((r: { id: string }) => r.id),
+      ['taken'],
+    );
+    await startServer(async (task) => task.type);
+    const replaced = await client.enqueueAndWait(new Task('replacement', null), { taskId: 'taken', replace: true });
+    assert.deepEqual([replaced.state, replaced.type], ['completed', 'replacement']);
+    const after = await client.enqueueAndWait(new Task('after', null), { dependsOn: [{ queue: 'default', id: 'taken' }] });
+    assert.equal(after.state, 'completed');
   });
 
   test('bad input: a ValidationError naming the option, nothing enqueued', async () => {

@@ -168,7 +168,7 @@ const instant = (d: Date) => `"${d.toISOString()}"`;
  * enqueue sends tens of thousands of these, and the bytes are built, sent and
  * parsed once each. Payloads were encoded once, at `new Task`, and go in as
  * they are. `dp`: the dependencies, as [queue, id] pairs; `of`: 'run' when a
- * failed one does not archive the task.
+ * failed one does not archive the task; `aw`: enqueued awaited (migration 0019).
  */
 const SENT: readonly (readonly [key: string, value: (r: TaskRecord) => string | undefined])[] = [
   ['i', (r) => json(r.id)],
@@ -190,6 +190,7 @@ const SENT: readonly (readonly [key: string, value: (r: TaskRecord) => string | 
   ['k', (r) => (r.concurrencyKey === null ? undefined : json(r.concurrencyKey))],
   ['dp', (r) => (r.dependsOn.length === 0 ? undefined : json(r.dependsOn.map((d) => [d.queue, d.id])))],
   ['of', (r) => (r.dependsOn.length > 0 && r.onDependencyFailure === 'run' ? '"run"' : undefined)],
+  ['aw', (r) => (r.awaited ? 'true' : undefined)],
 ];
 
 /**

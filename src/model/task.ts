@@ -214,6 +214,8 @@ export interface TaskRecord {
   replace: boolean;
   priority: number;
   concurrencyKey: string | null;
+  /** Enqueued by enqueueAndWait(): marked awaited as it is inserted, so that its outcome is kept for the wait. */
+  awaited: boolean;
 }
 
 /**
@@ -263,6 +265,7 @@ export function toRecord(task: unknown, overrides: EnqueueOptions, index?: numbe
     replace: o.replace === true,
     priority: o.priority ?? 0,
     concurrencyKey: o.concurrencyKey ?? null,
+    awaited: false,
   };
 }
 
