@@ -173,10 +173,10 @@ export class Client {
     checkCallSize([record], 'task');
     this.#checkOpen();
     // One statement; a replace (which may update a task already there, not insert it) marks it in the same transaction.
-    const enqueue = record.replace
+    const insert: () => Promise<unknown> = record.replace
       ? () => transaction(this.#db, async (trx) => awaitTasks(this.#db, await insertOrReplace(this.#db, [record], trx), trx))
       : () => insertWithDependencies(this.#db, [record]);
-    return this.#waits.wait(record.queue, record.id, timeoutMs, s, enqueue);
+    return this.#waits.wait(record.queue, record.id, timeoutMs, s, () => traceSend([record], insert));
   }
 
   /** Tasks with dependencies or to replace take a transaction of their own (or the caller's); the others one statement. */

@@ -164,6 +164,16 @@ describe('with a tracer provider', () => {
     assert.equal(parentId(consumer), 'b7ad6b7169203331');
   });
 
+  test("enqueueAndWait: its PRODUCER span is the request's child and the CONSUMER span's parent, as enqueue's", async () => {
+    await startServer(() => 'ok', { queues: { waited: 1 } });
+    const [done, request] = await inSpan('request', () => client.enqueueAndWait(new Task('report', null), { queue: 'waited', waitTimeout: 20_000 }));
+    const producer = await spanOf(SpanKind.PRODUCER, done.id);
+    assert.equal(producer.name, 'send waited');
+    assert.equal(parentId(producer), request.spanContext().spanId);
+    assert.equal(done.headers.traceparent, traceparentOf(producer));
+    assert.equal(parentId(await spanOf(SpanKind.CONSUMER, done.id)), producer.spanContext().spanId);
+  });
+
   test('enqueueMany: one PRODUCER span for the call, whose context every task carries', async () => {
     const [infos] = await inSpan('batch', () => client.enqueueMany([new Task('a', 1), new Task('b', 2), new Task('c', 3)], { queue: 'bulk' }));
     const producers = spans().filter((s) => s.kind === SpanKind.PRODUCER);
