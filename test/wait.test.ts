@@ -169,7 +169,12 @@ describe('waitFor and enqueueAndWait', () => {
       await holder.query('BEGIN');
       await client.enqueue(new Task('held', null), { taskId: 'blocked', tx: holder });
       const waiting = client.enqueueAndWait(new Task('mine', null), { taskId: 'blocked', waitTimeout: 10_000 }).catch((e: unknown) => e);
-      await waitFor(async () => (await db.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%enqueue_tasks%'`)).length > 0);
+      // This schema's enqueue, not another test file's (they share the database).
+      await waitFor(
+        async () =>
+          (await db.query(`SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, [`"${db.schema}"."enqueue_tasks"`]))
+            .length > 0,
+      );
       // A done notification (anyone may send one) wakes the waits while the task is not in:
       // read then, it would be "no such task".
       await db.query(`SELECT pg_notify($1, '0')`, [`${db.schema}_done`]);
