@@ -143,7 +143,7 @@ describe('waitFor and enqueueAndWait', () => {
     const enqueue = (rows: object[]) => db.query(`SELECT * FROM {{schema}}.enqueue_tasks($1::json, now(), false)`, [JSON.stringify(rows)]);
     const row = (i: string, more: object = {}) => ({ i, q: 'default', t: 't', m: 0, to: 0, ...more });
     await enqueue([row('aw-true', { aw: true }), row('aw-none'), row('aw-string', { aw: 'yes' }), row('aw-number', { aw: 1 }), row('aw-null', { aw: null })]);
-    await enqueue([row('failed-dep', { aw: true, dp: [['default', 'aw-true']], of: 'archive' })]);
+    await enqueue([row('waiting-dep', { aw: true, dp: [['default', 'aw-true']] })]);
     await inspector.archiveTask('default', 'aw-none');
     await enqueue([row('archived-at-once', { aw: true, dp: [['default', 'aw-none']] })]);
     const awaited = await db.query('SELECT i.id, s.state, s.awaited FROM {{schema}}.task_states s JOIN {{schema}}.task_inputs i USING (seq) ORDER BY s.seq');
@@ -155,7 +155,7 @@ describe('waitFor and enqueueAndWait', () => {
         ['aw-string', 'pending', false],
         ['aw-number', 'pending', false],
         ['aw-null', 'pending', false],
-        ['failed-dep', 'waiting', true],
+        ['waiting-dep', 'waiting', true],
         ['archived-at-once', 'archived', false],
       ],
     );
