@@ -114,6 +114,8 @@ describe('heartbeats', () => {
     );
     await taskIn(first.id, 'active');
     await taskIn(held.id, 'active');
+    // Both rows are active once the claim commits; the handler is called a moment later.
+    await waitFor(() => ran.length > 0, 10_000, 'the first task started');
     assert.deepEqual(ran, ['first']);
     await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'thief' WHERE id = $1", [held.id]);
     // A heartbeat misses the row: the held lease is lost before its task starts.
