@@ -91,7 +91,6 @@ export const MIGRATIONS = [
   '0017_claim_lease_tokens',
   '0018_event_pieces',
   '0019_awaited_enqueue',
-  '0020_server_events',
 ];
 
 /**

@@ -64,9 +64,9 @@ describe('lease at claim', () => {
     for (const r of [...plain, ...capped]) assert.equal((await taskRow(r.id)).lease_token, r.lease_token);
     // One task's token does not complete another task of the same claim.
     const [a, b] = plain;
-    assert.deepEqual((await complete(broker, [{ queue: a!.queue, id: a!.id, seq: a!.seq, token: b!.lease_token, keep: false }])).held, []);
+    assert.deepEqual(await complete(broker, [{ queue: a!.queue, id: a!.id, seq: a!.seq, token: b!.lease_token, keep: false }]), []);
     assert.equal((await taskRow(a!.id)).state, 'active');
-    assert.equal((await complete(broker, [{ queue: a!.queue, id: a!.id, seq: a!.seq, token: a!.lease_token, keep: false }])).held.length, 1);
+    assert.equal((await complete(broker, [{ queue: a!.queue, id: a!.id, seq: a!.seq, token: a!.lease_token, keep: false }])).length, 1);
   });
 
   test('an active row without a lease is impossible (CHECK constraint)', { timeout: 30_000 }, async () => {
@@ -113,8 +113,8 @@ describe('fencing', () => {
     await db.query("UPDATE {{schema}}.tasks SET lease_token = gen_random_uuid(), lease_owner = 'b' WHERE id = $1", [info.id]);
     const before = await taskRow(info.id);
     const stale = { queue: 'default', id: info.id, seq: row.seq, token: row.lease_token };
-    assert.deepEqual((await complete(broker, [{ ...stale, keep: false }])).held, []);
-    assert.deepEqual((await complete(broker, [{ ...stale, keep: true }])).held, []);
+    assert.deepEqual(await complete(broker, [{ ...stale, keep: false }]), []);
+    assert.deepEqual(await complete(broker, [{ ...stale, keep: true }]), []);
     assert.deepEqual(await fail(broker, [{ ...stale, archive: false, counts: true, delayMs: 0, error: 'x', outcome: 'failed' }]), []);
     assert.deepEqual(await fail(broker, [{ ...stale, archive: true, counts: true, delayMs: 0, error: 'x', outcome: 'failed' }]), []);
     assert.deepEqual(await requeue(broker, [stale]), []);

@@ -6,14 +6,11 @@
 import assert from 'node:assert/strict';
 import { describe } from 'node:test';
 import pg from 'pg';
-import { SkipRetry, Task, ValidationError, migrate, type TaskEvent } from '../src/index.js';
+import { SkipRetry, Task, ValidationError, type TaskEvent } from '../src/index.js';
 import { parseEvents } from '../src/inspector-following.js';
-import { complete } from '../src/broker/leases.js';
-import { eventWithoutTime } from '../src/model/following.js';
-import { claim } from './broker-helpers.js';
 import { deferred, setupDb, test, waitFor } from './helpers.js';
 
-const { db, client, inspector, broker, startServer } = setupDb('t_watch', {
+const { db, client, inspector, startServer } = setupDb('t_watch', {
   resetEach: true,
   server: { concurrency: 2, queues: { watched: 1, other: 1 }, taskCheckInterval: 50, retryDelay: () => 0 },
 });
@@ -194,136 +191,6 @@ describe('watch', () => {
     );
     assert.equal(events.find((e) => e.kind === 'archived')?.error, '😀'.repeat(1000));
     assert.equal((await inspector.getTaskInfo('watched', 'wide')).state, 'archived');
-  });
-
-  test('while someone watches, a server sends its completions their events: each task of many batches has its two, once, in order', async () => {
-    await startServer(async () => {});
-    const ids = Array.from({ length: 120 }, (_, i) => `many-${i}`);
-    const events = await collect(
-      { queue: 'watched' },
-      (es) => es.filter((e) => e.kind === 'completed').length === ids.length,
-      // Chunks, so that the completions come in many batches: the first after the watcher came
-      // has its events built by the database, the later ones carry the server's.
-      () =>
-        void (async () => {
-          for (let i = 0; i < ids.length; i += 10) {
-            await client
-              .enqueueMany(
-                ids.slice(i, i + 10).map(() => new Task('many', null)),
-                { queue: 'watched' },
-              )
-              .catch(() => {});
-          }
-        })(),
-    );
-    const byId = new Map<string, string[]>();
-    for (const e of events) byId.set(e.id, [...(byId.get(e.id) ?? []), `${e.kind}:${e.attempt}:${e.type}`]);
-    assert.equal(byId.size, ids.length);
-    for (const [id, kinds] of byId) assert.deepEqual(kinds, ['started:1:many', 'completed:1:many'], id);
-    assert.ok(events.every((e) => e.queue === 'watched' && e.at instanceof Date && !Number.isNaN(e.at.getTime())));
-  });
-
-  test("complete() with the server's events: sent for the tasks its fence let through in a watched queue, with the batch's time; none is built", async () => {
-    const listener = new pg.Client({ connectionString: db.connectionString });
-    await listener.connect();
-    const heard: string[] = [];
-    listener.on('notification', (n) => heard.push(n.payload ?? ''));
-    await listener.query(`LISTEN "${db.schema}_events"`);
-    try {
-      await client.enqueueMany([new Task('a', null), new Task('b', null)], { queue: 'watched' });
-      await client.enqueue(new Task('c', null), { queue: 'other' });
-      const [a, b] = await claim(broker, ['watched'], 2, 'me', 30_000);
-      const [c] = await claim(broker, ['other'], 1, 'me', 30_000);
-      const item = (r: typeof a, token = r!.lease_token) => ({
-        queue: r!.queue,
-        id: r!.id,
-        seq: r!.seq,
-        token,
-        keep: false,
-        // A type the task does not have: only the server's text can carry it.
-        event: eventWithoutTime('completed', r!.queue, r!.id, 'from-the-server', 7),
-      });
-      // Nobody watches: nothing is sent, and the server is told so.
-      const alone = await complete(broker, [item(a)]);
-      assert.equal(alone.watching, false);
-      assert.equal(alone.held.length, 1);
-      await db.query("INSERT INTO {{schema}}.watchers (id, queue, expires_at) VALUES (gen_random_uuid(), 'watched', now() + interval '1 minute')");
-      // b with a stale token is fenced off; c's queue is not watched.
-      const stale = '00000000-0000-0000-0000-000000000000';
-      const done = await complete(broker, [item(b, stale), item(c)]);
-      assert.equal(done.watching, true);
-      assert.deepEqual(
-        done.held.map((r) => r.id),
-        [c!.id],
-      );
-      assert.deepEqual(await complete(broker, [item(b)]).then((r) => r.held.map((x) => x.id)), [b!.id]);
-      await listener.query('SELECT 1');
-      const events = heard.flatMap(parseEvents);
-      assert.deepEqual(
-        events.map((e) => [e.kind, e.id, e.type, e.attempt]),
-        [['completed', b!.id, 'from-the-server', 7]],
-      );
-      const [{ now }] = await db.query('SELECT now() AS now');
-      assert.ok(Math.abs(events[0]!.at.getTime() - new Date(now).getTime()) < 60_000, 'dated by the database');
-    } finally {
-      await listener.end();
-    }
-  });
-
-  test("complete() with an event too long for a notification, or a batch where some task has none: the task completes; the database's event or none", async () => {
-    const listener = new pg.Client({ connectionString: db.connectionString });
-    await listener.connect();
-    const heard: string[] = [];
-    listener.on('notification', (n) => heard.push(n.payload ?? ''));
-    await listener.query(`LISTEN "${db.schema}_events"`);
-    try {
-      await db.query("INSERT INTO {{schema}}.watchers (id, queue, expires_at) VALUES (gen_random_uuid(), NULL, now() + interval '1 minute')");
-      await client.enqueueMany([new Task('long', null), new Task('x', null), new Task('y', null)], { queue: 'watched' });
-      const [long, x, y] = await claim(broker, ['watched'], 3, 'me', 30_000);
-      const key = (r: typeof long) => ({ queue: r!.queue, id: r!.id, seq: r!.seq, token: r!.lease_token, keep: false });
-      const huge = await complete(broker, [{ ...key(long), event: eventWithoutTime('completed', 'watched', long!.id, 'é'.repeat(4000), 1) }]);
-      assert.equal(huge.held.length, 1);
-      // One item without its event: the batch's events are the database's own.
-      const mixed = await complete(broker, [{ ...key(x), event: eventWithoutTime('completed', 'watched', x!.id, 'from-the-server', 1) }, key(y)]);
-      assert.equal(mixed.held.length, 2);
-      await listener.query('SELECT 1');
-      assert.deepEqual(
-        heard
-          .flatMap(parseEvents)
-          .filter((e) => e.kind === 'completed')
-          .map((e) => [e.id, e.type])
-          .sort(),
-        [
-          [x!.id, 'x'],
-          [y!.id, 'y'],
-        ].sort(),
-      );
-      assert.equal((await db.query('SELECT count(*)::int AS n FROM {{schema}}.tasks'))[0].n, 0);
-    } finally {
-      await listener.end();
-    }
-  });
-
-  test('migration 0020: the roles that could complete tasks can complete them with the events; no other can', async () => {
-    const schema = 't_watch_0020';
-    const roles = ['t_watch_0020_worker', 't_watch_0020_other'];
-    const newSig = `${schema}.complete_tasks(bigint[], uuid[], boolean[], jsonb, text[], float8)`;
-    const oldSig = `${schema}.complete_tasks(bigint[], uuid[], boolean[], jsonb, float8)`;
-    await db.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    for (const r of roles) await db.query(`DROP ROLE IF EXISTS ${r}`);
-    try {
-      for (const r of roles) await db.query(`CREATE ROLE ${r}`);
-      await migrate({ connectionString: db.connectionString, schema, to: '0019_awaited_enqueue', logger: false });
-      await db.query(`GRANT EXECUTE ON FUNCTION ${oldSig} TO ${roles[0]}`);
-      await migrate({ connectionString: db.connectionString, schema, logger: false });
-      const can = async (role: string, sig: string) => (await db.query(`SELECT has_function_privilege($1, $2, 'EXECUTE') AS ok`, [role, sig]))[0].ok as boolean;
-      assert.deepEqual([await can(roles[0]!, newSig), await can(roles[0]!, oldSig)], [true, true]);
-      assert.deepEqual([await can(roles[1]!, newSig), await can(roles[1]!, oldSig)], [false, false]);
-      assert.equal(await can('public', newSig), false);
-    } finally {
-      await db.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-      for (const r of roles) await db.query(`DROP ROLE IF EXISTS ${r}`);
-    }
   });
 
   test('bad options: a ValidationError naming the option', async () => {

@@ -118,39 +118,24 @@ export async function cancelRequested<T extends LeaseKey>(db: Db, leases: readon
 /** A successful (or revoked) attempt: `keep` marks it completed for its retention, otherwise it is deleted. */
 export interface Completion extends LeaseKey, WithLines {
   keep: boolean;
-  /**
-   * Its 'completed' event for Inspector.watch(), all but the time (model/following.ts),
-   * made only while someone watches: the database then sends it rather than build it.
-   */
-  event?: string | undefined;
-}
-
-/** What a completion batch reached: the leases still held, and whether anyone watches (undefined: none was held, so no answer). */
-export interface Completed<T> {
-  held: T[];
-  watching: boolean | undefined;
 }
 
 /**
- * Finishes successful attempts (complete_tasks, 0020): deletes each task, or
- * marks it completed until its retention ends, and releases its unique lock if
- * it still holds it. Returns the leases that were still held (the others are
- * fenced off), and whether someone watches, which tells the server to send
- * each task's event with the next batch. The events go only when every item
- * has one; a batch without them has them built by the database.
+ * Finishes successful attempts (complete_tasks): deletes each task, or marks
+ * it completed until its retention ends, and releases its unique lock if it
+ * still holds it. Returns the leases that were still held (the others are
+ * fenced off).
  */
-export async function complete<T extends Completion>(db: Db, items: readonly T[], trx?: AnyTransaction): Promise<Completed<T>> {
-  if (items.length === 0) return { held: [], watching: undefined };
+export async function complete<T extends Completion>(db: Db, items: readonly T[], trx?: AnyTransaction): Promise<T[]> {
+  if (items.length === 0) return [];
   const b = batch(items);
-  const events = b.sorted.every((i) => i.event !== undefined) ? b.sorted.map((i) => i.event!) : null;
   const rows = await db.run(
-    sql<{ seq: string; watching: boolean }>`
-    SELECT c.task_seq::text AS seq, c.watching
-    FROM ${db.table('complete_tasks')}(${b.keys}, ${b.sorted.map((i) => i.keep)}::bool[], ${logsOf(items)}::jsonb, ${events}::text[], ${db.clockShift()}) c`,
+    sql<{ seq: string }>`
+    SELECT c::text AS seq FROM ${db.table('complete_tasks')}(${b.keys}, ${b.sorted.map((i) => i.keep)}::bool[], ${logsOf(items)}::jsonb, ${db.clockShift()}) c`,
     trx,
     'complete',
   );
-  return { held: held(items, rows), watching: rows[0]?.watching };
+  return held(items, rows);
 }
 
 /**
@@ -164,7 +149,7 @@ export async function complete<T extends Completion>(db: Db, items: readonly T[]
  */
 export async function completeHeld(db: Db, trx: AnyTransaction, item: Completion): Promise<boolean> {
   if (db.preparesStatements) await db.run(sql`SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`, trx, 'generic-plans');
-  return (await complete(db, [item], trx)).held.length === 1;
+  return (await complete(db, [item], trx)).length === 1;
 }
 
 /** A failed attempt: to retry after `delayMs`, or to the archive. */
@@ -269,11 +254,9 @@ export async function lockLease(db: Db, trx: AnyTransaction, lease: LeaseKey): P
   return rows[0]?.held === true;
 }
 
-/** The owner's functions (migrations 0010, 0013, 0020) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
+/** The owner's functions (migrations 0010, 0013) the statements of this file call, by signature: broker/roles.ts grants them to the worker. */
 export const LEASE_FUNCTIONS: readonly string[] = [
   'extend_leases(bigint[], uuid[], float8, jsonb, float8)',
-  'complete_tasks(bigint[], uuid[], boolean[], jsonb, text[], float8)',
-  // 0013's signature, which servers of 0.1 call while an upgrade rolls.
   'complete_tasks(bigint[], uuid[], boolean[], jsonb, float8)',
   'fail_tasks(bigint[], uuid[], boolean[], boolean[], float8[], text[], text[], jsonb, float8)',
   'snooze_tasks(bigint[], uuid[], float8[], jsonb, float8)',

@@ -54,15 +54,6 @@ export interface TaskEvent {
   progress?: TaskProgress;
 }
 
-/**
- * An event as a notification carries it (an array in EVENT_FIELDS' order, migration 0016),
- * all but its time, which the database appends with the closing bracket (0020): what a
- * server sends with a completion while someone watches.
- */
-export function eventWithoutTime(kind: TaskEvent['kind'], queue: string, id: string, type: string, attempt: number): string {
-  return JSON.stringify([kind, queue, id, type, attempt]).slice(0, -1);
-}
-
 /** The largest progress object, as JSON (UTF-8 bytes). */
 export const MAX_PROGRESS_BYTES = 4096;
 /** The longest log line (UTF-8 bytes); a longer one is cut. */

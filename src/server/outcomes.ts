@@ -12,7 +12,6 @@ import { backoffMs } from '../internal/backoff.js';
 import type { Logger } from '../internal/logger.js';
 import { isRevokeTask, isSkipRetry, LeaseExpiredError, ServerClosedError, TaskCanceledError, TaskTimeoutError } from '../model/errors.js';
 import { attemptOf, maxAttemptsOf } from '../model/attempt.js';
-import { eventWithoutTime } from '../model/following.js';
 import { snoozeOf } from '../model/snooze.js';
 import { errorSummary, lastErrorText, retryDelayFor } from './retry.js';
 import type { Task } from '../model/task.js';
@@ -72,8 +71,6 @@ export class Outcomes {
   readonly #completer: Batcher<Completion, Set<string>>;
   readonly #failer: Batcher<Failure, Set<string>>;
   readonly #snoozer: Batcher<Snoozed, Set<string>>;
-  /** Whether someone watched at the last completion batch: its tasks' events are then made here (complete()). */
-  #watching = false;
 
   constructor(db: Db, logger: Logger, cfg: OutcomePolicies, stats: StatsCollector, counters: OutcomeCounters) {
     this.#db = db;
@@ -81,11 +78,7 @@ export class Outcomes {
     this.#cfg = cfg;
     this.#stats = stats;
     this.#counters = counters;
-    this.#completer = new Batcher(async (items) => {
-      const done = await complete(db, items);
-      this.#watching = done.watching ?? this.#watching;
-      return seqSet(done.held);
-    });
+    this.#completer = new Batcher(async (items) => seqSet(await complete(db, items)));
     this.#failer = new Batcher(async (items) => seqSet(await fail(db, items)));
     this.#snoozer = new Batcher(async (items) => seqSet(await snooze(db, items)));
   }
@@ -141,7 +134,6 @@ export class Outcomes {
       // RevokeTask is asynq's markAsDone: counted as processed, deleted even with retention.
       // Spelt out rather than spread from leaseKey(): this runs for every task.
       const item: Completion = { queue: lease.queue, id: lease.id, seq: lease.seq, token: lease.token, lines, keep: !error && row.retention_ms > 0 };
-      if (this.#watching) item.event = eventWithoutTime('completed', row.queue, row.id, row.type, attemptOf(row.retried));
       if (await this.#write(lease, 'complete', () => this.#completer.add(item))) {
         this.#stats.processed(queue);
       }
