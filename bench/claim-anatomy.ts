@@ -37,14 +37,14 @@
  *   (read with `perf report -i FILE --no-children --sort symbol`: where one variant's CPU goes that another's does not).
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Logger, makeWorkerUtils, runMigrations } from 'graphile-worker';
 import pg from 'pg';
 import { Client, Task, migrate } from '../src/index.js';
 import { startBenchCluster } from './lib/cluster.js';
-import { DATABASE_URL, dropSchema, median, parseArgs } from './lib/common.js';
+import { DATABASE_URL, dropSchema, median, parseArgs, processCpu } from './lib/common.js';
 
 const args = parseArgs(process.argv.slice(2));
 const N = Number(args.n ?? 50_000);
@@ -150,14 +150,6 @@ const GRAPHILE = 'graphile';
 const CHOSEN = args.variants?.split(',') ?? [...Object.keys(VARIANTS), GRAPHILE];
 for (const v of CHOSEN) if (!(v in VARIANTS) && v !== GRAPHILE) throw new Error(`unknown variant ${v} (${Object.keys(VARIANTS).join(', ')}, ${GRAPHILE})`);
 
-/** CPU time (user + system) a process of this machine has used, in ms. */
-function cpuMs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  const ticks = Number(fields[11]) + Number(fields[12]); // utime, stime
-  return ticks * 10; // USER_HZ is 100 on Linux
-}
-
 async function prepare(url: string, admin: pg.Pool, variant: Variant): Promise<void> {
   await dropSchema(admin, SCHEMA);
   await migrate({ connectionString: url, schema: SCHEMA, logger: false });
@@ -196,10 +188,10 @@ async function timeClaims(
     const claimBatch = claimer(session);
     const perf = profile === undefined ? undefined : await startPerf(pid, profile);
     let claimed = 0;
-    const cpu0 = cpuMs(pid);
+    const cpu0 = processCpu(pid).cpuMs;
     const wall0 = performance.now();
     for (let n = await claimBatch(); n > 0; n = await claimBatch()) claimed += n;
-    const run = { cpu: cpuMs(pid) - cpu0, wall: performance.now() - wall0 };
+    const run = { cpu: processCpu(pid).cpuMs - cpu0, wall: performance.now() - wall0 };
     if (perf) await stopPerf(perf);
     if (claimed !== N) throw new Error(`${system} claimed ${claimed} of ${N}`);
     return run;

@@ -18,6 +18,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import pg from 'pg';
 import { Client, Inspector, Server, Task, migrate } from '../src/index.js';
+import { count, processCpu, sleep, waitFor } from './lib/common.js';
 
 const url = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const schema = 'bench_watch_cost';
@@ -32,10 +33,8 @@ function postgresCpu(): Map<number, number> {
   for (const pid of readdirSync('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
     try {
-      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      if (stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')) !== 'postgres') continue;
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      cpu.set(Number(pid), (Number(fields[11]) + Number(fields[12])) * 10);
+      const p = processCpu(pid);
+      if (p.name === 'postgres') cpu.set(Number(pid), p.cpuMs);
     } catch {
       // Gone between the listing and the read.
     }
@@ -78,7 +77,7 @@ for (let rep = 0; rep < reps; rep++) {
       for await (const _ of stream) events++;
     })().catch(() => {});
     // Its registration is in before the server starts.
-    await new Promise((r) => setTimeout(r, 500));
+    await waitFor(async () => (await count(pool, `SELECT count(*) AS n FROM ${schema}.watchers`)) > 0, 10_000, 20, 'the watcher registered');
   }
 
   const server = new Server({ connectionString: url, schema, concurrency: 10 });
@@ -89,7 +88,7 @@ for (let rep = 0; rep < reps; rep++) {
   for (;;) {
     const { rows } = await pool.query(`SELECT EXISTS (SELECT 1 FROM ${schema}.task_states) AS any`);
     if (!rows[0].any) break;
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
   }
   const seconds = (performance.now() - t0) / 1000;
   const after = postgresCpu();

@@ -2,6 +2,7 @@
  * What every adapter and workload shares: where the databases are, clocks,
  * statistics, and small helpers for child processes.
  */
+import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 
@@ -150,6 +151,14 @@ export async function waitFor(cond: () => boolean | Promise<boolean>, timeoutMs:
     if (now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await sleep(everyMs);
   }
+}
+
+/** A process of this machine as /proc/PID/stat tells it (Linux): its command name and the CPU time (user + system) it has used, in ms. */
+export function processCpu(pid: number | string): { name: string; cpuMs: number } {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const ticks = Number(fields[11]) + Number(fields[12]); // utime, stime
+  return { name: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')), cpuMs: ticks * 10 }; // USER_HZ is 100 on Linux
 }
 
 /** Parses `--key value` and `--flag` arguments. */
